@@ -1,0 +1,190 @@
+package relaycore
+
+import (
+	"context"
+	"fmt"
+)
+
+// Partition names one group of ordered keys: a source's outbox or a target's
+// keys. In DynamoDB it is the partition-key value; in bbolt, a bucket.
+// It must be non-empty and at most MaxPartitionLen bytes.
+type Partition string
+
+// MaxPartitionLen bounds partition names (DynamoDB allows 2048 bytes for a
+// partition key; we keep names short because every item repeats them).
+const MaxPartitionLen = 255
+
+// Item is one key and its value, as returned by Get and Scan.
+type Item struct {
+	Key   string
+	Value []byte
+}
+
+// Precondition guards a batch: the batch commits only if, at commit time,
+// Key holds exactly Value (byte-equal), or is absent when Absent is true.
+// Value is ignored when Absent is set. An empty non-nil Value is not the
+// same as absence.
+type Precondition struct {
+	Key    string
+	Value  []byte
+	Absent bool
+}
+
+// Write is one put or delete in a batch. Deleting an absent key succeeds.
+//
+// Due, when non-zero on a put, lists the item in the store's due index
+// (see DueIndex) under that time in unix milliseconds; a later put without
+// Due or a delete removes it from the index. The engine uses this for the
+// durable alarm record so a sweeper can find overdue alarms without
+// scanning every partition.
+type Write struct {
+	Key    string
+	Value  []byte
+	Delete bool
+	Due    int64
+}
+
+// Batch is an atomic unit: every precondition holds and every write is
+// applied, or nothing is. A key may appear in at most one Write; a key may
+// appear both as a Precondition and as a Write (the store merges them into
+// one conditional write). Preconditions are evaluated against the state
+// before the batch.
+type Batch struct {
+	Preconditions []Precondition
+	Writes        []Write
+}
+
+// Capabilities are a store's hard limits. The engine plans batches within
+// them; a store refuses (with ErrBatchTooLarge / ErrValueTooLarge, surely
+// not applied) a batch that exceeds them rather than splitting it.
+type Capabilities struct {
+	// MaxBatchItems bounds the number of distinct keys in one batch
+	// (preconditions and writes together). DynamoDB: 100.
+	MaxBatchItems int
+	// MaxBatchBytes bounds the sum of ItemSize over a batch's writes.
+	// DynamoDB: 4 MB per TransactWriteItems.
+	MaxBatchBytes int
+	// MaxItemBytes bounds ItemSize of one written item. DynamoDB: 400 KB.
+	MaxItemBytes int
+	// ItemOverhead is added to len(partition)+len(key)+len(value) to get the
+	// store's own size of an item (attribute names, type tags, index
+	// attributes). It must not under-count.
+	ItemOverhead int
+}
+
+// ItemSize is the size the store accounts for one item. Planners use it to
+// keep batches within MaxBatchBytes and items within MaxItemBytes.
+func (c Capabilities) ItemSize(p Partition, key string, valueLen int) int {
+	return len(p) + len(key) + valueLen + c.ItemOverhead
+}
+
+// Check reports whether b fits c, naming the first limit it breaks. Stores
+// call it before sending; planners may call it to assert their plans.
+func (c Capabilities) Check(p Partition, b Batch) error {
+	if p == "" || len(p) > MaxPartitionLen {
+		return fmt.Errorf("%w: partition name must be 1..%d bytes", ErrInvalidBatch, MaxPartitionLen)
+	}
+	keys := make(map[string]struct{}, len(b.Preconditions)+len(b.Writes))
+	for _, pc := range b.Preconditions {
+		if pc.Key == "" {
+			return fmt.Errorf("%w: empty precondition key", ErrInvalidBatch)
+		}
+		keys[pc.Key] = struct{}{}
+	}
+	size := 0
+	written := make(map[string]struct{}, len(b.Writes))
+	for _, w := range b.Writes {
+		if w.Key == "" {
+			return fmt.Errorf("%w: empty write key", ErrInvalidBatch)
+		}
+		if _, dup := written[w.Key]; dup {
+			return fmt.Errorf("%w: key %q written twice in one batch", ErrInvalidBatch, w.Key)
+		}
+		written[w.Key] = struct{}{}
+		keys[w.Key] = struct{}{}
+		s := c.ItemSize(p, w.Key, len(w.Value))
+		if !w.Delete && c.MaxItemBytes > 0 && s > c.MaxItemBytes {
+			return fmt.Errorf("%w: key %q is %d bytes, limit %d", ErrValueTooLarge, w.Key, s, c.MaxItemBytes)
+		}
+		size += s
+	}
+	if len(keys) == 0 {
+		return fmt.Errorf("%w: empty batch", ErrInvalidBatch)
+	}
+	if c.MaxBatchItems > 0 && len(keys) > c.MaxBatchItems {
+		return fmt.Errorf("%w: %d items, limit %d", ErrBatchTooLarge, len(keys), c.MaxBatchItems)
+	}
+	if c.MaxBatchBytes > 0 && size > c.MaxBatchBytes {
+		return fmt.Errorf("%w: %d bytes, limit %d", ErrBatchTooLarge, size, c.MaxBatchBytes)
+	}
+	return nil
+}
+
+// ScanRequest selects keys in [Start, End) of one partition, in ascending
+// key order, strictly after After when After is non-empty. End == "" means
+// no upper bound. Limit > 0 bounds the page; Limit <= 0 lets the store pick
+// its own page size.
+type ScanRequest struct {
+	Start, End string
+	After      string
+	Limit      int
+}
+
+// ScanPage is one page of a scan. Next is empty when the range is
+// exhausted; otherwise pass it as After to read the next page. A page may
+// hold fewer than Limit items (even zero) while Next is non-empty.
+type ScanPage struct {
+	Items []Item
+	Next  string
+}
+
+// Store is the storage contract the engine consumes: partitions of ordered
+// string keys with byte values, strongly consistent reads, and conditional
+// atomic batches. Implementations: infra/bolt (embedded default),
+// infra/dynamo (DynamoDB), infra/mem (tests and simulation). The shared
+// conformance suite in relaycore/storetest runs against each of them.
+//
+// Error rules (the ones delivery code lives or dies by):
+//   - A *ConditionFailedError from Apply means the batch was surely not
+//     applied, and names the first precondition found false.
+//   - An error for which MayBeApplied reports true means the batch may or
+//     may not have been applied (timeout after send, lost response). The
+//     caller must re-read before deciding; retrying the same batch is safe
+//     only because every engine batch is guarded.
+//   - Any other error from Apply means the batch was surely not applied.
+//   - Reads (Get, Scan) never change state, so retrying them is always safe.
+type Store interface {
+	// Get returns the value of key, with found == false (and a nil error)
+	// when the key is absent. Reads are strongly consistent: they observe
+	// every batch whose Apply returned nil before Get was called.
+	Get(ctx context.Context, p Partition, key string) (value []byte, found bool, err error)
+
+	// Scan returns one page of keys in ascending order (see ScanRequest).
+	// An absent partition is an empty range, not an error.
+	Scan(ctx context.Context, p Partition, req ScanRequest) (ScanPage, error)
+
+	// Apply commits b atomically within partition p: all preconditions hold
+	// and all writes land, or nothing changes. See Store for error rules.
+	Apply(ctx context.Context, p Partition, b Batch) error
+
+	// Capabilities reports the store's batch and item limits. Constant for
+	// the store's lifetime.
+	Capabilities() Capabilities
+}
+
+// DueIndex is implemented by stores that index items written with
+// Write.Due. The sweeper uses it to find overdue alarms without scanning
+// every partition.
+type DueIndex interface {
+	// Due returns up to limit entries whose due time is <= before, oldest
+	// first. An entry is a hint: the sweeper must re-read the item, because
+	// it may have been rewritten since the index was read.
+	Due(ctx context.Context, before int64, limit int) ([]DueEntry, error)
+}
+
+// DueEntry is one item listed in a DueIndex.
+type DueEntry struct {
+	Partition Partition
+	Key       string
+	Due       int64
+}
