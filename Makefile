@@ -10,6 +10,8 @@ PKGS     := ./...
 
 export PATH := $(BIN):$(PATH)
 
+-include sam.mk
+
 .PHONY: all build test test-short run sim bench lint tools clean
 
 all: build
