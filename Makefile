@@ -10,8 +10,6 @@ PKGS     := ./...
 
 export PATH := $(BIN):$(PATH)
 
--include sam.mk
-
 .PHONY: all build test test-short run sim bench lint tools clean
 
 all: build
@@ -51,3 +49,6 @@ lint:
 
 clean:
 	rm -rf $(BIN)
+
+# SAM build targets (build-<LogicalId>), used by `sam build` with BuildMethod: makefile.
+-include sam.mk
