@@ -1,0 +1,297 @@
+// Package config reads and validates the edge agent's YAML configuration.
+//
+// A configuration is decoded over Default(), so a key that is absent keeps
+// its documented default while a key that is present, even with a zero
+// value, is taken as written and validated (quota_bytes: 0 is refused, not
+// silently replaced). Unknown keys are refused with their full dotted path,
+// because a misspelt key that is silently ignored (evict_on_relays: true)
+// is the kind of mistake an operator only finds after the disk fills.
+//
+// Relative file paths (tls.cert, tls.key, tls.ca, storage.dir and a unix
+// rpc.listen socket) are resolved against the directory of the config file
+// by Load, so a config works the same whatever directory edged starts in.
+// Parse, which has no file, leaves them as written.
+//
+// The reference with every key and default is docs/edge-config.md.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Success conditions for relay.success_condition.
+const (
+	// OnePeer: a segment is relayed once any one required peer acknowledged it.
+	OnePeer = "one_peer"
+	// AllPeers: a segment is relayed once every required peer acknowledged it.
+	AllPeers = "all_peers"
+)
+
+// Defaults. They are exported so the daemon's -check-config output and the
+// documentation can quote them; docs/edge-config.md lists the same values
+// and TestDefaultsDocumented keeps the two in step.
+const (
+	DefaultListen           = ":7400"
+	DefaultRPCListen        = "127.0.0.1:7401"
+	DefaultSuccessCondition = AllPeers
+	DefaultMaxRetries       = 10
+	DefaultBackoffInitial   = time.Second
+	DefaultBackoffMax       = 5 * time.Minute
+	DefaultWorkers          = 4
+	DefaultAckTimeout       = 30 * time.Second
+	DefaultDialTimeout      = 10 * time.Second
+	DefaultQuotaBytes       = 1 << 30 // 1 GiB
+	DefaultQuotaSegments    = 10000
+	DefaultMaxSegmentBytes  = 64 << 20 // 64 MiB
+)
+
+// Bounds enforced by Validate.
+const (
+	// MaxWorkers bounds relay.workers: each worker holds one TLS connection
+	// and one open segment, and the daemon runs on small devices.
+	MaxWorkers = 256
+	// MaxMaxRetries bounds relay.max_retries so a typo (1e9) cannot keep a
+	// dead peer's records out of the deadletter list forever.
+	MaxMaxRetries = 1000
+	// MaxSegmentLimit is the largest storage.max_segment_bytes: a SEGMENT
+	// frame's length field is 4 bytes (docs/wire.md).
+	MaxSegmentLimit = 1<<32 - 1
+	// MaxIDLen bounds node ids; they travel in certificates and HELLO frames.
+	MaxIDLen = 64
+)
+
+// Config is the whole agent configuration. Field comments name the YAML
+// key and its default.
+type Config struct {
+	// NodeID (node_id, required) is this agent's identity; it must equal the
+	// node id in its certificate. Letters, digits, '.', '-', '_', at most 64.
+	NodeID string `yaml:"node_id"`
+	// Listen (listen, default ":7400") is the host:port for inbound relay
+	// connections (mutual TLS).
+	Listen string `yaml:"listen"`
+	// TLS (tls, required) names the PEM files for mutual TLS.
+	TLS TLS `yaml:"tls"`
+	// KnownPeers (known_peers, default none) are the only peers accepted
+	// inbound and dialled outbound. Every known peer is a required peer for
+	// the success condition.
+	KnownPeers []Peer `yaml:"known_peers"`
+	// Relay (relay) tunes outbound delivery.
+	Relay Relay `yaml:"relay"`
+	// Storage (storage) bounds local segment storage.
+	Storage Storage `yaml:"storage"`
+	// RPC (rpc) is the local operator interface.
+	RPC RPC `yaml:"rpc"`
+}
+
+// TLS names the certificate files. All three are required.
+type TLS struct {
+	Cert string `yaml:"cert"` // tls.cert: this node's certificate chain (PEM)
+	Key  string `yaml:"key"`  // tls.key: its private key (PEM)
+	CA   string `yaml:"ca"`   // tls.ca: CA bundle that peers' certificates must chain to (PEM)
+}
+
+// Peer is one statically configured peer.
+type Peer struct {
+	ID      string `yaml:"id"`      // known_peers[i].id: the node id in the peer's certificate
+	Address string `yaml:"address"` // known_peers[i].address: host:port to dial
+}
+
+// Relay tunes outbound delivery; see docs/edge-config.md.
+type Relay struct {
+	// SuccessCondition (success_condition, default all_peers): one_peer or
+	// all_peers.
+	SuccessCondition string `yaml:"success_condition"`
+	// MaxRetries (max_retries, default 10, 1..1000) is the number of failed
+	// attempts after which a (segment, peer) record is deadlettered.
+	MaxRetries int `yaml:"max_retries"`
+	// Backoff (backoff) is the delay before retrying a failed attempt.
+	Backoff Backoff `yaml:"backoff"`
+	// EvictOnRelay (evict_on_relay, default false) deletes a local segment
+	// once the success condition is durably met.
+	EvictOnRelay bool `yaml:"evict_on_relay"`
+	// Workers (workers, default 4, 1..256) is the number of concurrent
+	// outbound deliveries.
+	Workers int `yaml:"workers"`
+	// AckTimeout (ack_timeout, default 30s) bounds the wait for an ACK after
+	// the segment is sent; a late ACK is a failed attempt.
+	AckTimeout time.Duration `yaml:"ack_timeout"`
+	// DialTimeout (dial_timeout, default 10s) bounds connect + TLS handshake.
+	DialTimeout time.Duration `yaml:"dial_timeout"`
+}
+
+// Backoff is exponential: attempt n waits min(Max, Initial·2^(n-1)). There
+// is no jitter, by design: the relay path is deterministic (no PRNG).
+type Backoff struct {
+	Initial time.Duration `yaml:"initial"` // relay.backoff.initial, default 1s
+	Max     time.Duration `yaml:"max"`     // relay.backoff.max, default 5m
+}
+
+// Storage bounds local segment storage. Sizes accept plain byte counts or
+// a unit suffix (KiB, MiB, GiB, TiB, KB, MB, GB, TB).
+type Storage struct {
+	// Dir (storage.dir, required) holds segments and the index/ledger file.
+	Dir string `yaml:"dir"`
+	// QuotaBytes (quota_bytes, default 1GiB) bounds the sum of stored and
+	// in-flight segment sizes.
+	QuotaBytes ByteSize `yaml:"quota_bytes"`
+	// QuotaSegments (quota_segments, default 10000) bounds the number of
+	// stored plus in-flight segments.
+	QuotaSegments int64 `yaml:"quota_segments"`
+	// MaxSegmentBytes (max_segment_bytes, default 64MiB) bounds one segment.
+	MaxSegmentBytes ByteSize `yaml:"max_segment_bytes"`
+}
+
+// RPC is the local operator interface.
+type RPC struct {
+	// Listen (rpc.listen, default "127.0.0.1:7401") is a loopback host:port
+	// or "unix:/path/to.sock". Any address reachable from another machine is
+	// refused: the RPC has no authentication.
+	Listen string `yaml:"listen"`
+}
+
+// Default returns a configuration holding every default. NodeID, TLS and
+// Storage.Dir have no default and must be set.
+func Default() *Config {
+	return &Config{
+		Listen: DefaultListen,
+		Relay: Relay{
+			SuccessCondition: DefaultSuccessCondition,
+			MaxRetries:       DefaultMaxRetries,
+			Backoff:          Backoff{Initial: DefaultBackoffInitial, Max: DefaultBackoffMax},
+			Workers:          DefaultWorkers,
+			AckTimeout:       DefaultAckTimeout,
+			DialTimeout:      DefaultDialTimeout,
+		},
+		Storage: Storage{
+			QuotaBytes:      DefaultQuotaBytes,
+			QuotaSegments:   DefaultQuotaSegments,
+			MaxSegmentBytes: DefaultMaxSegmentBytes,
+		},
+		RPC: RPC{Listen: DefaultRPCListen},
+	}
+}
+
+// Load reads, decodes and validates the file at path, resolving relative
+// paths against its directory. A returned error that is Problems lists
+// every problem found.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("load config: %w", err)
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("load config: %w", err)
+	}
+	c, err := decode(data)
+	if err != nil {
+		return nil, fmt.Errorf("load config %s: %w", path, err)
+	}
+	c.resolve(filepath.Dir(abs))
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("load config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Parse decodes and validates a configuration held in memory. Relative
+// paths are left as written (relative to the process's working directory).
+func Parse(data []byte) (*Config, error) {
+	c, err := decode(data)
+	if err != nil {
+		return nil, fmt.Errorf("parse config: %w", err)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("parse config: %w", err)
+	}
+	return c, nil
+}
+
+// decode checks the document against the schema (so that every unknown key
+// and mistyped value is reported with its path, all at once), then decodes
+// it over the defaults. KnownFields(true) stays on as a second guard.
+func decode(data []byte) (*Config, error) {
+	var doc yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, errors.New("config is empty")
+		}
+		return nil, err
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return nil, errors.New("config holds more than one YAML document")
+	}
+	var probs Problems
+	checkSchema("", &doc, configType, &probs)
+	if len(probs) > 0 {
+		return nil, probs
+	}
+	c := Default()
+	strict := yaml.NewDecoder(bytes.NewReader(data))
+	strict.KnownFields(true)
+	if err := strict.Decode(c); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// resolve makes relative file paths absolute against dir.
+func (c *Config) resolve(dir string) {
+	abs := func(p string) string {
+		if p == "" || filepath.IsAbs(p) {
+			return p
+		}
+		return filepath.Join(dir, p)
+	}
+	c.TLS.Cert = abs(c.TLS.Cert)
+	c.TLS.Key = abs(c.TLS.Key)
+	c.TLS.CA = abs(c.TLS.CA)
+	c.Storage.Dir = abs(c.Storage.Dir)
+	if p, ok := strings.CutPrefix(c.RPC.Listen, unixPrefix); ok {
+		c.RPC.Listen = unixPrefix + abs(p)
+	}
+}
+
+// Peer returns the known peer with the given id.
+func (c *Config) Peer(id string) (Peer, bool) {
+	for _, p := range c.KnownPeers {
+		if p.ID == id {
+			return p, true
+		}
+	}
+	return Peer{}, false
+}
+
+// PeerIDs returns the known peers' ids in ascending order: the required
+// peers for the success condition, in the order the relay works on them.
+func (c *Config) PeerIDs() []string {
+	ids := make([]string, 0, len(c.KnownPeers))
+	for _, p := range c.KnownPeers {
+		ids = append(ids, p.ID)
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+const unixPrefix = "unix:"
+
+// Endpoint splits rpc.listen into the network and address that net.Listen
+// takes: ("unix", path) or ("tcp", host:port).
+func (r RPC) Endpoint() (network, address string) {
+	if p, ok := strings.CutPrefix(r.Listen, unixPrefix); ok {
+		return "unix", p
+	}
+	return "tcp", r.Listen
+}

@@ -1,0 +1,344 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+// minimal is the smallest valid config.
+const minimal = `
+node_id: edge-a
+tls: {cert: a.crt, key: a.key, ca: ca.crt}
+storage: {dir: data}
+`
+
+// with returns minimal with a one-line top-level key replaced or added.
+func with(line string) string {
+	key, _, _ := strings.Cut(line, ":")
+	var out []string
+	for _, l := range strings.Split(minimal, "\n") {
+		if !strings.HasPrefix(l, key+":") {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n") + line + "\n"
+}
+
+const full = `
+node_id: edge-a
+listen: 0.0.0.0:7400
+tls:
+  cert: /etc/edged/a.crt
+  key: /etc/edged/a.key
+  ca: /etc/edged/ca.crt
+known_peers:
+  - {id: edge-c, address: 10.0.0.3:7400}
+  - {id: edge-b, address: "[fd00::2]:7400"}
+relay:
+  success_condition: one_peer
+  max_retries: 5
+  backoff: {initial: 250ms, max: 1m}
+  evict_on_relay: true
+  workers: 8
+  ack_timeout: 5s
+  dial_timeout: 2s
+storage:
+  dir: /var/lib/edged
+  quota_bytes: 2GiB
+  quota_segments: 500
+  max_segment_bytes: 16777216
+rpc:
+  listen: unix:/run/edged/rpc.sock
+`
+
+func TestParseFull(t *testing.T) {
+	c, err := Parse([]byte(full))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &Config{
+		NodeID: "edge-a",
+		Listen: "0.0.0.0:7400",
+		TLS:    TLS{Cert: "/etc/edged/a.crt", Key: "/etc/edged/a.key", CA: "/etc/edged/ca.crt"},
+		KnownPeers: []Peer{
+			{ID: "edge-c", Address: "10.0.0.3:7400"},
+			{ID: "edge-b", Address: "[fd00::2]:7400"},
+		},
+		Relay: Relay{
+			SuccessCondition: OnePeer, MaxRetries: 5,
+			Backoff:      Backoff{Initial: 250 * time.Millisecond, Max: time.Minute},
+			EvictOnRelay: true, Workers: 8, AckTimeout: 5 * time.Second, DialTimeout: 2 * time.Second,
+		},
+		Storage: Storage{Dir: "/var/lib/edged", QuotaBytes: 2 << 30, QuotaSegments: 500, MaxSegmentBytes: 16 << 20},
+		RPC:     RPC{Listen: "unix:/run/edged/rpc.sock"},
+	}
+	if !reflect.DeepEqual(c, want) {
+		t.Fatalf("got  %+v\nwant %+v", c, want)
+	}
+	if got := c.PeerIDs(); !reflect.DeepEqual(got, []string{"edge-b", "edge-c"}) {
+		t.Fatalf("PeerIDs = %v, want sorted", got)
+	}
+	if p, ok := c.Peer("edge-b"); !ok || p.Address != "[fd00::2]:7400" {
+		t.Fatalf("Peer(edge-b) = %v %v", p, ok)
+	}
+	if _, ok := c.Peer("edge-z"); ok {
+		t.Fatal("Peer(edge-z) found")
+	}
+	if n, a := c.RPC.Endpoint(); n != "unix" || a != "/run/edged/rpc.sock" {
+		t.Fatalf("Endpoint = %s %s", n, a)
+	}
+}
+
+func TestParseMinimalTakesDefaults(t *testing.T) {
+	c, err := Parse([]byte(minimal + "relay:\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Default()
+	want.NodeID = "edge-a"
+	want.TLS = TLS{Cert: "a.crt", Key: "a.key", CA: "ca.crt"}
+	want.Storage.Dir = "data"
+	if !reflect.DeepEqual(c, want) {
+		t.Fatalf("got  %+v\nwant %+v", c, want)
+	}
+	if n, a := c.RPC.Endpoint(); n != "tcp" || a != DefaultRPCListen {
+		t.Fatalf("Endpoint = %s %s", n, a)
+	}
+}
+
+// TestValidateRules has one case per rule; each names the key and a
+// fragment of the message the operator sees.
+func TestValidateRules(t *testing.T) {
+	cases := []struct {
+		name, yaml, key, msg string
+	}{
+		{"missing node id", "node_id: ''", "node_id", "required"},
+		{"bad node id char", "node_id: 'edge a'", "node_id", "contains ' '"},
+		{"node id too long", "node_id: " + strings.Repeat("x", 65), "node_id", "longer than 64"},
+		{"listen not host:port", "listen: 7400", "listen", "not host:port"},
+		{"listen bad port", "listen: ':0'", "listen", "port must be"},
+		{"listen empty", "listen: ''", "listen", "required"},
+		{"tls cert missing", "tls: {key: a.key, ca: ca.crt}", "tls.cert", "required"},
+		{"tls key missing", "tls: {cert: a.crt, ca: ca.crt}", "tls.key", "required"},
+		{"tls ca missing", "tls: {cert: a.crt, key: a.key}", "tls.ca", "required"},
+		{"peer duplicate id", "known_peers: [{id: b, address: 'h:1'}, {id: b, address: 'h:2'}]", "known_peers[1].id", `"b" duplicates known_peers[0].id`},
+		{"peer own id", "known_peers: [{id: edge-a, address: 'h:1'}]", "known_peers[0].id", "own node_id"},
+		{"peer empty id", "known_peers: [{address: 'h:1'}]", "known_peers[0].id", "required"},
+		{"peer empty address", "known_peers: [{id: b}]", "known_peers[0].address", "required"},
+		{"peer address no port", "known_peers: [{id: b, address: host}]", "known_peers[0].address", "not host:port"},
+		{"peer address no host", "known_peers: [{id: b, address: ':7400'}]", "known_peers[0].address", "no host"},
+		{"success condition", "relay: {success_condition: most}", "relay.success_condition", `"most" is not one of one_peer, all_peers`},
+		{"max retries zero", "relay: {max_retries: 0}", "relay.max_retries", "out of range 1..1000"},
+		{"max retries huge", "relay: {max_retries: 1001}", "relay.max_retries", "out of range"},
+		{"backoff initial zero", "relay: {backoff: {initial: 0s}}", "relay.backoff.initial", "must be > 0"},
+		{"backoff max negative", "relay: {backoff: {max: -1s}}", "relay.backoff.max", "must be > 0"},
+		{"backoff max below initial", "relay: {backoff: {initial: 10s, max: 1s}}", "relay.backoff.max", "less than relay.backoff.initial"},
+		{"backoff bad duration", "relay: {backoff: {initial: soon}}", "relay.backoff.initial", `"soon" is not a duration`},
+		{"duration without unit", "relay: {ack_timeout: 30}", "relay.ack_timeout", `"30" is not a duration`},
+		{"workers zero", "relay: {workers: 0}", "relay.workers", "out of range 1..256"},
+		{"workers too many", "relay: {workers: 257}", "relay.workers", "out of range"},
+		{"workers not int", "relay: {workers: many}", "relay.workers", `"many" is not an integer`},
+		{"ack timeout zero", "relay: {ack_timeout: 0s}", "relay.ack_timeout", "must be > 0"},
+		{"dial timeout negative", "relay: {dial_timeout: -5s}", "relay.dial_timeout", "must be > 0"},
+		{"evict not bool", "relay: {evict_on_relay: maybe}", "relay.evict_on_relay", "not true or false"},
+		{"storage dir missing", "storage: {dir: ''}", "storage.dir", "required"},
+		{"quota bytes zero", "storage: {dir: d, quota_bytes: 0}", "storage.quota_bytes", "must be > 0"},
+		{"quota bytes negative", "storage: {dir: d, quota_bytes: -1}", "storage.quota_bytes", "must be > 0"},
+		{"quota bytes bad unit", "storage: {dir: d, quota_bytes: 5XB}", "storage.quota_bytes", "is not a size"},
+		{"quota segments zero", "storage: {dir: d, quota_segments: 0}", "storage.quota_segments", "must be > 0"},
+		{"max segment zero", "storage: {dir: d, max_segment_bytes: 0}", "storage.max_segment_bytes", "must be > 0"},
+		{"max segment over wire limit", "storage: {dir: d, quota_bytes: 1TiB, max_segment_bytes: 4GiB}", "storage.max_segment_bytes", "wire limit"},
+		{"max segment over quota", "storage: {dir: d, quota_bytes: 1MiB, max_segment_bytes: 2MiB}", "storage.max_segment_bytes", "exceeds storage.quota_bytes"},
+		{"rpc public ip", "rpc: {listen: '0.0.0.0:7401'}", "rpc.listen", "not a loopback address"},
+		{"rpc lan ip", "rpc: {listen: '192.168.1.5:7401'}", "rpc.listen", "not a loopback address"},
+		{"rpc hostname", "rpc: {listen: 'example.com:7401'}", "rpc.listen", "not a loopback address"},
+		{"rpc all interfaces", "rpc: {listen: ':7401'}", "rpc.listen", "has no host"},
+		{"rpc unix empty", "rpc: {listen: 'unix:'}", "rpc.listen", "needs a socket path"},
+		{"rpc unix abstract", "rpc: {listen: 'unix:@edged'}", "rpc.listen", "abstract"},
+		{"unknown top key", "colour: blue", "colour", "unknown key"},
+		{"unknown nested key", "relay: {evict_on_relays: true}", "relay.evict_on_relays", "unknown key"},
+		{"unknown peer key", "known_peers: [{id: b, address: 'h:1', port: 3}]", "known_peers[0].port", "unknown key"},
+		{"duplicate key", "relay: {workers: 2, workers: 3}", "relay.workers", "given twice"},
+		{"duplicate top key", "node_id: x\nnode_id: y", "node_id", "given twice"},
+		{"mapping for scalar", "node_id: {a: b}", "node_id", "single value"},
+		{"scalar for mapping", "relay: fast", "relay", "mapping"},
+		{"scalar for list", "known_peers: b", "known_peers", "must be a list"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(with(tc.yaml)))
+			var ps Problems
+			if !errors.As(err, &ps) {
+				t.Fatalf("err = %v, want Problems", err)
+			}
+			for _, p := range ps {
+				if p.Key == tc.key && strings.Contains(p.Message, tc.msg) {
+					return
+				}
+			}
+			t.Fatalf("no problem %s: ...%s...; got:\n%v", tc.key, tc.msg, err)
+		})
+	}
+}
+
+func TestValidAddressesAccepted(t *testing.T) {
+	for _, rpc := range []string{"127.0.0.1:7401", "127.9.9.9:1", "'[::1]:7401'", "localhost:7401", "unix:/run/edged.sock", "unix:rel.sock"} {
+		t.Run(rpc, func(t *testing.T) {
+			if _, err := Parse([]byte(minimal + "rpc: {listen: " + rpc + "}\n")); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestAllProblemsAtOnce: an operator fixes a config in one pass, so every
+// schema problem is reported together, and so is every rule violation.
+func TestAllProblemsAtOnce(t *testing.T) {
+	_, err := Parse([]byte(minimal + "colour: blue\nrelay: {workerz: 1, ack_timeout: x}\n"))
+	var ps Problems
+	if !errors.As(err, &ps) || len(ps) != 3 {
+		t.Fatalf("want 3 schema problems, got %v", err)
+	}
+	_, err = Parse([]byte("node_id: ''\nrelay: {workers: 0, max_retries: 0}\n"))
+	if !errors.As(err, &ps) {
+		t.Fatal(err)
+	}
+	keys := map[string]bool{}
+	for _, p := range ps {
+		keys[p.Key] = true
+	}
+	for _, k := range []string{"node_id", "tls.cert", "tls.key", "tls.ca", "relay.workers", "relay.max_retries", "storage.dir"} {
+		if !keys[k] {
+			t.Errorf("missing problem for %s in %v", k, err)
+		}
+	}
+}
+
+func TestParseDocumentErrors(t *testing.T) {
+	for name, doc := range map[string]string{
+		"empty":     "",
+		"two docs":  minimal + "---\nnode_id: x\n",
+		"not yaml":  "node_id: [",
+		"top list":  "- a\n- b\n",
+		"top value": "hello",
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := Parse([]byte(doc)); err == nil {
+				t.Fatal("accepted")
+			}
+		})
+	}
+}
+
+func TestLoadResolvesRelativePaths(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "edged.yaml")
+	doc := minimal + "rpc: {listen: 'unix:run/rpc.sock'}\n"
+	doc = strings.Replace(doc, "ca: ca.crt", "ca: /abs/ca.crt", 1)
+	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.TLS.Cert != filepath.Join(dir, "a.crt") || c.TLS.Key != filepath.Join(dir, "a.key") || c.TLS.CA != "/abs/ca.crt" {
+		t.Fatalf("tls not resolved: %+v", c.TLS)
+	}
+	if c.Storage.Dir != filepath.Join(dir, "data") {
+		t.Fatalf("storage.dir = %s", c.Storage.Dir)
+	}
+	if c.RPC.Listen != "unix:"+filepath.Join(dir, "run/rpc.sock") {
+		t.Fatalf("rpc.listen = %s", c.RPC.Listen)
+	}
+}
+
+func TestLoadErrorsNameTheFile(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := Load(filepath.Join(dir, "missing.yaml")); err == nil || !strings.Contains(err.Error(), "missing.yaml") {
+		t.Fatalf("err = %v", err)
+	}
+	path := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(path, []byte(minimal+"relay: {success_condition: most}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Load(path)
+	if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), `relay.success_condition: "most" is not one of one_peer, all_peers`) {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestByteSize(t *testing.T) {
+	for in, want := range map[string]ByteSize{
+		"0": 0, "1048576": 1 << 20, "64MiB": 64 << 20, "1 GiB": 1 << 30, "2TiB": 2 << 40,
+		"10KB": 10000, "3GB": 3e9, "512B": 512, "-1": -1, "1KiB": 1024,
+	} {
+		got, err := ParseByteSize(in)
+		if err != nil || got != want {
+			t.Errorf("ParseByteSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "MiB", "1.5GiB", "10 kb", "9999999999TiB", "x1"} {
+		if _, err := ParseByteSize(in); err == nil {
+			t.Errorf("ParseByteSize(%q) accepted", in)
+		}
+	}
+	for b, want := range map[ByteSize]string{64 << 20: "64MiB", 1 << 30: "1GiB", 1000: "1000B", 0: "0B", 3 << 10: "3KiB"} {
+		if got := b.String(); got != want {
+			t.Errorf("%d.String() = %s, want %s", int64(b), got, want)
+		}
+	}
+}
+
+// TestDefaultsDocumented keeps docs/edge-config.md in step with Default():
+// each key's table row must show the default the code uses.
+func TestDefaultsDocumented(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "edge-config.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := Default()
+	want := map[string]string{
+		"listen":                    d.Listen,
+		"relay.success_condition":   d.Relay.SuccessCondition,
+		"relay.max_retries":         "10",
+		"relay.backoff.initial":     d.Relay.Backoff.Initial.String(),
+		"relay.backoff.max":         d.Relay.Backoff.Max.String(),
+		"relay.evict_on_relay":      "false",
+		"relay.workers":             "4",
+		"relay.ack_timeout":         d.Relay.AckTimeout.String(),
+		"relay.dial_timeout":        d.Relay.DialTimeout.String(),
+		"storage.quota_bytes":       d.Storage.QuotaBytes.String(),
+		"storage.quota_segments":    "10000",
+		"storage.max_segment_bytes": d.Storage.MaxSegmentBytes.String(),
+		"rpc.listen":                d.RPC.Listen,
+	}
+	rows := map[string]string{}
+	for _, line := range strings.Split(string(doc), "\n") {
+		if k, ok := strings.CutPrefix(line, "| `"); ok {
+			if i := strings.Index(k, "`"); i > 0 {
+				rows[k[:i]] = line
+			}
+		}
+	}
+	for key, def := range want {
+		row, ok := rows[key]
+		if !ok {
+			t.Errorf("docs/edge-config.md has no row for %s", key)
+			continue
+		}
+		if !strings.Contains(row, "`"+def+"`") {
+			t.Errorf("docs row for %s does not show default `%s`: %s", key, def, row)
+		}
+	}
+	for _, key := range []string{"node_id", "tls.cert", "tls.key", "tls.ca", "known_peers[].id", "known_peers[].address", "storage.dir"} {
+		if _, ok := rows[key]; !ok {
+			t.Errorf("docs/edge-config.md has no row for %s", key)
+		}
+	}
+}

@@ -1,0 +1,189 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+)
+
+// Problem is one invalid setting: the key's dotted path (known_peers[2].id)
+// and what is wrong with it.
+type Problem struct {
+	Key     string
+	Message string
+}
+
+func (p Problem) String() string { return p.Key + ": " + p.Message }
+
+// Problems is every problem found in one configuration. It is the error
+// that Validate, Parse and Load return for an invalid configuration, so a
+// caller can list them all (errors.As(err, &probs)).
+type Problems []Problem
+
+func (ps Problems) Error() string {
+	lines := make([]string, len(ps))
+	for i, p := range ps {
+		lines[i] = p.String()
+	}
+	if len(lines) == 1 {
+		return "invalid config: " + lines[0]
+	}
+	return fmt.Sprintf("invalid config (%d problems):\n  %s", len(ps), strings.Join(lines, "\n  "))
+}
+
+func (ps *Problems) add(key, msg string) { *ps = append(*ps, Problem{Key: key, Message: msg}) }
+
+// Validate checks every rule and returns Problems listing all violations,
+// or nil. It does not touch the filesystem or network: certificate files
+// are read, and addresses bound, by the daemon at start-up.
+func (c *Config) Validate() error {
+	var ps Problems
+	if err := checkID(c.NodeID); err != "" {
+		ps.add("node_id", err)
+	}
+	checkHostPort(&ps, "listen", c.Listen, true)
+	for _, f := range []struct{ key, val string }{
+		{"tls.cert", c.TLS.Cert}, {"tls.key", c.TLS.Key}, {"tls.ca", c.TLS.CA},
+	} {
+		if f.val == "" {
+			ps.add(f.key, "required: path to a PEM file")
+		}
+	}
+	c.validatePeers(&ps)
+	c.validateRelay(&ps)
+	c.validateStorage(&ps)
+	validateRPC(&ps, c.RPC.Listen)
+	if len(ps) == 0 {
+		return nil
+	}
+	return ps
+}
+
+func (c *Config) validatePeers(ps *Problems) {
+	first := map[string]int{}
+	for i, p := range c.KnownPeers {
+		key := fmt.Sprintf("known_peers[%d]", i)
+		if err := checkID(p.ID); err != "" {
+			ps.add(key+".id", err)
+		} else if p.ID == c.NodeID {
+			ps.add(key+".id", fmt.Sprintf("%q is this node's own node_id; a node does not relay to itself", p.ID))
+		} else if j, dup := first[p.ID]; dup {
+			ps.add(key+".id", fmt.Sprintf("%q duplicates known_peers[%d].id", p.ID, j))
+		} else {
+			first[p.ID] = i
+		}
+		checkHostPort(ps, key+".address", p.Address, false)
+	}
+}
+
+func (c *Config) validateRelay(ps *Problems) {
+	r := c.Relay
+	if r.SuccessCondition != OnePeer && r.SuccessCondition != AllPeers {
+		ps.add("relay.success_condition", fmt.Sprintf("%q is not one of %s, %s", r.SuccessCondition, OnePeer, AllPeers))
+	}
+	if r.MaxRetries < 1 || r.MaxRetries > MaxMaxRetries {
+		ps.add("relay.max_retries", fmt.Sprintf("%d is out of range 1..%d", r.MaxRetries, MaxMaxRetries))
+	}
+	if r.Backoff.Initial <= 0 {
+		ps.add("relay.backoff.initial", fmt.Sprintf("%s must be > 0", r.Backoff.Initial))
+	}
+	if r.Backoff.Max <= 0 {
+		ps.add("relay.backoff.max", fmt.Sprintf("%s must be > 0", r.Backoff.Max))
+	} else if r.Backoff.Initial > 0 && r.Backoff.Max < r.Backoff.Initial {
+		ps.add("relay.backoff.max", fmt.Sprintf("%s is less than relay.backoff.initial (%s)", r.Backoff.Max, r.Backoff.Initial))
+	}
+	if r.Workers < 1 || r.Workers > MaxWorkers {
+		ps.add("relay.workers", fmt.Sprintf("%d is out of range 1..%d", r.Workers, MaxWorkers))
+	}
+	if r.AckTimeout <= 0 {
+		ps.add("relay.ack_timeout", fmt.Sprintf("%s must be > 0", r.AckTimeout))
+	}
+	if r.DialTimeout <= 0 {
+		ps.add("relay.dial_timeout", fmt.Sprintf("%s must be > 0", r.DialTimeout))
+	}
+}
+
+func (c *Config) validateStorage(ps *Problems) {
+	s := c.Storage
+	if s.Dir == "" {
+		ps.add("storage.dir", "required: directory for segments and the index")
+	}
+	if s.QuotaBytes <= 0 {
+		ps.add("storage.quota_bytes", fmt.Sprintf("%d must be > 0", s.QuotaBytes))
+	}
+	if s.QuotaSegments <= 0 {
+		ps.add("storage.quota_segments", fmt.Sprintf("%d must be > 0", s.QuotaSegments))
+	}
+	switch {
+	case s.MaxSegmentBytes <= 0:
+		ps.add("storage.max_segment_bytes", fmt.Sprintf("%d must be > 0", s.MaxSegmentBytes))
+	case s.MaxSegmentBytes > MaxSegmentLimit:
+		ps.add("storage.max_segment_bytes", fmt.Sprintf("%s exceeds the wire limit of %d bytes (4-byte frame length)", s.MaxSegmentBytes, int64(MaxSegmentLimit)))
+	case s.QuotaBytes > 0 && s.MaxSegmentBytes > s.QuotaBytes:
+		ps.add("storage.max_segment_bytes", fmt.Sprintf("%s exceeds storage.quota_bytes (%s)", s.MaxSegmentBytes, s.QuotaBytes))
+	}
+}
+
+func validateRPC(ps *Problems, listen string) {
+	const key = "rpc.listen"
+	if p, ok := strings.CutPrefix(listen, unixPrefix); ok {
+		if p == "" {
+			ps.add(key, "unix: needs a socket path (unix:/run/edged/rpc.sock)")
+		} else if strings.HasPrefix(p, "@") {
+			ps.add(key, fmt.Sprintf("%q: abstract unix sockets are not supported", listen))
+		}
+		return
+	}
+	host, ok := checkHostPort(ps, key, listen, false)
+	if !ok {
+		return
+	}
+	if host == "localhost" {
+		return
+	}
+	ip := net.ParseIP(host)
+	if ip == nil || !ip.IsLoopback() {
+		ps.add(key, fmt.Sprintf("%q is not a loopback address; the RPC has no authentication, use 127.0.0.1:PORT, [::1]:PORT, localhost:PORT or unix:/path", listen))
+	}
+}
+
+// checkHostPort reports a problem unless addr is host:port with a port in
+// 1..65535. An empty host (":7400", all interfaces) is allowed only when
+// emptyHostOK. It returns the host and whether addr was well formed.
+func checkHostPort(ps *Problems, key, addr string, emptyHostOK bool) (string, bool) {
+	if addr == "" {
+		ps.add(key, "required: host:port")
+		return "", false
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		ps.add(key, fmt.Sprintf("%q is not host:port", addr))
+		return "", false
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		ps.add(key, fmt.Sprintf("%q: port must be a number in 1..65535", addr))
+		return "", false
+	}
+	if host == "" && !emptyHostOK {
+		ps.add(key, fmt.Sprintf("%q has no host", addr))
+		return "", false
+	}
+	return host, true
+}
+
+// checkID returns why id is not a valid node id, or "".
+func checkID(id string) string {
+	if id == "" {
+		return "required: a node id (letters, digits, '.', '-', '_')"
+	}
+	if len(id) > MaxIDLen {
+		return fmt.Sprintf("%q is longer than %d bytes", id, MaxIDLen)
+	}
+	for _, r := range id {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '-' || r == '_') {
+			return fmt.Sprintf("%q contains %q; use letters, digits, '.', '-', '_'", id, r)
+		}
+	}
+	return ""
+}
