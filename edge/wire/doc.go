@@ -1,0 +1,30 @@
+// Package wire is the edge agent's framed protocol (DESIGN.md §6, docs/wire.md).
+//
+// Every frame is
+//
+//	type (1 byte) · length (4 bytes, big-endian) · payload (length bytes)
+//
+// and a receiver checks length against its limit before it allocates or
+// reads a single payload byte, so a hostile or confused peer cannot make it
+// buffer more than the limit. Control frames (HELLO, OFFER, ACK, NACK) are
+// small and read whole, up to MaxControlPayload; SEGMENT frames carry the
+// segment bytes and are always streamed (WriteSegment, PayloadReader), never
+// held in memory.
+//
+// One connection carries, after one HELLO each way, any number of exchanges
+// in sequence:
+//
+//	sender:   OFFER, SEGMENT            (back to back)
+//	receiver: ACK   once the segment is durably stored
+//	      or  NACK  with a code; nothing stored
+//
+// Conn wraps a net.Conn with one method per step. Its methods take a
+// context whose deadline and cancellation are applied to the underlying
+// connection, and an optional idle timeout bounds every single read or write
+// so a stalled peer cannot pin a transfer forever.
+//
+// Messages are decoded strictly: exactly the documented JSON keys (matched
+// case-sensitively, no duplicates, no unknown keys, no null values, no
+// trailing data), identifiers restricted to a small alphabet (ValidSegmentID,
+// ValidNodeID) because segment ids become file names on the receiver.
+package wire

@@ -1,0 +1,69 @@
+package wire
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors. Functions wrap them with the operation and detail; test
+// with errors.Is.
+var (
+	// ErrFrameTooLarge: a frame's length field exceeds the receiver's limit.
+	// Nothing of the payload was read, so the stream is out of step and the
+	// connection must be closed.
+	ErrFrameTooLarge = errors.New("frame too large")
+
+	// ErrUnknownType: a frame's type byte is not one of the five defined
+	// types. The payload was not read; close the connection.
+	ErrUnknownType = errors.New("unknown frame type")
+
+	// ErrUnexpectedFrame: a defined frame type arrived where the exchange
+	// does not allow it (for example SEGMENT where an OFFER was due).
+	ErrUnexpectedFrame = errors.New("unexpected frame")
+
+	// ErrBadMessage: a control frame's payload failed strict decoding or
+	// validation. The whole frame was consumed, so a receiver may still
+	// answer NACK bad_request on the same connection.
+	ErrBadMessage = errors.New("bad message")
+
+	// ErrVersion: the peer's HELLO names a protocol version this side does
+	// not speak.
+	ErrVersion = errors.New("unsupported protocol version")
+
+	// ErrSizeMismatch: a SEGMENT frame's length differs from the size its
+	// OFFER announced. The payload was not read.
+	ErrSizeMismatch = errors.New("segment length differs from offer")
+
+	// ErrChecksum: the received segment's SHA-256 differs from the offer.
+	// The whole frame was consumed; the receiver answers NACK checksum and
+	// must discard what it wrote.
+	ErrChecksum = errors.New("segment checksum mismatch")
+
+	// ErrAckMismatch: an ACK or NACK names a segment other than the one
+	// being sent. It counts as a failed attempt (DESIGN.md §6).
+	ErrAckMismatch = errors.New("reply names another segment")
+
+	// ErrSource: reading the local segment source failed, or it ended
+	// before the offered size, while sending a SEGMENT. It is a local
+	// fault, not the peer's; the frame is incomplete, so close the
+	// connection.
+	ErrSource = errors.New("segment source failed")
+
+	// ErrBroken: an earlier failure left this direction of the Conn in the
+	// middle of a frame, so further frames cannot be delimited. Reads and
+	// writes break independently: after a failed read a receiver can still
+	// send its NACK.
+	ErrBroken = errors.New("connection out of step after earlier error")
+)
+
+// NackError is returned by Conn.RecvAck when the peer refused the segment.
+type NackError struct {
+	Nack Nack
+}
+
+func (e *NackError) Error() string {
+	if e.Nack.Message == "" {
+		return fmt.Sprintf("peer refused segment %q: %s", e.Nack.SegmentID, e.Nack.Code)
+	}
+	return fmt.Sprintf("peer refused segment %q: %s: %s", e.Nack.SegmentID, e.Nack.Code, e.Nack.Message)
+}

@@ -1,0 +1,219 @@
+package wire
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+)
+
+// Version is the protocol version this package speaks, sent in HELLO.
+const Version = 1
+
+// Type is a frame's first byte.
+type Type uint8
+
+// Frame types. Payload layouts are the contract in DESIGN.md §6.
+const (
+	// TypeHello: JSON {"version":1,"node_id":"<node id>"}. The first frame
+	// each way on a connection; node_id must equal the node id in the
+	// sender's TLS certificate.
+	TypeHello Type = 0x01
+	// TypeOffer: JSON {"segment_id":"<id>","size":<bytes>,"sha256":"<64
+	// lowercase hex>"}. Announces the SEGMENT frame that follows it.
+	TypeOffer Type = 0x02
+	// TypeSegment: the raw segment bytes; length equals the offer's size.
+	TypeSegment Type = 0x03
+	// TypeAck: the segment id as raw bytes (not JSON). Sent only after the
+	// segment is durably stored, or already was with the same digest.
+	TypeAck Type = 0x04
+	// TypeNack: JSON {"segment_id":"<id or empty>","code":"<code>",
+	// "message":"<text>"}. segment_id is empty only when the offer itself
+	// could not be decoded.
+	TypeNack Type = 0x05
+)
+
+func (t Type) String() string {
+	switch t {
+	case TypeHello:
+		return "HELLO"
+	case TypeOffer:
+		return "OFFER"
+	case TypeSegment:
+		return "SEGMENT"
+	case TypeAck:
+		return "ACK"
+	case TypeNack:
+		return "NACK"
+	}
+	return fmt.Sprintf("type(0x%02x)", uint8(t))
+}
+
+// Known reports whether t is one of the five defined frame types.
+func (t Type) Known() bool { return t >= TypeHello && t <= TypeNack }
+
+const (
+	// HeaderLen is the size of a frame header: type and length.
+	HeaderLen = 5
+
+	// MaxControlPayload bounds the payload of HELLO, OFFER, ACK and NACK.
+	// The largest valid message (a NACK whose 1 KiB message is all
+	// characters JSON escapes as \u00XX, plus a 128-byte id) stays well
+	// below it.
+	MaxControlPayload = 16 << 10
+
+	// MaxSegmentSize is the largest segment the length field can carry.
+	MaxSegmentSize = math.MaxUint32
+)
+
+// Header is a decoded frame header.
+type Header struct {
+	Type   Type
+	Length uint32
+}
+
+// Frame is a control frame read whole.
+type Frame struct {
+	Type    Type
+	Payload []byte
+}
+
+// ReadHeader reads one frame header and checks the type. A clean end of
+// stream before the first byte is io.EOF (the peer closed between frames);
+// an end inside the header is io.ErrUnexpectedEOF, wrapped.
+func ReadHeader(r io.Reader) (Header, error) {
+	var b [HeaderLen]byte
+	if _, err := io.ReadFull(r, b[:]); err != nil {
+		if errors.Is(err, io.EOF) {
+			return Header{}, io.EOF
+		}
+		return Header{}, fmt.Errorf("read frame header: %w", err)
+	}
+	h := Header{Type: Type(b[0]), Length: binary.BigEndian.Uint32(b[1:])}
+	if !h.Type.Known() {
+		return h, fmt.Errorf("read frame header: %w 0x%02x (length %d)", ErrUnknownType, b[0], h.Length)
+	}
+	return h, nil
+}
+
+// ReadFrame reads one whole frame whose payload is at most limit bytes. The
+// length is checked against limit before any payload byte is allocated or
+// read. Errors: io.EOF (clean end before the frame), ErrUnknownType,
+// ErrFrameTooLarge, and io.ErrUnexpectedEOF wrapped for a truncated frame.
+func ReadFrame(r io.Reader, limit uint32) (Frame, error) {
+	h, err := ReadHeader(r)
+	if err != nil {
+		return Frame{}, err
+	}
+	if h.Length > limit {
+		return Frame{}, fmt.Errorf("read %s frame: %w: %d bytes, limit %d", h.Type, ErrFrameTooLarge, h.Length, limit)
+	}
+	p := make([]byte, h.Length)
+	if _, err := io.ReadFull(r, p); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return Frame{}, fmt.Errorf("read %s frame payload: %w", h.Type, err)
+	}
+	return Frame{Type: h.Type, Payload: p}, nil
+}
+
+// AppendFrame appends the encoding of one frame to b.
+func AppendFrame(b []byte, t Type, payload []byte) []byte {
+	b = append(b, byte(t))
+	b = binary.BigEndian.AppendUint32(b, uint32(len(payload)))
+	return append(b, payload...)
+}
+
+// WriteFrame writes one frame with a single Write call, so on TLS it goes
+// out as one record. The payload must fit the length field.
+func WriteFrame(w io.Writer, t Type, payload []byte) error {
+	if uint64(len(payload)) > MaxSegmentSize {
+		return fmt.Errorf("write %s frame: %w: %d bytes", t, ErrFrameTooLarge, len(payload))
+	}
+	if _, err := w.Write(AppendFrame(make([]byte, 0, HeaderLen+len(payload)), t, payload)); err != nil {
+		return fmt.Errorf("write %s frame: %w", t, err)
+	}
+	return nil
+}
+
+// segmentChunk is the copy buffer for segment payloads: large enough to
+// amortise per-call overhead, small enough to keep memory flat.
+const segmentChunk = 64 << 10
+
+// WriteSegment writes a SEGMENT frame of exactly size bytes taken from src,
+// streaming in 64 KiB chunks. If src ends before size bytes the frame is
+// incomplete and the stream cannot be continued; the error wraps ErrSource
+// and io.ErrUnexpectedEOF. Bytes src holds beyond size are not read.
+func WriteSegment(w io.Writer, size int64, src io.Reader) error {
+	_, err := writeSegment(w, size, src, nil)
+	return err
+}
+
+// writeSegment is WriteSegment with a hook run before each Write (Conn uses
+// it to renew the idle deadline). It returns how many payload bytes were
+// written so the caller knows whether the stream is still in step.
+func writeSegment(w io.Writer, size int64, src io.Reader, beforeWrite func()) (int64, error) {
+	if size < 0 || size > MaxSegmentSize {
+		return 0, fmt.Errorf("write SEGMENT frame: %w: size %d outside 0..%d", ErrFrameTooLarge, size, int64(MaxSegmentSize))
+	}
+	buf := make([]byte, HeaderLen+int(min(size, segmentChunk)))
+	buf[0] = byte(TypeSegment)
+	binary.BigEndian.PutUint32(buf[1:HeaderLen], uint32(size))
+	// The first chunk shares the buffer with the header so small segments
+	// leave in one Write.
+	chunk := buf[HeaderLen:]
+	var sent int64
+	start := 0
+	for {
+		n, err := io.ReadFull(src, chunk[:min(int64(len(chunk)), size-sent)])
+		if err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+				return sent, fmt.Errorf("write SEGMENT frame: %w: ended after %d of %d bytes: %w", ErrSource, sent+int64(n), size, io.ErrUnexpectedEOF)
+			}
+			return sent, fmt.Errorf("write SEGMENT frame: %w: %w", ErrSource, err)
+		}
+		if beforeWrite != nil {
+			beforeWrite()
+		}
+		if _, err := w.Write(buf[start : HeaderLen+n]); err != nil {
+			return sent, fmt.Errorf("write SEGMENT frame: %w", err)
+		}
+		sent += int64(n)
+		start = HeaderLen // the header went out with the first chunk
+		if sent == size {
+			return sent, nil
+		}
+	}
+}
+
+// PayloadReader returns a reader that yields exactly the n payload bytes of
+// a frame whose header was just read from r, then io.EOF. If r ends early it
+// returns io.ErrUnexpectedEOF. It holds no buffer of its own.
+func PayloadReader(r io.Reader, n uint32) io.Reader {
+	return &payloadReader{r: r, left: int64(n)}
+}
+
+type payloadReader struct {
+	r    io.Reader
+	left int64
+}
+
+func (p *payloadReader) Read(b []byte) (int, error) {
+	if p.left == 0 {
+		return 0, io.EOF
+	}
+	if int64(len(b)) > p.left {
+		b = b[:p.left]
+	}
+	n, err := p.r.Read(b)
+	p.left -= int64(n)
+	if errors.Is(err, io.EOF) {
+		if p.left > 0 {
+			return n, io.ErrUnexpectedEOF
+		}
+		err = nil
+	}
+	return n, err
+}

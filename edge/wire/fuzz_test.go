@@ -1,0 +1,102 @@
+package wire
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"testing"
+)
+
+// FuzzReadFrame: ReadFrame never panics, never returns more than the limit,
+// consumes exactly header+payload on success, and what it returns encodes
+// back to the bytes it consumed.
+func FuzzReadFrame(f *testing.F) {
+	seedFrames(f, false)
+	f.Add([]byte{0x02, 0xff, 0xff, 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		const limit = 64
+		r := bytes.NewReader(data)
+		fr, err := ReadFrame(r, limit)
+		if err != nil {
+			if !(errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, ErrUnknownType) || errors.Is(err, ErrFrameTooLarge)) {
+				t.Fatalf("unexpected error class: %v", err)
+			}
+			if errors.Is(err, ErrFrameTooLarge) && len(data)-r.Len() > HeaderLen {
+				t.Fatalf("read %d bytes before refusing an oversized frame", len(data)-r.Len())
+			}
+			return
+		}
+		if len(fr.Payload) > limit || !fr.Type.Known() {
+			t.Fatalf("accepted %v with %d bytes", fr.Type, len(fr.Payload))
+		}
+		consumed := len(data) - r.Len()
+		if enc := AppendFrame(nil, fr.Type, fr.Payload); consumed != len(enc) || !bytes.Equal(enc, data[:consumed]) {
+			t.Fatalf("re-encoding differs from the %d consumed bytes", consumed)
+		}
+	})
+}
+
+// FuzzDecodeOffer: a decoded offer is valid and survives an encode/decode
+// round trip unchanged.
+func FuzzDecodeOffer(f *testing.F) {
+	seedFrames(f, true)
+	f.Fuzz(func(t *testing.T, p []byte) {
+		o, err := DecodeOffer(p)
+		if err != nil {
+			if !errors.Is(err, ErrBadMessage) {
+				t.Fatalf("error %v is not ErrBadMessage", err)
+			}
+			return
+		}
+		enc, err := EncodeOffer(o)
+		if err != nil {
+			t.Fatalf("decoded offer %+v does not encode: %v", o, err)
+		}
+		if o2, err := DecodeOffer(enc); err != nil || o2 != o {
+			t.Fatalf("round trip: %+v -> %s -> %+v, %v", o, enc, o2, err)
+		}
+	})
+}
+
+// FuzzDecodeHello: as FuzzDecodeOffer, for HELLO.
+func FuzzDecodeHello(f *testing.F) {
+	seedFrames(f, true)
+	f.Fuzz(func(t *testing.T, p []byte) {
+		h, err := DecodeHello(p)
+		if err != nil {
+			if !errors.Is(err, ErrBadMessage) {
+				t.Fatalf("error %v is not ErrBadMessage", err)
+			}
+			return
+		}
+		enc, err := EncodeHello(h)
+		if err != nil {
+			t.Fatalf("decoded hello %+v does not encode: %v", h, err)
+		}
+		if h2, err := DecodeHello(enc); err != nil || h2 != h {
+			t.Fatalf("round trip: %+v -> %s -> %+v, %v", h, enc, h2, err)
+		}
+	})
+}
+
+// FuzzDecodeNack: as FuzzDecodeOffer, for NACK; an encoded NACK always fits
+// a control frame.
+func FuzzDecodeNack(f *testing.F) {
+	seedFrames(f, true)
+	f.Fuzz(func(t *testing.T, p []byte) {
+		n, err := DecodeNack(p)
+		if err != nil {
+			if !errors.Is(err, ErrBadMessage) {
+				t.Fatalf("error %v is not ErrBadMessage", err)
+			}
+			return
+		}
+		enc, err := EncodeNack(n)
+		if err != nil || len(enc) > MaxControlPayload {
+			t.Fatalf("decoded nack %+v: encode %d bytes, %v", n, len(enc), err)
+		}
+		if n2, err := DecodeNack(enc); err != nil || n2 != n {
+			t.Fatalf("round trip: %+v -> %s -> %+v, %v", n, enc, n2, err)
+		}
+	})
+}

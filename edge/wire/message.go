@@ -1,0 +1,270 @@
+package wire
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"regexp"
+	"slices"
+	"unicode/utf8"
+)
+
+// Identifier rules. Segment ids become file names on the receiver and node
+// ids appear in certificate URIs and log lines, so both use one small
+// alphabet: letters, digits, '.', '_', '-'. The first character must be a
+// letter, digit or '_': no leading '.' (no "." / ".." / hidden files) and no
+// leading '-' (not mistaken for a command-line flag).
+const (
+	MaxSegmentIDLen = 128
+	MaxNodeIDLen    = 64
+	// MaxNackMessage bounds a NACK's human-readable message, in bytes.
+	MaxNackMessage = 1024
+)
+
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]*$`)
+
+// CheckSegmentID reports why id is not a valid segment id, or nil.
+func CheckSegmentID(id string) error { return checkID("segment id", id, MaxSegmentIDLen) }
+
+// CheckNodeID reports why id is not a valid node id, or nil.
+func CheckNodeID(id string) error { return checkID("node id", id, MaxNodeIDLen) }
+
+func checkID(what, id string, max int) error {
+	if len(id) == 0 || len(id) > max {
+		return fmt.Errorf("%w: %s must be 1..%d bytes, got %d", ErrBadMessage, what, max, len(id))
+	}
+	if !idPattern.MatchString(id) {
+		return fmt.Errorf("%w: %s %q: only [A-Za-z0-9._-], not starting with '.' or '-'", ErrBadMessage, what, id)
+	}
+	return nil
+}
+
+// Hello is the HELLO payload.
+type Hello struct {
+	Version int    `json:"version"`
+	NodeID  string `json:"node_id"`
+}
+
+// Validate checks the fields' syntax. Any positive version is well formed;
+// whether it is spoken is Conn.RecvHello's decision.
+func (h Hello) Validate() error {
+	if h.Version < 1 {
+		return fmt.Errorf("%w: version %d must be positive", ErrBadMessage, h.Version)
+	}
+	return CheckNodeID(h.NodeID)
+}
+
+// Offer is the OFFER payload.
+type Offer struct {
+	SegmentID string `json:"segment_id"`
+	Size      int64  `json:"size"`
+	// SHA256 is the segment's digest as 64 lowercase hex characters.
+	SHA256 string `json:"sha256"`
+}
+
+// Validate checks the fields' syntax.
+func (o Offer) Validate() error {
+	if err := CheckSegmentID(o.SegmentID); err != nil {
+		return err
+	}
+	if o.Size < 0 || o.Size > MaxSegmentSize {
+		return fmt.Errorf("%w: size %d outside 0..%d", ErrBadMessage, o.Size, int64(MaxSegmentSize))
+	}
+	return checkSHA256(o.SHA256)
+}
+
+func checkSHA256(s string) error {
+	if len(s) != 64 {
+		return fmt.Errorf("%w: sha256 must be 64 lowercase hex characters, got %d", ErrBadMessage, len(s))
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return fmt.Errorf("%w: sha256 must be lowercase hex, byte %d is %q", ErrBadMessage, i, c)
+		}
+	}
+	return nil
+}
+
+// NackCode says why a receiver refused a segment.
+type NackCode string
+
+// NACK codes (DESIGN.md §6).
+const (
+	// NackQuota: storing the segment would exceed the receiver's quota
+	// (total bytes or segment count). Retrying later may succeed.
+	NackQuota NackCode = "quota"
+	// NackChecksum: the received bytes do not match the offer's sha256.
+	NackChecksum NackCode = "checksum"
+	// NackTooLarge: the segment exceeds the receiver's maximum segment size.
+	// Retrying will not help.
+	NackTooLarge NackCode = "too_large"
+	// NackBadRequest: the offer or the frame sequence was malformed.
+	NackBadRequest NackCode = "bad_request"
+	// NackInternal: the receiver failed (e.g. disk error); retry later.
+	NackInternal NackCode = "internal"
+)
+
+var nackCodes = []NackCode{NackQuota, NackChecksum, NackTooLarge, NackBadRequest, NackInternal}
+
+// Nack is the NACK payload.
+type Nack struct {
+	// SegmentID is the refused offer's id; empty only when the offer could
+	// not be decoded.
+	SegmentID string   `json:"segment_id"`
+	Code      NackCode `json:"code"`
+	// Message is for humans, at most MaxNackMessage bytes; may be empty.
+	Message string `json:"message"`
+}
+
+// Validate checks the fields' syntax.
+func (n Nack) Validate() error {
+	if n.SegmentID != "" {
+		if err := CheckSegmentID(n.SegmentID); err != nil {
+			return err
+		}
+	}
+	if !slices.Contains(nackCodes, n.Code) {
+		return fmt.Errorf("%w: unknown nack code %q", ErrBadMessage, n.Code)
+	}
+	if len(n.Message) > MaxNackMessage {
+		return fmt.Errorf("%w: nack message of %d bytes exceeds %d", ErrBadMessage, len(n.Message), MaxNackMessage)
+	}
+	return nil
+}
+
+// TruncateMessage shortens s to at most MaxNackMessage bytes on a rune
+// boundary, so a sender can put any error text in a NACK.
+func TruncateMessage(s string) string {
+	if len(s) <= MaxNackMessage {
+		return s
+	}
+	cut := MaxNackMessage
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
+}
+
+// EncodeHello, EncodeOffer and EncodeNack validate m and return its JSON
+// payload (keys in documented order, no HTML escaping).
+func EncodeHello(m Hello) ([]byte, error) { return encode(m, m.Validate()) }
+
+// EncodeOffer: see EncodeHello.
+func EncodeOffer(m Offer) ([]byte, error) { return encode(m, m.Validate()) }
+
+// EncodeNack: see EncodeHello.
+func EncodeNack(m Nack) ([]byte, error) { return encode(m, m.Validate()) }
+
+func encode(m any, invalid error) ([]byte, error) {
+	if invalid != nil {
+		return nil, fmt.Errorf("encode %T: %w", m, invalid)
+	}
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(m); err != nil {
+		return nil, fmt.Errorf("encode %T: %w", m, err)
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+}
+
+// DecodeHello strictly decodes and validates a HELLO payload.
+func DecodeHello(p []byte) (Hello, error) {
+	var m Hello
+	err := decodeObject(p, map[string]any{"version": &m.Version, "node_id": &m.NodeID})
+	if err == nil {
+		err = m.Validate()
+	}
+	if err != nil {
+		return Hello{}, fmt.Errorf("decode hello: %w", err)
+	}
+	return m, nil
+}
+
+// DecodeOffer strictly decodes and validates an OFFER payload.
+func DecodeOffer(p []byte) (Offer, error) {
+	var m Offer
+	err := decodeObject(p, map[string]any{"segment_id": &m.SegmentID, "size": &m.Size, "sha256": &m.SHA256})
+	if err == nil {
+		err = m.Validate()
+	}
+	if err != nil {
+		return Offer{}, fmt.Errorf("decode offer: %w", err)
+	}
+	return m, nil
+}
+
+// DecodeNack strictly decodes and validates a NACK payload. "message" may
+// be omitted; every other key is required.
+func DecodeNack(p []byte) (Nack, error) {
+	var m Nack
+	err := decodeObject(p, map[string]any{"segment_id": &m.SegmentID, "code": &m.Code, "message": &m.Message}, "message")
+	if err == nil {
+		err = m.Validate()
+	}
+	if err != nil {
+		return Nack{}, fmt.Errorf("decode nack: %w", err)
+	}
+	return m, nil
+}
+
+// DecodeAck validates an ACK payload (the raw segment id) and returns it.
+func DecodeAck(p []byte) (string, error) {
+	if err := CheckSegmentID(string(p)); err != nil {
+		return "", fmt.Errorf("decode ack: %w", err)
+	}
+	return string(p), nil
+}
+
+// decodeObject decodes one JSON object into fields, keyed by exact
+// (case-sensitive) name. encoding/json alone would accept keys in any case,
+// duplicate keys, null for any field and silently keep zero values for
+// missing ones; on a wire a peer controls, each of those is an ambiguity, so
+// all are refused here. Keys not listed in optional are required.
+func decodeObject(p []byte, fields map[string]any, optional ...string) error {
+	dec := json.NewDecoder(bytes.NewReader(p))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return fmt.Errorf("%w: not a JSON object", ErrBadMessage)
+	}
+	seen := make(map[string]bool, len(fields))
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrBadMessage, err)
+		}
+		key, _ := tok.(string)
+		dst, ok := fields[key]
+		if !ok {
+			return fmt.Errorf("%w: unknown key %q", ErrBadMessage, key)
+		}
+		if seen[key] {
+			return fmt.Errorf("%w: duplicate key %q", ErrBadMessage, key)
+		}
+		seen[key] = true
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return fmt.Errorf("%w: key %q: %v", ErrBadMessage, key, err)
+		}
+		if string(raw) == "null" {
+			return fmt.Errorf("%w: key %q is null", ErrBadMessage, key)
+		}
+		if err := json.Unmarshal(raw, dst); err != nil {
+			return fmt.Errorf("%w: key %q: %v", ErrBadMessage, key, err)
+		}
+	}
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
+		return fmt.Errorf("%w: unterminated JSON object", ErrBadMessage)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return fmt.Errorf("%w: data after JSON object", ErrBadMessage)
+	}
+	for _, key := range slices.Sorted(maps.Keys(fields)) {
+		if !seen[key] && !slices.Contains(optional, key) {
+			return fmt.Errorf("%w: missing key %q", ErrBadMessage, key)
+		}
+	}
+	return nil
+}
