@@ -1,0 +1,200 @@
+package deploy
+
+import (
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+)
+
+// statement is one IAM statement with its location in the template.
+type statement struct {
+	where     string
+	actions   []string
+	resources []string
+	raw       map[string]any
+}
+
+// policyStatements collects every IAM statement the template declares:
+// SAM function Policies (inline documents only; SAM policy templates and
+// managed policy names hide their actions, so they are refused), IAM role
+// inline policies and AWS::IAM::Policy resources.
+func policyStatements(t *testing.T, raw map[string]any) []statement {
+	t.Helper()
+	var out []statement
+	addDoc := func(where string, doc any) {
+		for i, s := range at(t, doc, "Statement").([]any) {
+			m := s.(map[string]any)
+			if m["Effect"] != "Allow" {
+				t.Errorf("%s statement %d: Effect %v; only Allow statements are expected", where, i, m["Effect"])
+			}
+			if _, ok := m["NotAction"]; ok {
+				t.Errorf("%s statement %d uses NotAction", where, i)
+			}
+			if _, ok := m["NotResource"]; ok {
+				t.Errorf("%s statement %d uses NotResource", where, i)
+			}
+			out = append(out, statement{
+				where:     where + "#" + strings.TrimSpace(stringOr(m["Sid"], "")),
+				actions:   strs(t, at(t, m, "Action")),
+				resources: strs(t, at(t, m, "Resource")),
+				raw:       m,
+			})
+		}
+	}
+	for id, r := range at(t, raw, "Resources").(map[string]any) {
+		res := r.(map[string]any)
+		props, _ := res["Properties"].(map[string]any)
+		switch res["Type"] {
+		case "AWS::Serverless::Function":
+			policies, ok := props["Policies"].([]any)
+			if !ok {
+				t.Errorf("%s has no Policies list: without one SAM grants nothing and the function cannot reach its tables", id)
+				continue
+			}
+			for _, p := range policies {
+				doc, ok := p.(map[string]any)
+				if _, hasStatement := doc["Statement"]; !ok || !hasStatement {
+					t.Errorf("%s: policy %v is not an inline policy document (SAM policy templates and managed policies grant more than the function uses)", id, p)
+					continue
+				}
+				addDoc(id, doc)
+			}
+		case "AWS::IAM::Role":
+			for _, p := range props["Policies"].([]any) {
+				addDoc(id, at(t, p, "PolicyDocument"))
+			}
+			if _, ok := props["ManagedPolicyArns"]; ok {
+				t.Errorf("%s attaches managed policies", id)
+			}
+		case "AWS::IAM::Policy", "AWS::IAM::ManagedPolicy":
+			addDoc(id, at(t, props, "PolicyDocument"))
+		}
+	}
+	return out
+}
+
+func stringOr(v any, def string) string {
+	if s, ok := v.(string); ok {
+		return s
+	}
+	return def
+}
+
+// allowedResources maps each granted action to the resources it may name.
+// Anything else is a test failure: widening a grant must be a reviewed
+// change to this table, not a quiet edit of the template.
+var allowedResources = map[string][]string{
+	"dynamodb:GetItem":            {"${SourceTable.Arn}", "${TargetTable.Arn}"},
+	"dynamodb:Query":              {"${SourceTable.Arn}", "${TargetTable.Arn}", "${SourceTable.Arn}/index/due"},
+	"dynamodb:PutItem":            {"${SourceTable.Arn}", "${TargetTable.Arn}"},
+	"dynamodb:DeleteItem":         {"${SourceTable.Arn}", "${TargetTable.Arn}"},
+	"dynamodb:ConditionCheckItem": {"${SourceTable.Arn}", "${TargetTable.Arn}"},
+	// Schedule names are data (one per alarm), so the grant is every
+	// schedule in the dedicated group and nothing outside it.
+	"scheduler:CreateSchedule": {"arn:${AWS::Partition}:scheduler:${AWS::Region}:${AWS::AccountId}:schedule/${RelayScheduleGroup}/*"},
+	"iam:PassRole":             {"${SchedulerRole.Arn}"},
+	"lambda:InvokeFunction":    nil, // the fire function's ARN; filled in by the test
+}
+
+func TestNoWildcardGrants(t *testing.T) {
+	raw := loadRaw(t)
+	fire := fireARN(t)
+	allowed := map[string][]string{}
+	for a, r := range allowedResources {
+		allowed[a] = r
+	}
+	allowed["lambda:InvokeFunction"] = []string{fire}
+	stmts := policyStatements(t, raw)
+	if len(stmts) == 0 {
+		t.Fatal("no IAM statements found")
+	}
+	for _, s := range stmts {
+		for _, a := range s.actions {
+			if strings.Contains(a, "*") || strings.Contains(a, "?") {
+				t.Errorf("%s: wildcard action %q", s.where, a)
+				continue
+			}
+			ok, known := allowed[a]
+			if !known {
+				t.Errorf("%s: action %q is not in the reviewed list (allowedResources)", s.where, a)
+				continue
+			}
+			for _, r := range s.resources {
+				if r == "*" || strings.HasPrefix(r, "*") {
+					t.Errorf("%s: %s on resource %q", s.where, a, r)
+				}
+				if !slices.Contains(ok, r) {
+					t.Errorf("%s: %s on %q, allowed only on %v", s.where, a, r, ok)
+				}
+			}
+		}
+		if slices.Contains(s.actions, "iam:PassRole") {
+			cond, _ := s.raw["Condition"].(map[string]any)
+			eq, _ := cond["StringEquals"].(map[string]any)
+			if eq["iam:PassedToService"] != "scheduler.amazonaws.com" {
+				t.Errorf("%s: iam:PassRole without Condition StringEquals iam:PassedToService scheduler.amazonaws.com", s.where)
+			}
+		}
+	}
+}
+
+// schedulerRole returns the one role that EventBridge Scheduler may assume.
+func schedulerRole(t *testing.T, raw map[string]any) map[string]any {
+	t.Helper()
+	var found []string
+	var role map[string]any
+	for id, r := range at(t, raw, "Resources").(map[string]any) {
+		res := r.(map[string]any)
+		if res["Type"] != "AWS::IAM::Role" {
+			continue
+		}
+		for _, s := range at(t, res, "Properties", "AssumeRolePolicyDocument", "Statement").([]any) {
+			svc, _ := at(t, s, "Principal").(map[string]any)["Service"]
+			if svc != nil && slices.Contains(strs(t, svc), "scheduler.amazonaws.com") {
+				found = append(found, id)
+				role = res
+			}
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("roles assumable by scheduler.amazonaws.com: %v, want exactly one", found)
+	}
+	return role
+}
+
+func TestSchedulerRoleInvokesOnlyFire(t *testing.T) {
+	raw := loadRaw(t)
+	role := schedulerRole(t, raw)
+	trust := at(t, role, "Properties", "AssumeRolePolicyDocument", "Statement").([]any)
+	if len(trust) != 1 {
+		t.Fatalf("scheduler role has %d trust statements, want 1", len(trust))
+	}
+	if got := at(t, trust[0], "Condition", "StringEquals", "aws:SourceAccount"); got != "${AWS::AccountId}" {
+		t.Errorf("trust condition aws:SourceAccount = %v, want this account (confused deputy)", got)
+	}
+	var actions, resources []string
+	for _, p := range at(t, role, "Properties", "Policies").([]any) {
+		for _, s := range at(t, p, "PolicyDocument", "Statement").([]any) {
+			actions = append(actions, strs(t, at(t, s, "Action"))...)
+			resources = append(resources, strs(t, at(t, s, "Resource"))...)
+		}
+	}
+	sort.Strings(actions)
+	if !slices.Equal(slices.Compact(actions), []string{"lambda:InvokeFunction"}) {
+		t.Errorf("scheduler role actions = %v, want only lambda:InvokeFunction", actions)
+	}
+	fire := fireARN(t)
+	for _, r := range resources {
+		if r != fire {
+			t.Errorf("scheduler role may invoke %q; only the fire function %q is allowed", r, fire)
+		}
+	}
+	// No other function shares the fire function's name.
+	tmpl := loadTemplate(t)
+	for id, fn := range tmpl.GetAllServerlessFunctionResources() {
+		if id != fireFunctionID && fn.FunctionName != nil && arnPrefix+*fn.FunctionName == fire {
+			t.Errorf("%s has the fire function's name", id)
+		}
+	}
+}

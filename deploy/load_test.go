@@ -1,0 +1,200 @@
+package deploy
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/awslabs/goformation/v7"
+	"github.com/awslabs/goformation/v7/cloudformation"
+	"github.com/awslabs/goformation/v7/intrinsics"
+	"gopkg.in/yaml.v3"
+)
+
+// repoRoot is where template.yaml, sam.mk, env.json and events/ live.
+const repoRoot = ".."
+
+// Intrinsics are rendered in one notation in both parsers, so tests compare
+// plain strings: !Ref X -> "${X}", !GetAtt A.B -> "${A.B}", !Sub s -> s
+// (its own ${...} left in place). goformation would otherwise turn a Ref to
+// a resource into "" and strip unresolvable ${...} from Subs.
+func renderRef(name string) string { return "${" + name + "}" }
+
+func goformationOptions() *intrinsics.ProcessorOptions {
+	return &intrinsics.ProcessorOptions{
+		IntrinsicHandlerOverrides: map[string]intrinsics.IntrinsicHandler{
+			"Ref": func(_ string, input, _ interface{}) interface{} {
+				s, _ := input.(string)
+				return renderRef(s)
+			},
+			"Fn::GetAtt": func(_ string, input, _ interface{}) interface{} {
+				switch v := input.(type) {
+				case string:
+					return renderRef(v)
+				case []interface{}:
+					parts := make([]string, len(v))
+					for i, p := range v {
+						parts[i] = fmt.Sprint(p)
+					}
+					return renderRef(strings.Join(parts, "."))
+				}
+				return nil
+			},
+			"Fn::Sub": func(_ string, input, _ interface{}) interface{} {
+				switch v := input.(type) {
+				case string:
+					return v
+				case []interface{}:
+					if len(v) > 0 {
+						s, _ := v[0].(string)
+						return s
+					}
+				}
+				return nil
+			},
+		},
+	}
+}
+
+// loadTemplate parses template.yaml with goformation (typed resources).
+func loadTemplate(t *testing.T) *cloudformation.Template {
+	t.Helper()
+	tmpl, err := goformation.OpenWithOptions(filepath.Join(repoRoot, "template.yaml"), goformationOptions())
+	if err != nil {
+		t.Fatalf("goformation: parse template.yaml: %v", err)
+	}
+	return tmpl
+}
+
+// loadRaw parses template.yaml as plain YAML for what goformation does not
+// model (Globals, ScheduleV2 properties, policy documents), with the short
+// intrinsic tags rendered as above.
+func loadRaw(t *testing.T) map[string]any {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(repoRoot, "template.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		t.Fatalf("yaml: parse template.yaml: %v", err)
+	}
+	v, err := convert(doc.Content[0])
+	if err != nil {
+		t.Fatalf("convert template.yaml: %v", err)
+	}
+	m, ok := v.(map[string]any)
+	if !ok {
+		t.Fatalf("template.yaml is not a mapping")
+	}
+	return m
+}
+
+func convert(n *yaml.Node) (any, error) {
+	switch n.Kind {
+	case yaml.AliasNode:
+		return convert(n.Alias)
+	case yaml.MappingNode:
+		m := make(map[string]any, len(n.Content)/2)
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			v, err := convert(n.Content[i+1])
+			if err != nil {
+				return nil, err
+			}
+			m[n.Content[i].Value] = v
+		}
+		return tagged(n, m)
+	case yaml.SequenceNode:
+		s := make([]any, 0, len(n.Content))
+		for _, c := range n.Content {
+			v, err := convert(c)
+			if err != nil {
+				return nil, err
+			}
+			s = append(s, v)
+		}
+		return tagged(n, s)
+	case yaml.ScalarNode:
+		if strings.HasPrefix(n.Tag, "!") && !strings.HasPrefix(n.Tag, "!!") {
+			return tagged(n, n.Value)
+		}
+		var v any
+		if err := n.Decode(&v); err != nil {
+			return nil, fmt.Errorf("line %d: %w", n.Line, err)
+		}
+		return v, nil
+	}
+	return nil, fmt.Errorf("line %d: unexpected yaml node kind %d", n.Line, n.Kind)
+}
+
+// tagged applies a CloudFormation short-form tag (!Ref, !GetAtt, !Sub, ...)
+// to an already converted value.
+func tagged(n *yaml.Node, v any) (any, error) {
+	if !strings.HasPrefix(n.Tag, "!") || strings.HasPrefix(n.Tag, "!!") {
+		return v, nil
+	}
+	switch n.Tag {
+	case "!Ref", "!GetAtt":
+		s, ok := v.(string)
+		if !ok {
+			return nil, fmt.Errorf("line %d: %s needs a scalar", n.Line, n.Tag)
+		}
+		return renderRef(s), nil
+	case "!Sub":
+		if s, ok := v.(string); ok {
+			return s, nil
+		}
+		return nil, fmt.Errorf("line %d: only the string form of !Sub is used here", n.Line)
+	default:
+		return map[string]any{"Fn::" + n.Tag[1:]: v}, nil
+	}
+}
+
+// at walks a converted YAML tree by keys and indexes, failing the test with
+// the path when something is missing.
+func at(t *testing.T, v any, path ...any) any {
+	t.Helper()
+	cur := v
+	for i, p := range path {
+		switch k := p.(type) {
+		case string:
+			m, ok := cur.(map[string]any)
+			if !ok {
+				t.Fatalf("%v: not a mapping", path[:i+1])
+			}
+			if cur, ok = m[k]; !ok {
+				t.Fatalf("%v: missing", path[:i+1])
+			}
+		case int:
+			s, ok := cur.([]any)
+			if !ok || k >= len(s) {
+				t.Fatalf("%v: not a list with index %d", path[:i+1], k)
+			}
+			cur = s[k]
+		}
+	}
+	return cur
+}
+
+// strs reads a string or a list of strings (IAM's Action/Resource forms).
+func strs(t *testing.T, v any) []string {
+	t.Helper()
+	switch x := v.(type) {
+	case string:
+		return []string{x}
+	case []any:
+		out := make([]string, 0, len(x))
+		for _, e := range x {
+			s, ok := e.(string)
+			if !ok {
+				t.Fatalf("expected a string, got %T %v", e, e)
+			}
+			out = append(out, s)
+		}
+		return out
+	}
+	t.Fatalf("expected a string or list of strings, got %T %v", v, v)
+	return nil
+}
