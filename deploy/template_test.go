@@ -1,6 +1,8 @@
 package deploy
 
 import (
+	"go/parser"
+	"go/token"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -89,8 +91,16 @@ func TestBuildTargets(t *testing.T) {
 				}
 			}
 			t.Run("package", func(t *testing.T) {
-				if _, err := os.Stat(filepath.Join(repoRoot, dir, "main.go")); err != nil {
+				main := filepath.Join(repoRoot, dir, "main.go")
+				if _, err := os.Stat(main); err != nil {
 					t.Skipf("%s/main.go not written yet (phase 2 of issue 4, waits for the relay engine): %v", dir, err)
+				}
+				f, err := parser.ParseFile(token.NewFileSet(), main, nil, parser.PackageClauseOnly)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if f.Name.Name != "main" {
+					t.Errorf("%s is package %s, want main", main, f.Name.Name)
 				}
 			})
 		})
