@@ -256,11 +256,18 @@ func (c *Conn) RecvOffer(ctx context.Context) (Offer, error) {
 
 // SendSegment streams the SEGMENT frame for o: exactly o.Size bytes from
 // src. The digest is not checked here; the receiver does that.
+//
+// Any error leaves the write side out of step, even one before the first
+// byte: the peer has the OFFER and waits for its SEGMENT.
 func (c *Conn) SendSegment(ctx context.Context, o Offer, src io.Reader) error {
-	return c.send(ctx, "send segment "+o.SegmentID, func(w io.Writer) error {
+	err := c.send(ctx, "send segment "+o.SegmentID, func(w io.Writer) error {
 		_, err := writeSegment(w, o.Size, src, nil)
 		return err
 	})
+	if err != nil && c.werr == nil {
+		c.werr = err
+	}
+	return err
 }
 
 // readSegmentHeader reads the SEGMENT header for o and checks its length.
