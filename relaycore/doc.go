@@ -1,0 +1,75 @@
+// Package relaycore is the relay engine: source-side, at-least-once outbox
+// delivery to target partitions, ordered per (source, target), made
+// idempotent by target watermarks — including after a crash before source
+// cleanup. It declares the storage contract it consumes (Store, in
+// store.go), the alarm kick (Kicker) and the Clock, and imports no AWS,
+// bbolt or network package; adapters live in infra/.
+//
+// # Vocabulary
+//
+//   - outbox: the undelivered rows of one source, kept in the source's
+//     partition as row pages.
+//   - source: a partition that produces rows (one outbox). Each source has
+//     its own os, rs, optional lease and alarm.
+//   - target: a partition that receives rows; it may be in another store
+//     (RelayHandler.Source and .Target are separate).
+//   - row: puts and deletes (disjoint keys) for one target, applied
+//     atomically there. A key that is ever relay-deleted must have exactly
+//     one producing source; distinct sources may upsert a key only with
+//     identical values.
+//   - sequence (seq): a row's position in its source's outbox, from 1,
+//     assigned at commit, never reused or skipped. Delivery is ordered by
+//     seq per (source, target); nothing is promised across targets.
+//   - page: the stored unit of the outbox: rows of ONE target with
+//     contiguous seqs, from one enqueue batch, in a compact binary encoding
+//     (docs/layout.md).
+//   - os (outbox state): next seq, a version bumped by every write, the last
+//     commit time and the lease-required flag. Every enqueue batch guards it
+//     and puts its successor (compare-and-set), so enqueuers serialize.
+//   - rs (relay state): the source's scan cycle: cycle_end, cursor, blocked
+//     set, idle count and the fire claim.
+//   - rh (relay high-water mark): per (target, source), the last seq applied
+//     at the target, stored in the target partition under
+//     "_relay/rh/<source>". Every target batch guards rh and advances it with
+//     the row writes, so rows at or below rh are never applied twice. rh
+//     records never expire.
+//   - cycle: one pass over the outbox from the head to cycle_end, the last
+//     committed seq when the cycle started. Rows appended during a cycle wait
+//     for the next one.
+//   - cycle_end: see cycle. cursor == cycle_end is the completed marker; the
+//     next fire starts a new cycle from the head with an empty blocked set.
+//   - cursor: the last seq the cycle has inspected. Invariant: during an
+//     active cycle every undelivered row with seq <= cursor has its target in
+//     the blocked set. Hence no later row for a target is applied while an
+//     older one is undelivered.
+//   - blocked set: sorted targets (at most MaxBlockedTargets) whose delivery
+//     failed this cycle; fires skip their rows. Only delivery failures
+//     (including hook errors) block; reaching the target budget only pauses
+//     the cursor before the next target. One more failing target than the
+//     cap resets the cycle. Blocked targets are retried at each cycle start.
+//   - fire: one bounded unit of delivery work for one source (Fire): claim
+//     the source, scan from the cursor, deliver to up to TargetsPerFire
+//     targets, then one guarded checkpoint that advances rs and deletes the
+//     delivered rows. Duplicate and overlapping fires are safe: the claim
+//     makes them step aside, and every write is guarded.
+//   - alarm: the source's durable wake-up record (due time), written in the
+//     same batch as the rows it wakes for, so a committed row can never
+//     lose its wake-up; plus a best-effort fast-path Kick, and a sweeper for
+//     overdue alarms. One alarm runs up to FiresPerAlarm fires (Alarm).
+//   - budget: RelayBudget, the work per fire and fires per alarm (Free and
+//     Paid plans). A fire inspects at most 4×RowsPerFire rows.
+//   - watermark: RelayWatermark, a commit-time lower bound of the undelivered
+//     outbox; TargetWatermark is a target's rh.
+//   - lease: an optional single-writer lease on a source. Enqueue batches of
+//     a holder guard the lease record, so a stale holder fails closed.
+//     Sources declared lease-required refuse enqueue without one.
+//
+// # Caveats
+//
+// Delivery is at least once at the level of target batches and exactly once
+// in effect: a row's writes are applied in the batch that advances rh past
+// it, and never again. Hooks must tolerate being asked again for the same
+// rows. A mid-cycle append waits for the next cycle, which can exceed
+// RelayLagBoundMS; consumers of RelayWatermark must tolerate that lag.
+// docs/engine.md explains a fire step by step; docs/layout.md every key.
+package relaycore

@@ -1,0 +1,543 @@
+package relaycore
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// EnqueueConfig tunes enqueue planning and commit. The zero value is usable.
+type EnqueueConfig struct {
+	// SkewMargin is subtracted from the lease expiry to get the deadline, so
+	// a holder whose clock runs behind the lease's other contenders stops
+	// writing before they may take over. Default 2s.
+	SkewMargin time.Duration
+	// PageBytes is the fill target of a row page, as the store's item size
+	// (Capabilities.ItemSize). Default 7900: just under DynamoDB's 8 KB write
+	// unit boundary, so a full page bills 8 units and wastes little. A row
+	// too large for an empty page gets a page of its own up to the store's
+	// item limit.
+	PageBytes int
+	// TargetCaps are the target store's limits, used to refuse rows that
+	// could never be delivered. Zero: the same as the source store's.
+	TargetCaps Capabilities
+	// Kicker, if set, is kicked once after CommitRelayRows commits.
+	Kicker Kicker
+	// Logger receives kick failures. Nil discards.
+	Logger *slog.Logger
+	// MaxReplans bounds os races CommitRelayRows tolerates. Default 64.
+	MaxReplans int
+}
+
+const defaultPageBytes = 7900
+
+func (c EnqueueConfig) skew() time.Duration {
+	if c.SkewMargin <= 0 {
+		return 2 * time.Second
+	}
+	return c.SkewMargin
+}
+
+func (c EnqueueConfig) pageBytes(caps Capabilities) int {
+	n := c.PageBytes
+	if n <= 0 {
+		n = defaultPageBytes
+	}
+	if caps.MaxItemBytes > 0 && n > caps.MaxItemBytes {
+		n = caps.MaxItemBytes
+	}
+	return n
+}
+
+func (c EnqueueConfig) targetCaps(caps Capabilities) Capabilities {
+	if c.TargetCaps == (Capabilities{}) {
+		return caps
+	}
+	return c.TargetCaps
+}
+
+func (c EnqueueConfig) logger() *slog.Logger { return loggerOr(c.Logger) }
+
+func loggerOr(l *slog.Logger) *slog.Logger {
+	if l == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return l
+}
+
+// RelayEnqueueSnapshot is what a chain is planned from: the source's os, the
+// caller's lease (mandatory for a lease-required source) and the deadline,
+// which already includes the skew margin.
+type RelayEnqueueSnapshot struct {
+	Source     Partition
+	OS         OutboxState
+	Lease      *Lease
+	DeadlineMS int64
+	NowMS      int64
+
+	osRaw    []byte // os exactly as read (nil: absent or hand-built snapshot)
+	osFound  bool
+	leaseRaw []byte
+	nonce    string
+}
+
+// ReadEnqueueSnapshot reads os (and the lease record when lease is non-nil)
+// and computes the deadline: min(deadline, lease expiry − SkewMargin). A zero
+// deadline means the caller sets none. It fails closed with
+// ErrLeaseRequired, ErrStaleLease or ErrDeadlineExceeded.
+func ReadEnqueueSnapshot(ctx context.Context, st Store, source Partition, lease *Lease, deadline time.Time, now time.Time, cfg EnqueueConfig) (RelayEnqueueSnapshot, error) {
+	snap := RelayEnqueueSnapshot{Source: source, Lease: lease, NowMS: unixMS(now), DeadlineMS: math.MaxInt64}
+	if !deadline.IsZero() {
+		snap.DeadlineMS = unixMS(deadline)
+	}
+	raw, found, err := st.Get(ctx, source, KeyOS)
+	if err != nil {
+		return snap, fmt.Errorf("read os %s: %w", source, err)
+	}
+	if snap.OS, err = decodeOS(raw, found); err != nil {
+		return snap, err
+	}
+	snap.osRaw, snap.osFound = raw, found
+	if lease == nil && snap.OS.LeaseRequired {
+		return snap, fmt.Errorf("enqueue %s: %w", source, ErrLeaseRequired)
+	}
+	if lease != nil {
+		cur, lraw, err := readLease(ctx, st, source)
+		if err != nil {
+			return snap, err
+		}
+		if cur == nil || *cur != *lease {
+			return snap, fmt.Errorf("enqueue %s: %w", source, ErrStaleLease)
+		}
+		snap.leaseRaw = lraw
+		snap.DeadlineMS = min(snap.DeadlineMS, lease.ExpiresMS-cfg.skew().Milliseconds())
+	}
+	if snap.NowMS >= snap.DeadlineMS {
+		return snap, fmt.Errorf("enqueue %s: %w", source, ErrDeadlineExceeded)
+	}
+	snap.nonce = newNonce()
+	return snap, nil
+}
+
+func newNonce() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go ≥ 1.24)
+	return hex.EncodeToString(b[:])
+}
+
+// maxTagLen bounds a batch tag: 12 hex nonce, '.', base-36 batch index.
+const maxTagLen = 12 + 1 + 13
+
+// SourceBatch is one planned link of an enqueue chain. Commit the links in
+// order; each guards os on the previous link's os value.
+type SourceBatch struct {
+	Batch Batch
+	// FirstSeq..LastSeq are the seqs this batch commits.
+	FirstSeq, LastSeq uint64
+	// Rows are the input row indices in seq order: Rows[i] gets FirstSeq+i.
+	Rows []int
+	// Tag is written into every page of the batch and into os.Recent.
+	Tag string
+	// FirstPageKey is the key of the batch's first page.
+	FirstPageKey string
+	CommitMS     int64
+	DeadlineMS   int64
+	// OSAfter is the os value this batch writes (the next link's guard).
+	OSAfter []byte
+}
+
+// EnqueueRelayRows validates rows and plans the chain of source batches that
+// commits them (it writes nothing). Rows are grouped by target, stably, and
+// each target's rows get contiguous seqs; the promised order is per
+// (source, target), not across targets. Every batch carries the os guard and
+// put, one durable alarm put due at the commit time, the lease guard when a
+// lease is held, and row pages, within caps.
+func EnqueueRelayRows(snap RelayEnqueueSnapshot, rows []Row, caps Capabilities, cfg EnqueueConfig) ([]SourceBatch, error) {
+	if snap.Lease == nil && snap.OS.LeaseRequired {
+		return nil, fmt.Errorf("enqueue %s: %w", snap.Source, ErrLeaseRequired)
+	}
+	if err := validateRows(snap.Source, rows, caps, cfg); err != nil {
+		return nil, err
+	}
+	if len(rows) == 0 {
+		return nil, nil
+	}
+	if snap.NowMS >= snap.DeadlineMS && snap.DeadlineMS != 0 {
+		return nil, fmt.Errorf("enqueue %s: %w", snap.Source, ErrDeadlineExceeded)
+	}
+	nonce := snap.nonce
+	if nonce == "" {
+		nonce = newNonce()
+	}
+	pages := planPages(snap.Source, snap.OS.NextSeq, rows, caps, cfg)
+
+	var leasePre *Precondition
+	if snap.Lease != nil {
+		lraw := snap.leaseRaw
+		if lraw == nil {
+			lraw = snap.Lease.encode()
+		}
+		leasePre = &Precondition{Key: KeyLease, Value: lraw}
+	}
+	fixedItems := 2
+	if leasePre != nil {
+		fixedItems++
+	}
+	osMax := OutboxState{NextSeq: math.MaxUint64, Version: math.MaxUint64, LastCommitMS: math.MaxInt64, LeaseRequired: true}
+	for range recentTags {
+		osMax.Recent = append(osMax.Recent, strings.Repeat("x", maxTagLen))
+	}
+	fixedBytes := caps.ItemSize(snap.Source, KeyOS, len(encodeJSON(osMax))) +
+		caps.ItemSize(snap.Source, KeyAlarm, len(alarmWrite(math.MaxInt64).Value))
+
+	commitMS := max(snap.NowMS, snap.OS.LastCommitMS)
+	prevOS := snap.OS
+	prevGuard := osGuard(snap.osRaw, snap.osFound)
+	if snap.osRaw == nil && snap.OS.Version > 0 {
+		prevGuard = Precondition{Key: KeyOS, Value: encodeJSON(snap.OS)}
+	}
+
+	var out []SourceBatch
+	for i := 0; i < len(pages); {
+		items, size := fixedItems, fixedBytes
+		j := i
+		for j < len(pages) {
+			s := caps.ItemSize(snap.Source, PageKey(pages[j].first), pages[j].size)
+			if (caps.MaxBatchItems > 0 && items+1 > caps.MaxBatchItems) || (caps.MaxBatchBytes > 0 && size+s > caps.MaxBatchBytes) {
+				break
+			}
+			items, size = items+1, size+s
+			j++
+		}
+		if j == i {
+			return nil, fmt.Errorf("plan enqueue %s: a page does not fit one batch: %w", snap.Source, ErrBatchTooLarge)
+		}
+		tag := nonce + "." + strconv.FormatInt(int64(len(out)), 36)
+		sb := SourceBatch{Tag: tag, CommitMS: commitMS, DeadlineMS: snap.DeadlineMS, FirstSeq: pages[i].first, FirstPageKey: PageKey(pages[i].first)}
+		next := prevOS
+		next.NextSeq = pages[j-1].first + uint64(len(pages[j-1].rows))
+		next.Version++
+		next.LastCommitMS = commitMS
+		next.Recent = append(slices.Clone(prevOS.Recent), tag)
+		if len(next.Recent) > recentTags {
+			next.Recent = next.Recent[len(next.Recent)-recentTags:]
+		}
+		sb.OSAfter = encodeJSON(next)
+		sb.LastSeq = next.NextSeq - 1
+		sb.Batch.Preconditions = append(sb.Batch.Preconditions, prevGuard)
+		if leasePre != nil {
+			sb.Batch.Preconditions = append(sb.Batch.Preconditions, *leasePre)
+		}
+		sb.Batch.Writes = append(sb.Batch.Writes, Write{Key: KeyOS, Value: sb.OSAfter}, alarmWrite(commitMS))
+		for _, pg := range pages[i:j] {
+			page := Page{First: pg.first, CommitMS: commitMS, Tag: tag, Target: pg.target}
+			for _, ri := range pg.rows {
+				page.Rows = append(page.Rows, rows[ri])
+			}
+			sb.Batch.Writes = append(sb.Batch.Writes, Write{Key: PageKey(pg.first), Value: encodePage(page)})
+			sb.Rows = append(sb.Rows, pg.rows...)
+		}
+		if err := caps.Check(snap.Source, sb.Batch); err != nil {
+			return nil, fmt.Errorf("plan enqueue %s: %w", snap.Source, err)
+		}
+		out = append(out, sb)
+		prevOS, prevGuard = next, Precondition{Key: KeyOS, Value: sb.OSAfter}
+		i = j
+	}
+	return out, nil
+}
+
+type plannedPage struct {
+	target Partition
+	first  uint64
+	rows   []int
+	size   int // encoded size bound (header at its widest, maxTagLen tag)
+}
+
+// planPages groups rows by target (stable), assigns contiguous seqs per
+// target, and packs each target's rows into pages up to the page budget.
+func planPages(source Partition, seq uint64, rows []Row, caps Capabilities, cfg EnqueueConfig) []plannedPage {
+	var order []Partition
+	groups := map[Partition][]int{}
+	for i, r := range rows {
+		if _, ok := groups[r.Target]; !ok {
+			order = append(order, r.Target)
+		}
+		groups[r.Target] = append(groups[r.Target], i)
+	}
+	limit := cfg.pageBytes(caps)
+	var pages []plannedPage
+	for _, t := range order {
+		var cur *plannedPage
+		for _, ri := range groups[t] {
+			rl := rowEncodedLen(rows[ri])
+			if cur != nil && caps.ItemSize(source, PageKey(0), cur.size+rl) <= limit {
+				cur.rows = append(cur.rows, ri)
+				cur.size += rl
+			} else {
+				pages = append(pages, plannedPage{target: t, first: seq, size: pageHeaderMax(strings.Repeat("x", maxTagLen), t) + rl})
+				cur = &pages[len(pages)-1]
+				cur.rows = append(cur.rows, ri)
+			}
+			seq++
+		}
+	}
+	return pages
+}
+
+// validateRows refuses rows that could never be committed or delivered.
+func validateRows(source Partition, rows []Row, caps Capabilities, cfg EnqueueConfig) error {
+	tc := cfg.targetCaps(caps)
+	for i, r := range rows {
+		if reason := rowProblem(source, r, caps, tc); reason != "" {
+			return &RowError{Index: i, Reason: reason}
+		}
+	}
+	return nil
+}
+
+func rowProblem(source Partition, r Row, caps, tc Capabilities) string {
+	switch {
+	case r.Target == "":
+		return "empty target"
+	case len(r.Target) > MaxPartitionLen:
+		return fmt.Sprintf("target name is %d bytes, limit %d", len(r.Target), MaxPartitionLen)
+	case strings.HasPrefix(string(r.Target), ReservedPrefix):
+		return fmt.Sprintf("target %q uses the reserved prefix %q", r.Target, ReservedPrefix)
+	case r.Target == source:
+		return "target is the source itself"
+	case len(r.Puts) == 0 && len(r.Deletes) == 0:
+		return "no puts and no deletes"
+	}
+	seen := make(map[string]bool, len(r.Puts)+len(r.Deletes))
+	rowBytes := tc.ItemSize(r.Target, RHKey(source), 20)
+	check := func(k string, put bool) string {
+		switch {
+		case k == "":
+			return "empty key"
+		case len(k) > MaxKeyLen:
+			return fmt.Sprintf("key of %d bytes, limit %d", len(k), MaxKeyLen)
+		case strings.HasPrefix(k, ReservedPrefix):
+			return fmt.Sprintf("key %q uses the reserved prefix %q", k, ReservedPrefix)
+		}
+		if wasPut, dup := seen[k]; dup {
+			if wasPut != put {
+				return fmt.Sprintf("key %q is both put and deleted", k)
+			}
+			return fmt.Sprintf("duplicate key %q", k)
+		}
+		seen[k] = put
+		return ""
+	}
+	for _, kv := range r.Puts {
+		if p := check(kv.Key, true); p != "" {
+			return p
+		}
+		s := tc.ItemSize(r.Target, kv.Key, len(kv.Value))
+		if tc.MaxItemBytes > 0 && s > tc.MaxItemBytes {
+			return fmt.Sprintf("value of key %q is %d bytes as a target item, limit %d", kv.Key, s, tc.MaxItemBytes)
+		}
+		rowBytes += s
+	}
+	for _, k := range r.Deletes {
+		if p := check(k, false); p != "" {
+			return p
+		}
+		rowBytes += tc.ItemSize(r.Target, k, 0)
+	}
+	if tc.MaxBatchItems > 0 && len(seen) > tc.MaxBatchItems-2 {
+		return fmt.Sprintf("%d keys, limit %d (one target batch with rh and one hook write)", len(seen), tc.MaxBatchItems-2)
+	}
+	if tc.MaxBatchBytes > 0 && rowBytes > tc.MaxBatchBytes {
+		return fmt.Sprintf("row is %d bytes as a target batch, limit %d", rowBytes, tc.MaxBatchBytes)
+	}
+	ps := caps.ItemSize(source, PageKey(0), pageHeaderMax(strings.Repeat("x", maxTagLen), r.Target)+rowEncodedLen(r))
+	if caps.MaxItemBytes > 0 && ps > caps.MaxItemBytes {
+		return fmt.Sprintf("row needs a %d-byte page, source item limit %d", ps, caps.MaxItemBytes)
+	}
+	return ""
+}
+
+// CommitResult reports a commit. On error, the rows with a non-zero seq in
+// Seqs were committed (and will be delivered); the others were not.
+type CommitResult struct {
+	// Seqs holds the seq of each input row, in input order (0: not committed).
+	Seqs []uint64
+	// Batches is the number of source batches committed.
+	Batches int
+	// Replans counts os races lost (each re-planned only the uncommitted rows).
+	Replans int
+	// AlarmDueMS is the durable alarm due time the last batch wrote.
+	AlarmDueMS int64
+}
+
+// CommitRelayRows validates, plans and commits rows to source's outbox,
+// with lease (required for a lease-required source; nil otherwise) and
+// deadline (zero: none). It commits the chain in order; after an os race it
+// re-reads os and re-plans only the uncommitted rows; an ambiguous store
+// error is resolved by re-reading os (and the batch's tag), so no seq is
+// reused or lost. A stale lease or passed deadline fails closed. After
+// anything committed it kicks cfg.Kicker once, best effort.
+func CommitRelayRows(ctx context.Context, st Store, clock Clock, source Partition, lease *Lease, deadline time.Time, rows []Row, cfg EnqueueConfig) (res CommitResult, err error) {
+	res.Seqs = make([]uint64, len(rows))
+	if len(rows) == 0 {
+		return res, nil
+	}
+	defer func() {
+		if res.Batches > 0 && cfg.Kicker != nil {
+			if kerr := cfg.Kicker.Kick(ctx, source, res.AlarmDueMS); kerr != nil {
+				cfg.logger().Warn("relay kick failed; the durable alarm still holds", "source", string(source), "due_ms", res.AlarmDueMS, "err", kerr)
+			}
+		}
+	}()
+	caps := st.Capabilities()
+	if err := validateRows(source, rows, caps, cfg); err != nil {
+		return res, err
+	}
+	maxReplans := cfg.MaxReplans
+	if maxReplans <= 0 {
+		maxReplans = 64
+	}
+	pending := make([]int, len(rows))
+	for i := range pending {
+		pending[i] = i
+	}
+	for {
+		snap, err := ReadEnqueueSnapshot(ctx, st, source, lease, deadline, clock.Now(), cfg)
+		if err != nil {
+			return res, err
+		}
+		sub := make([]Row, len(pending))
+		for i, ri := range pending {
+			sub[i] = rows[ri]
+		}
+		plan, err := EnqueueRelayRows(snap, sub, caps, cfg)
+		if err != nil {
+			return res, err
+		}
+		lost := false
+		for _, b := range plan {
+			landed, err := commitBatch(ctx, st, clock, source, b)
+			if err != nil {
+				return res, err
+			}
+			if !landed {
+				lost = true
+				break
+			}
+			for k, si := range b.Rows {
+				res.Seqs[pending[si]] = b.FirstSeq + uint64(k)
+			}
+			res.Batches++
+			res.AlarmDueMS = b.CommitMS
+		}
+		if !lost {
+			return res, nil
+		}
+		res.Replans++
+		if res.Replans > maxReplans {
+			return res, fmt.Errorf("commit relay rows %s: %w", source, ErrContention)
+		}
+		pending = slices.DeleteFunc(pending, func(ri int) bool { return res.Seqs[ri] != 0 })
+	}
+}
+
+// commitBatch applies one link. It reports landed == false when another
+// writer won the os race (the caller re-plans).
+func commitBatch(ctx context.Context, st Store, clock Clock, source Partition, b SourceBatch) (bool, error) {
+	for attempt := 0; ; attempt++ {
+		if unixMS(clock.Now()) >= b.DeadlineMS {
+			return false, fmt.Errorf("commit relay rows %s seq %d: %w", source, b.FirstSeq, ErrDeadlineExceeded)
+		}
+		err := st.Apply(ctx, source, b.Batch)
+		if err == nil {
+			return true, nil
+		}
+		if i, ok := FailedPrecondition(err); ok {
+			if b.Batch.Preconditions[i].Key == KeyLease {
+				return false, fmt.Errorf("commit relay rows %s: %w", source, ErrStaleLease)
+			}
+			return false, nil
+		}
+		if !MayBeApplied(err) {
+			return false, fmt.Errorf("commit relay rows %s seq %d: %w", source, b.FirstSeq, err)
+		}
+		outcome, rerr := resolveCommit(ctx, st, source, b)
+		switch {
+		case rerr != nil:
+			return false, fmt.Errorf("commit relay rows %s seq %d: resolve %v: %w", source, b.FirstSeq, err, rerr)
+		case outcome == commitLanded:
+			return true, nil
+		case outcome == commitLost:
+			return false, nil
+		case outcome == commitUnknown:
+			return false, fmt.Errorf("commit relay rows %s seq %d: %w (%v)", source, b.FirstSeq, ErrCommitUnknown, err)
+		}
+		if attempt >= 8 {
+			return false, fmt.Errorf("commit relay rows %s seq %d: %w", source, b.FirstSeq, err)
+		}
+		// commitNotApplied with os unchanged: resending the same guarded
+		// batch is safe.
+	}
+}
+
+type commitOutcome int
+
+const (
+	commitNotApplied commitOutcome = iota // os unchanged: resend
+	commitLanded
+	commitLost // another writer's batch took these seqs
+	commitUnknown
+)
+
+// resolveCommit decides what happened to an ambiguous enqueue batch.
+func resolveCommit(ctx context.Context, st Store, source Partition, b SourceBatch) (commitOutcome, error) {
+	raw, found, err := st.Get(ctx, source, KeyOS)
+	if err != nil {
+		return commitUnknown, err
+	}
+	if found && bytes.Equal(raw, b.OSAfter) {
+		return commitLanded, nil
+	}
+	guard := b.Batch.Preconditions[0]
+	if (guard.Absent && !found) || (!guard.Absent && found && bytes.Equal(raw, guard.Value)) {
+		return commitNotApplied, nil
+	}
+	cur, err := decodeOS(raw, found)
+	if err != nil {
+		return commitUnknown, err
+	}
+	if slices.Contains(cur.Recent, b.Tag) {
+		return commitLanded, nil
+	}
+	if praw, ok, err := st.Get(ctx, source, b.FirstPageKey); err != nil {
+		return commitUnknown, err
+	} else if ok {
+		if pg, err := DecodePage(b.FirstPageKey, praw); err == nil && pg.Tag == b.Tag {
+			return commitLanded, nil
+		}
+		return commitLost, nil
+	}
+	var guardVersion uint64
+	if !guard.Absent {
+		g, err := decodeOS(guard.Value, true)
+		if err != nil {
+			return commitUnknown, err
+		}
+		guardVersion = g.Version
+	}
+	// Had the batch landed it would be os write guardVersion+1, and at most
+	// recentTags-1 writes later its tag would still be in Recent.
+	if cur.Version <= guardVersion+recentTags {
+		return commitLost, nil
+	}
+	return commitUnknown, nil
+}

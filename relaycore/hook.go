@@ -1,0 +1,70 @@
+package relaycore
+
+import (
+	"context"
+	"fmt"
+	"sort"
+)
+
+// HookRequest describes one target apply attempt to a RelayHook.
+type HookRequest struct {
+	Source, Target Partition
+	// Rows are the rows this attempt applies, ascending seq (Seq, CommitMS
+	// and Target set). They are newer than the target's rh when the attempt
+	// was planned.
+	Rows []Row
+	// Attempt counts apply attempts for this target in this fire, from 1;
+	// a shrunk group is asked again with the same Attempt.
+	Attempt int
+	// RoomItems and RoomBytes are what the batch has left for hook writes
+	// before the engine would have to shrink the group.
+	RoomItems, RoomBytes int
+}
+
+// RelayHook runs before each target apply attempt, including retries on
+// contention and after shrinking a group to fit the hook's additions. Its
+// writes join the target batch atomically with the rows and the rh advance.
+// Added writes must fit the batch limits, must not touch the rows' keys or
+// keys under ReservedPrefix, and must tolerate repeated delivery (the same
+// rows may be offered again after a crash). An error leaves this target's
+// rows queued (the target joins the cycle's blocked set) and does not stop
+// other targets.
+type RelayHook interface {
+	BeforeApply(ctx context.Context, req HookRequest) ([]Write, error)
+}
+
+// NoHook is the default hook: it adds nothing.
+type NoHook struct{}
+
+// BeforeApply implements RelayHook.
+func (NoHook) BeforeApply(context.Context, HookRequest) ([]Write, error) { return nil, nil }
+
+// HolderRelayHook adds, to every apply at a target, records derived from
+// observations supplied when the hook was built: it has no store or client,
+// so it cannot read anything at apply time and its effects depend only on
+// what the caller observed. Each observation for the target is upserted as
+// key Prefix+Key with its value; upserting identical values makes repeated
+// delivery harmless.
+type HolderRelayHook struct {
+	// Prefix namespaces the hook's keys (e.g. "holder/"). Required.
+	Prefix string
+	// Observations maps a target to the records to maintain there.
+	Observations map[Partition][]KV
+}
+
+// BeforeApply implements RelayHook.
+func (h HolderRelayHook) BeforeApply(_ context.Context, req HookRequest) ([]Write, error) {
+	obs := h.Observations[req.Target]
+	if len(obs) == 0 {
+		return nil, nil
+	}
+	if h.Prefix == "" {
+		return nil, fmt.Errorf("holder hook: empty prefix")
+	}
+	out := make([]Write, 0, len(obs))
+	for _, kv := range obs {
+		out = append(out, Write{Key: h.Prefix + kv.Key, Value: kv.Value})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, nil
+}

@@ -1,0 +1,189 @@
+package relaycore
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// SourceState is a source's relay outbox summary, from one scan.
+type SourceState struct {
+	// LowerBoundMS: every row still in the outbox, and every row committed
+	// later, has commit_ms >= LowerBoundMS (see RelayWatermark).
+	LowerBoundMS int64
+	// Empty: no undelivered rows.
+	Empty bool
+	// NextSeq is os.next: rows 1..NextSeq-1 have been committed.
+	NextSeq uint64
+	// FirstUndelivered is the lowest seq still in the outbox (0 when Empty).
+	FirstUndelivered uint64
+}
+
+// SourceRelayState returns the source's lower bound and whether its relay
+// outbox is empty, in one scan of the partition's head: os sorts before the
+// row pages, and the first page holds both the lowest undelivered seq and,
+// because commit times are monotonic in seq, the lowest commit time.
+func SourceRelayState(ctx context.Context, st Store, source Partition, now time.Time) (SourceState, error) {
+	s, err := sourceState(ctx, st, source)
+	// Smaller is always a valid lower bound; never report the future.
+	s.LowerBoundMS = min(s.LowerBoundMS, unixMS(now))
+	return s, err
+}
+
+func sourceState(ctx context.Context, st Store, source Partition) (SourceState, error) {
+	var (
+		osRaw   []byte
+		osFound bool
+		first   *Page
+		after   string
+	)
+scan:
+	for {
+		pg, err := st.Scan(ctx, source, ScanRequest{Start: "", End: pageEnd, After: after, Limit: 4})
+		if err != nil {
+			return SourceState{}, fmt.Errorf("source state %s: %w", source, err)
+		}
+		for _, it := range pg.Items {
+			switch {
+			case it.Key == KeyOS:
+				osRaw, osFound = it.Value, true
+			case isPageKey(it.Key):
+				p, err := DecodePage(it.Key, it.Value)
+				if err != nil {
+					return SourceState{}, fmt.Errorf("source state %s: %w", source, err)
+				}
+				first = &p
+				break scan
+			}
+		}
+		if pg.Next == "" {
+			break
+		}
+		after = pg.Next
+	}
+	os, err := decodeOS(osRaw, osFound)
+	if err != nil {
+		return SourceState{}, fmt.Errorf("source state %s: %w", source, err)
+	}
+	s := SourceState{NextSeq: os.NextSeq, Empty: first == nil, LowerBoundMS: os.LastCommitMS}
+	if first != nil {
+		s.FirstUndelivered = first.First
+		s.LowerBoundMS = first.CommitMS
+	}
+	return s, nil
+}
+
+// RelayWatermark is a commit-time lower bound for source's undelivered
+// outbox: every undelivered row, and every row committed after the call,
+// has commit_ms >= the result. When the outbox is empty it is the last
+// commit time (commit times are monotonic per source), never beyond now.
+// Consumers must tolerate relay lag: a mid-cycle append waits for the next
+// cycle and can exceed RelayLagBoundMS.
+func RelayWatermark(ctx context.Context, st Store, source Partition, now time.Time) (int64, error) {
+	s, err := SourceRelayState(ctx, st, source, now)
+	return s.LowerBoundMS, err
+}
+
+// RelayDeliveredThrough reports whether all of source's rows through seq
+// have been committed and have left its outbox. Target watermarks advance
+// before source cleanup, so true also means every such row is applied at
+// its target.
+func RelayDeliveredThrough(ctx context.Context, st Store, source Partition, seq uint64) (bool, error) {
+	s, err := sourceState(ctx, st, source)
+	if err != nil {
+		return false, err
+	}
+	if seq >= s.NextSeq {
+		return false, nil
+	}
+	return s.Empty || s.FirstUndelivered > seq, nil
+}
+
+// TargetWatermark returns target's rh for source: the last seq of source
+// applied there (0: none).
+func TargetWatermark(ctx context.Context, st Store, target, source Partition) (uint64, error) {
+	raw, found, err := st.Get(ctx, target, RHKey(source))
+	if err != nil {
+		return 0, fmt.Errorf("read rh %s/%s: %w", target, source, err)
+	}
+	return decodeRH(raw, found)
+}
+
+// SourceView is everything relay keeps in a source partition, decoded. For
+// the simulation's invariant checks and operators; it reads the whole
+// partition.
+type SourceView struct {
+	OS      OutboxState
+	OSFound bool
+	RS      *RelayState
+	Lease   *Lease
+	Alarm   *AlarmRecord
+	Pages   []Page
+	// Other lists keys relay does not own (there should be none).
+	Other []string
+}
+
+// Rows returns every undelivered row in seq order.
+func (v SourceView) Rows() []Row {
+	var out []Row
+	for _, p := range v.Pages {
+		out = append(out, p.Rows...)
+	}
+	return out
+}
+
+// InspectSource reads and decodes source's whole partition.
+func InspectSource(ctx context.Context, st Store, source Partition) (SourceView, error) {
+	var v SourceView
+	after := ""
+	for {
+		pg, err := st.Scan(ctx, source, ScanRequest{After: after})
+		if err != nil {
+			return v, fmt.Errorf("inspect %s: %w", source, err)
+		}
+		for _, it := range pg.Items {
+			switch {
+			case it.Key == KeyOS:
+				if v.OS, err = decodeOS(it.Value, true); err != nil {
+					return v, fmt.Errorf("inspect %s: %w", source, err)
+				}
+				v.OSFound = true
+			case it.Key == KeyRS:
+				rs, err := decodeRS(it.Value)
+				if err != nil {
+					return v, fmt.Errorf("inspect %s: %w", source, err)
+				}
+				v.RS = &rs
+			case it.Key == KeyAlarm:
+				a, err := decodeAlarm(it.Value)
+				if err != nil {
+					return v, fmt.Errorf("inspect %s: %w", source, err)
+				}
+				v.Alarm = &a
+			case it.Key == KeyLease:
+				l, _, err := decodeLease(it.Value)
+				if err != nil {
+					return v, fmt.Errorf("inspect %s: %w", source, err)
+				}
+				v.Lease = l
+			case strings.HasPrefix(it.Key, PagePrefix):
+				p, err := DecodePage(it.Key, it.Value)
+				if err != nil {
+					return v, fmt.Errorf("inspect %s: %w", source, err)
+				}
+				v.Pages = append(v.Pages, p)
+			default:
+				v.Other = append(v.Other, it.Key)
+			}
+		}
+		if pg.Next == "" {
+			break
+		}
+		after = pg.Next
+	}
+	if !v.OSFound {
+		v.OS = emptyOS()
+	}
+	return v, nil
+}
