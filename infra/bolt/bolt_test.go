@@ -20,6 +20,9 @@ func openTemp(t testing.TB, opts Options) *DB {
 		if err := db.Check(); err != nil {
 			t.Errorf("after the test: %v", err)
 		}
+		if err := checkLayout(db); err != nil {
+			t.Errorf("after the test: %v", err)
+		}
 		if err := db.Close(); err != nil {
 			t.Errorf("after the test: %v", err)
 		}

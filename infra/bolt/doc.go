@@ -40,7 +40,10 @@
 // fsync of the meta page the commit may already be visible (the page cache
 // holds it) and may or may not survive a crash. ErrMaxSizeReached can only
 // come from growing the file, which happens before any page is written, so
-// it is surely not applied and the store stays usable.
+// it is surely not applied and the store stays usable. Other growth
+// failures (a full disk) are also pre-commit in fact, but bbolt flattens
+// them into strings, so they are reported as maybe-applied: a re-read
+// settles them, which is what the engine does with any ambiguous outcome.
 //
 // # Caveats
 //

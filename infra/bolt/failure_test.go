@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/relay-dev/relay/relaycore"
@@ -65,53 +66,85 @@ func TestFullFileIsSurelyNotApplied(t *testing.T) {
 	}
 }
 
-// TestCommitIOErrorMayBeApplied makes bbolt's own page writes fail by
+// TestCommitIOErrorMayBeApplied makes bbolt's own file I/O fail by
 // closing the file descriptor under it (the memory map stays readable).
 // Commit then returns a raw I/O error, which the store must report as
-// maybe-applied: it cannot tell a failed data-page write from a failed
-// meta-page write. The file reopened afterwards is consistent and holds
-// either the whole batch or none of it.
+// maybe-applied: it cannot tell a failure before the meta page (nothing
+// committed) from one while writing or syncing it. Two paths are covered:
+// a commit that must grow the file (it fails stating the file) and one
+// that fits in freed pages (it fails writing them). The file reopened
+// afterwards is consistent and holds either the whole batch or none of it.
 func TestCommitIOErrorMayBeApplied(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "relay.db")
-	var file *os.File
-	db, err := Open(path, Options{openFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
-		f, err := os.OpenFile(name, flag, perm)
-		file = f
-		return f, err
-	}})
-	if err != nil {
-		t.Fatal(err)
+	cases := []struct {
+		name    string
+		prepare func(t *testing.T, s *Store)
+		wantErr string
+	}{
+		{"grow", func(*testing.T, *Store) {}, "stat"},
+		{"write", func(t *testing.T, s *Store) {
+			// Free more pages than the failing batch needs, and commit
+			// twice more so bbolt may reuse them.
+			if err := s.Apply(t.Context(), "tmp", batchOf("tmp", 50, 1000)); err != nil {
+				t.Fatal(err)
+			}
+			dels := batchOf("tmp", 50, 0)
+			for i := range dels.Writes {
+				dels.Writes[i].Delete = true
+			}
+			for _, b := range []relaycore.Batch{dels, batchOf("x", 1, 1), batchOf("y", 1, 1)} {
+				if err := s.Apply(t.Context(), "tmp", b); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}, "write"},
 	}
-	s := db.Store("relay")
-	if err := s.Apply(t.Context(), "p", batchOf("before", 10, 10)); err != nil {
-		t.Fatal(err)
-	}
-	if err := file.Close(); err != nil {
-		t.Fatal(err)
-	}
-	err = s.Apply(t.Context(), "p", batchOf("during", 10, 10))
-	if err == nil {
-		t.Fatal("apply succeeded with the file closed")
-	}
-	if !relaycore.MayBeApplied(err) {
-		t.Fatalf("commit I/O error %v not reported as maybe-applied", err)
-	}
-	t.Logf("apply with the descriptor closed: %v", err)
-	_ = db.Close() // fails too: the descriptor is gone
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "relay.db")
+			var file *os.File
+			db, err := Open(path, Options{openFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
+				f, err := os.OpenFile(name, flag, perm)
+				file = f
+				return f, err
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := db.Store("relay")
+			if err := s.Apply(t.Context(), "p", batchOf("before", 10, 10)); err != nil {
+				t.Fatal(err)
+			}
+			c.prepare(t, s)
+			if err := file.Close(); err != nil {
+				t.Fatal(err)
+			}
+			err = s.Apply(t.Context(), "p", batchOf("during", 10, 10))
+			if err == nil {
+				t.Fatal("apply succeeded with the file closed")
+			}
+			t.Logf("apply with the descriptor closed: %v", err)
+			if !relaycore.MayBeApplied(err) {
+				t.Fatalf("commit I/O error %v not reported as maybe-applied", err)
+			}
+			if !strings.Contains(err.Error(), c.wantErr) {
+				t.Fatalf("commit failed with %q, not in the %s path this case is for", err, c.wantErr)
+			}
+			_ = db.Close() // fails too: the descriptor is gone
 
-	db = openPath(t, path, Options{})
-	page, err := db.Store("relay").Scan(t.Context(), "p", relaycore.ScanRequest{})
-	if err != nil {
-		t.Fatal(err)
+			db = openPath(t, path, Options{})
+			page, err := db.Store("relay").Scan(t.Context(), "p", relaycore.ScanRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			during := 0
+			for _, it := range page.Items {
+				if strings.HasPrefix(it.Key, "during") {
+					during++
+				}
+			}
+			if len(page.Items)-during != 10 || (during != 0 && during != 10) {
+				t.Fatalf("after reopening: %d items, %d of the failed batch; want 10 before and all or none of the batch", len(page.Items), during)
+			}
+		})
 	}
-	during := 0
-	for _, it := range page.Items {
-		if it.Key[:6] == "during" {
-			during++
-		}
-	}
-	if len(page.Items)-during != 10 || (during != 0 && during != 10) {
-		t.Fatalf("after reopening: %d items, %d of the failed batch; want 10 before and all or none of the batch", len(page.Items), during)
-	}
-	t.Logf("the failed batch is %s after reopening", map[bool]string{true: "present", false: "absent"}[during == 10])
 }

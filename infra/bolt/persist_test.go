@@ -90,6 +90,9 @@ func openPath(t *testing.T, path string, opts Options) *DB {
 		if err := db.Check(); err != nil {
 			t.Errorf("after the test: %v", err)
 		}
+		if err := checkLayout(db); err != nil {
+			t.Errorf("after the test: %v", err)
+		}
 		if err := db.Close(); err != nil {
 			t.Errorf("after the test: %v", err)
 		}
