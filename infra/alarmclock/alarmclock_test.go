@@ -1,0 +1,132 @@
+package alarmclock_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/relay-dev/relay/infra/alarmclock"
+	"github.com/relay-dev/relay/infra/mem"
+	"github.com/relay-dev/relay/relaycore"
+)
+
+// waitDrained runs the clock until every source's outbox is empty, observing
+// after each alarm; the context deadline only guards against a hang.
+func waitDrained(t *testing.T, c *alarmclock.Clock, st relaycore.Store, sources []relaycore.Partition, done <-chan struct{}) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for {
+		drained := true
+		for _, s := range sources {
+			state, err := relaycore.SourceRelayState(ctx, st, s, time.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			drained = drained && state.Empty
+		}
+		if drained {
+			return
+		}
+		select {
+		case <-done:
+		case <-ctx.Done():
+			t.Fatalf("outboxes not drained: %v (clock stats %+v)", ctx.Err(), c.Stats())
+		}
+	}
+}
+
+func enqueue(t *testing.T, st relaycore.Store, kicker relaycore.Kicker, source relaycore.Partition, n int) {
+	t.Helper()
+	rows := make([]relaycore.Row, n)
+	for i := range rows {
+		rows[i] = relaycore.Row{
+			Target: relaycore.Partition(fmt.Sprintf("t%d", i%5)),
+			Puts:   []relaycore.KV{{Key: fmt.Sprintf("k%d", i), Value: []byte(fmt.Sprintf("%s-%d", source, i))}},
+		}
+	}
+	cfg := relaycore.EnqueueConfig{Kicker: kicker}
+	if _, err := relaycore.CommitRelayRows(context.Background(), st, relaycore.SystemClock{}, source, nil, time.Time{}, rows, cfg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func newClock(src, dst relaycore.Store, index relaycore.DueIndex) (*alarmclock.Clock, *relaycore.RelayHandler, chan struct{}) {
+	h := &relaycore.RelayHandler{Source: src, Target: dst}
+	observed := make(chan struct{}, 1024)
+	c := alarmclock.New(alarmclock.Config{
+		Handler: h,
+		Index:   index,
+		Observe: func(relaycore.Partition, relaycore.AlarmResult, error) {
+			select {
+			case observed <- struct{}{}:
+			default:
+			}
+		},
+	})
+	h.Kicker = c
+	return c, h, observed
+}
+
+// A kick after commit wakes the source's alarm and the rows are delivered.
+func TestKickDelivers(t *testing.T) {
+	src, dst := mem.New(relaycore.Capabilities{}), mem.New(relaycore.Capabilities{})
+	c, _, observed := newClock(src, dst, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go c.Run(ctx)
+	sources := []relaycore.Partition{"a", "b"}
+	for _, s := range sources {
+		enqueue(t, src, c, s, 40)
+	}
+	waitDrained(t, c, src, sources, observed)
+	for i := range 40 {
+		v, ok, err := dst.Get(ctx, relaycore.Partition(fmt.Sprintf("t%d", i%5)), fmt.Sprintf("k%d", i))
+		if err != nil || !ok {
+			t.Fatalf("k%d missing at target: %v", i, err)
+		}
+		if string(v) != fmt.Sprintf("b-%d", i) && string(v) != fmt.Sprintf("a-%d", i) {
+			t.Fatalf("k%d = %q", i, v)
+		}
+	}
+	if st := c.Stats(); st.Kicks == 0 || st.Alarms == 0 {
+		t.Fatalf("no kicks or alarms recorded: %+v", st)
+	}
+}
+
+// With every kick lost, the sweep over the durable alarm records (the
+// safety net) still delivers everything.
+func TestSweepHealsLostKick(t *testing.T) {
+	src, dst := mem.New(relaycore.Capabilities{}), mem.New(relaycore.Capabilities{})
+	sources := []relaycore.Partition{"a", "b", "c"}
+	for _, s := range sources {
+		enqueue(t, src, nil, s, 25) // no kicker: the fast path is lost
+	}
+	c, h, observed := newClock(src, dst, src)
+	h.Kicker = nil // re-arms are lost too; only the sweep remains
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go c.Run(ctx)
+	waitDrained(t, c, src, sources, observed)
+	if st := c.Stats(); st.SweepFound < int64(len(sources)) {
+		t.Fatalf("sweep found %d alarms, want >= %d", st.SweepFound, len(sources))
+	}
+}
+
+// Kicks for one source collapse to the earliest; a later kick does not
+// postpone an earlier one.
+func TestKicksCollapse(t *testing.T) {
+	c := alarmclock.New(alarmclock.Config{Handler: &relaycore.RelayHandler{}})
+	ctx := context.Background()
+	_ = c.Kick(ctx, "s", 500)
+	_ = c.Kick(ctx, "s", 900)
+	_ = c.Kick(ctx, "s", 300)
+	due, ok := c.NextDue()
+	if !ok || due != 300 {
+		t.Fatalf("next due = %d, %v; want 300", due, ok)
+	}
+	if c.Idle() {
+		t.Fatal("clock with a pending kick reports idle")
+	}
+}
