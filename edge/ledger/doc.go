@@ -1,0 +1,67 @@
+// Package ledger is the edge agent's persistent relay ledger: one record
+// per (segment_id, peer_id) saying where delivery of that segment to that
+// peer stands. It is the only memory the relay has across restarts, so
+// every change is a bbolt transaction and every transition is a
+// compare-and-set on the record's current state.
+//
+// # States
+//
+//	Scheduled   waiting for a worker (insert-if-absent by the scheduler)
+//	Inflight    claimed by one worker, which is sending it now
+//	Acked       the peer acknowledged durable storage (terminal)
+//	Failed      the last attempt failed; retry after NextAttemptAfter
+//	Deadletter  retry budget exhausted or segment gone (terminal for
+//	            automatic execution; an operator may retry or purge it)
+//
+// # Transitions
+//
+//	EnsureScheduled        absent → Scheduled (any existing record is kept)
+//	TryTransitionInflight  Scheduled → Inflight; Failed with NextAttemptAfter ≤ now → Inflight
+//	TransitionAcked        Inflight → Acked
+//	TransitionFailed       Inflight → Failed, or → Deadletter when the budget is spent
+//	RetryDeadletter        Deadletter → Scheduled, with a fresh budget (operator)
+//	Purge                  Deadletter → absent (operator)
+//	InflightToFailed       Inflight → Failed | Deadletter (start-up: abandoned attempts)
+//	PruneMissing           Scheduled | Inflight | Failed → Deadletter when the segment is gone
+//	RescheduleReady        Failed with NextAttemptAfter ≤ now → Scheduled
+//
+// Any other (state, operation) pair is refused with a *TransitionError
+// (errors.Is(err, ErrIllegalTransition)); an operation on an absent record
+// fails with ErrNotFound. Bulk operations (the recovery functions, and the
+// wildcard forms of RetryDeadletter and Purge) act only on the records
+// they apply to and leave the others untouched.
+//
+// # Attempts and the retry budget
+//
+// Attempts counts attempts started (TryTransitionInflight increments it)
+// and never decreases, so an attempt abandoned by a crash still counts:
+// a segment that crashes the agent cannot loop forever. BudgetBase is the
+// value Attempts had when the current retry budget began (0 at creation;
+// RetryDeadletter sets it to Attempts). A failure with
+// Attempts − BudgetBase ≥ Policy.MaxRetries deadletters the record;
+// otherwise the record waits Policy.Backoff(Attempts − BudgetBase). So
+// an operator retry grants exactly MaxRetries more attempts while the
+// history of how many were made survives.
+//
+// # Determinism
+//
+// No operation reads the clock or a random source: callers pass now. The
+// pending scan returns records in (NextAttemptAfter, SegmentID, PeerID)
+// order from an index bucket whose keys sort that way, so two agents with
+// the same ledger and the same now pick the same work. Back-off has no
+// jitter. TestNoPRNGInRelayPath enforces the absence of PRNG imports.
+//
+// # Storage
+//
+// The ledger lives in one top-level bucket, "edge.ledger", of a *bolt.DB
+// the caller opens, with two sub-buckets: "records" (key segment_id 0x00
+// peer_id, value JSON) and "pending" (key 8-byte big-endian
+// NextAttemptAfter ‖ segment_id 0x00 peer_id, empty value), holding
+// exactly the Scheduled and Failed records. The database is meant to be
+// shared with the segment store (edge/segstore) so that eviction can check
+// the ledger and delete the index entry in one transaction (EvictionGate);
+// the ledger never touches other buckets.
+//
+// Segment and peer ids must be non-empty, at most MaxIDLen bytes, and free
+// of NUL bytes (the key separator).
+package ledger

@@ -1,0 +1,349 @@
+package ledger
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+func TestBackoff(t *testing.T) {
+	p := Policy{MaxRetries: 10, Initial: time.Second, Max: 10 * time.Second}
+	want := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 10 * time.Second, 10 * time.Second}
+	for i, w := range want {
+		if got := p.Backoff(i + 1); got != w {
+			t.Errorf("Backoff(%d) = %v, want %v", i+1, got, w)
+		}
+	}
+	huge := Policy{MaxRetries: 1, Initial: time.Nanosecond, Max: time.Duration(1<<63 - 1)}
+	for _, n := range []int{1, 62, 63, 64, 1000} {
+		if got := huge.Backoff(n); got <= 0 || got > huge.Max {
+			t.Errorf("Backoff(%d) = %v overflowed", n, got)
+		}
+	}
+	for _, bad := range []Policy{{0, time.Second, time.Second}, {1, 0, time.Second}, {1, 2 * time.Second, time.Second}} {
+		if err := bad.Validate(); !errors.Is(err, ErrInvalidPolicy) {
+			t.Errorf("%+v: Validate = %v", bad, err)
+		}
+	}
+}
+
+// TestRetryBudget walks one pair through a full budget, an operator retry
+// and a second budget: Attempts only grows, the waits follow Backoff, and
+// the record deadletters exactly at MaxRetries failures per budget.
+func TestRetryBudget(t *testing.T) {
+	f := newLedger(t, nil)
+	l, now := f.l, t0
+	must[[]string](t)(l.EnsureScheduled("s", []string{"p"}, now))
+	attempts := 0
+	for budget := 0; budget < 2; budget++ {
+		for i := 1; i <= testPolicy.MaxRetries; i++ {
+			r, ok, err := l.TryTransitionInflight("s", "p", now)
+			if err != nil || !ok {
+				t.Fatalf("budget %d attempt %d: claim %v %v", budget, i, ok, err)
+			}
+			attempts++
+			if r.Attempts != attempts || r.BudgetUsed() != i {
+				t.Fatalf("attempts %d used %d, want %d %d", r.Attempts, r.BudgetUsed(), attempts, i)
+			}
+			r, err = l.TransitionFailed("s", "p", fmt.Errorf("attempt %d", attempts), now, testPolicy)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.LastError != fmt.Sprintf("attempt %d", attempts) {
+				t.Fatalf("LastError = %q", r.LastError)
+			}
+			if i < testPolicy.MaxRetries {
+				if r.State != StateFailed || !r.NextAttemptAfter.Equal(now.Add(testPolicy.Backoff(i))) {
+					t.Fatalf("after failure %d: %v next %v", i, r.State, r.NextAttemptAfter)
+				}
+				// Not due yet: a claim is declined without error.
+				if _, ok, err := l.TryTransitionInflight("s", "p", r.NextAttemptAfter.Add(-time.Nanosecond)); ok || err != nil {
+					t.Fatalf("early claim: %v %v", ok, err)
+				}
+				now = r.NextAttemptAfter
+			} else if r.State != StateDeadletter {
+				t.Fatalf("after %d failures: %v, want deadletter", i, r.State)
+			}
+		}
+		if n, err := l.RetryDeadletter("s", "p", now); err != nil || n != 1 {
+			t.Fatalf("retry: %d %v", n, err)
+		}
+		r := must[Record](t)(l.Get("s", "p"))
+		if r.State != StateScheduled || r.Attempts != attempts || r.BudgetBase != attempts || !r.NextAttemptAfter.Equal(now) {
+			t.Fatalf("after retry: %+v", r)
+		}
+	}
+}
+
+// TestPendingOrder checks the pending scan against a sort of the same
+// records: order (NextAttemptAfter, SegmentID, PeerID), cut at now and
+// limit, only Scheduled and Failed.
+func TestPendingOrder(t *testing.T) {
+	f := newLedger(t, &bolt.Options{NoSync: true})
+	l := f.l
+	// Times deliberately collide so the id tie-breaks matter; negative
+	// offsets check the sign handling of the key encoding.
+	for i, seg := range []string{"b", "a", "c", "a2", "0"} {
+		must[[]string](t)(l.EnsureScheduled(seg, []string{"z", "y", "x"}, t0.Add(time.Duration(i%2)*time.Second)))
+	}
+	must[[]string](t)(l.EnsureScheduled("old", []string{"p"}, time.Unix(-5, 0)))
+	// Make some records non-pending, some Failed in the future.
+	claimOK(t, l, "b", "z", t0)
+	claimOK(t, l, "a", "x", t0)
+	must[Record](t)(l.TransitionAcked("a", "x", t0))
+	claimOK(t, l, "c", "y", t0)
+	must[Record](t)(l.TransitionFailed("c", "y", errors.New("e"), t0, testPolicy)) // due t0+1s
+
+	all := allRecords(t, l)
+	var model []Record
+	for _, r := range all {
+		if r.State == StateScheduled || r.State == StateFailed {
+			model = append(model, r)
+		}
+	}
+	slices.SortFunc(model, func(a, b Record) int {
+		if c := a.NextAttemptAfter.Compare(b.NextAttemptAfter); c != 0 {
+			return c
+		}
+		if c := strings.Compare(a.SegmentID, b.SegmentID); c != 0 {
+			return c
+		}
+		return strings.Compare(a.PeerID, b.PeerID)
+	})
+	for _, now := range []time.Time{time.Unix(-10, 0), t0, t0.Add(time.Second), t0.Add(time.Hour)} {
+		var due []Record
+		for _, r := range model {
+			if !r.NextAttemptAfter.After(now) {
+				due = append(due, r)
+			}
+		}
+		for _, limit := range []int{0, 1, 3, 100} {
+			got := must[[]Record](t)(l.Pending(now, limit))
+			want := due
+			if limit > 0 && len(want) > limit {
+				want = want[:limit]
+			}
+			if keys(got) != keys(want) {
+				t.Errorf("Pending(%v, %d):\n got  %s\n want %s", now, limit, keys(got), keys(want))
+			}
+		}
+	}
+}
+
+func claimOK(t *testing.T, l *Ledger, seg, peer string, now time.Time) {
+	t.Helper()
+	if _, ok, err := l.TryTransitionInflight(seg, peer, now); err != nil || !ok {
+		t.Fatalf("claim %s/%s: %v %v", seg, peer, ok, err)
+	}
+}
+
+func keys(rs []Record) string {
+	var b strings.Builder
+	for _, r := range rs {
+		fmt.Fprintf(&b, "%s/%s ", r.SegmentID, r.PeerID)
+	}
+	return b.String()
+}
+
+func allRecords(t *testing.T, l *Ledger) []Record {
+	t.Helper()
+	var out []Record
+	if err := l.each(func(r Record) error { out = append(out, r); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestClaimIsExclusive: many workers race for the same records; each
+// record is claimed exactly once.
+func TestClaimIsExclusive(t *testing.T) {
+	f := newLedger(t, &bolt.Options{NoSync: true})
+	peers := []string{"p1", "p2", "p3", "p4"}
+	must[[]string](t)(f.l.EnsureScheduled("s", peers, t0))
+	const workers = 8
+	var mu sync.Mutex
+	wins := map[string]int{}
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for _, p := range peers {
+				_, ok, err := f.l.TryTransitionInflight("s", p, t0)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if ok {
+					mu.Lock()
+					wins[p]++
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	for _, p := range peers {
+		if wins[p] != 1 {
+			t.Errorf("peer %s claimed %d times, want 1", p, wins[p])
+		}
+		if r := must[Record](t)(f.l.Get("s", p)); r.Attempts != 1 || r.State != StateInflight {
+			t.Errorf("%s: %+v", p, r)
+		}
+	}
+}
+
+func TestEnsureScheduledKeepsExisting(t *testing.T) {
+	f := newLedger(t, nil)
+	created := must[[]string](t)(f.l.EnsureScheduled("s", []string{"a", "b"}, t0))
+	if !slices.Equal(created, []string{"a", "b"}) {
+		t.Fatalf("created %v", created)
+	}
+	claimOK(t, f.l, "s", "a", t0)
+	created = must[[]string](t)(f.l.EnsureScheduled("s", []string{"a", "b", "c"}, t0.Add(time.Hour)))
+	if !slices.Equal(created, []string{"c"}) {
+		t.Fatalf("second call created %v, want [c]", created)
+	}
+	if r := must[Record](t)(f.l.Get("s", "a")); r.State != StateInflight {
+		t.Fatalf("existing record overwritten: %+v", r)
+	}
+	if r := must[Record](t)(f.l.Get("s", "b")); !r.NextAttemptAfter.Equal(t0) {
+		t.Fatalf("existing schedule time changed: %+v", r)
+	}
+}
+
+func TestWildcardRetryAndPurge(t *testing.T) {
+	f := newLedger(t, nil)
+	l := f.l
+	deadP := Policy{MaxRetries: 1, Initial: time.Second, Max: time.Second}
+	// s1/pa s1/pb s2/pa deadletter; s2/pb acked; s3/pa scheduled.
+	for _, k := range [][2]string{{"s1", "pa"}, {"s1", "pb"}, {"s2", "pa"}, {"s2", "pb"}} {
+		must[[]string](t)(l.EnsureScheduled(k[0], []string{k[1]}, t0))
+		claimOK(t, l, k[0], k[1], t0)
+		if k == [2]string{"s2", "pb"} {
+			must[Record](t)(l.TransitionAcked(k[0], k[1], t0))
+		} else {
+			must[Record](t)(l.TransitionFailed(k[0], k[1], errors.New("down"), t0, deadP))
+		}
+	}
+	must[[]string](t)(l.EnsureScheduled("s3", []string{"pa"}, t0))
+
+	if n := must[int](t)(l.RetryDeadletter("", "pa", t0)); n != 2 {
+		t.Fatalf("retry peer pa moved %d, want 2", n)
+	}
+	dl := must[[]Record](t)(l.ListByState(StateDeadletter))
+	if keys(dl) != "s1/pb " {
+		t.Fatalf("deadletter after retry: %s", keys(dl))
+	}
+	if n := must[int](t)(l.Purge("s1", "")); n != 1 {
+		t.Fatalf("purge s1 removed %d", n)
+	}
+	if _, err := l.Get("s1", "pb"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("purged record still there: %v", err)
+	}
+	if n := must[int](t)(l.Purge("", "")); n != 0 {
+		t.Fatalf("purge all removed %d, want 0 (none deadlettered)", n)
+	}
+	counts := must[map[State]int](t)(l.Counts())
+	if counts[StateScheduled] != 3 || counts[StateAcked] != 1 || len(counts) != 2 {
+		t.Fatalf("counts %v", counts)
+	}
+	if got := keys(must[[]Record](t)(l.ListBySegment("s2"))); got != "s2/pa s2/pb " {
+		t.Fatalf("ListBySegment(s2) = %s", got)
+	}
+	// A segment id that is a prefix of another must not leak into its list.
+	must[[]string](t)(l.EnsureScheduled("s", []string{"q"}, t0))
+	if got := keys(must[[]Record](t)(l.ListBySegment("s"))); got != "s/q " {
+		t.Fatalf("ListBySegment(s) = %s", got)
+	}
+}
+
+func TestInvalidIDs(t *testing.T) {
+	f := newLedger(t, nil)
+	for _, ids := range [][2]string{{"", "p"}, {"s", ""}, {"s\x00x", "p"}, {strings.Repeat("s", MaxIDLen+1), "p"}} {
+		if _, err := f.l.EnsureScheduled(ids[0], []string{ids[1]}, t0); !errors.Is(err, ErrInvalidID) {
+			t.Errorf("EnsureScheduled(%q, %q) = %v", ids[0], ids[1], err)
+		}
+		if _, _, err := f.l.TryTransitionInflight(ids[0], ids[1], t0); !errors.Is(err, ErrInvalidID) {
+			t.Errorf("TryTransitionInflight(%q, %q) = %v", ids[0], ids[1], err)
+		}
+	}
+	if _, err := f.l.TransitionFailed("s", "p", nil, t0, Policy{}); !errors.Is(err, ErrInvalidPolicy) {
+		t.Errorf("zero policy accepted: %v", err)
+	}
+}
+
+// TestRecoverAfterReopen simulates a crash: records left Inflight, a
+// segment gone, and the database reopened from its file.
+func TestRecoverAfterReopen(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "edged.db")
+	db := must[*bolt.DB](t)(bolt.Open(path, 0o600, nil))
+	l := must[*Ledger](t)(Open(db))
+	must[[]string](t)(l.EnsureScheduled("kept", []string{"a", "b", "c"}, t0))
+	must[[]string](t)(l.EnsureScheduled("gone", []string{"a", "b"}, t0))
+	claimOK(t, l, "kept", "a", t0) // abandoned in flight
+	claimOK(t, l, "kept", "b", t0)
+	must[Record](t)(l.TransitionAcked("kept", "b", t0))
+	claimOK(t, l, "kept", "c", t0)
+	must[Record](t)(l.TransitionFailed("kept", "c", errors.New("e"), t0, testPolicy)) // due t0+1s
+	claimOK(t, l, "gone", "a", t0)                                                    // in flight, segment gone
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	db = must[*bolt.DB](t)(bolt.Open(path, 0o600, nil))
+	t.Cleanup(func() { checkInvariants(t, db); db.Close() })
+	l = must[*Ledger](t)(Open(db))
+	var asked []string
+	exists := func(seg string) bool { asked = append(asked, seg); return seg != "gone" }
+	now := t0.Add(time.Minute)
+	rep, err := l.Recover(now, testPolicy, exists)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// kept/a: Inflight → Failed(due now+1s); gone/a: Inflight → Failed, then
+	// both gone records → Deadletter; kept/c due → Scheduled.
+	if rep != (RecoveryReport{AbandonedInflight: 2, PrunedMissing: 2, Rescheduled: 1}) {
+		t.Fatalf("report %+v", rep)
+	}
+	if !slices.Equal(asked, []string{"gone", "kept"}) {
+		t.Fatalf("exists called for %v, want each live segment once in order", asked)
+	}
+	want := map[string]State{"kept/a": StateFailed, "kept/b": StateAcked, "kept/c": StateScheduled, "gone/a": StateDeadletter, "gone/b": StateDeadletter}
+	for _, r := range allRecords(t, l) {
+		if w := want[r.SegmentID+"/"+r.PeerID]; r.State != w {
+			t.Errorf("%s/%s = %v, want %v", r.SegmentID, r.PeerID, r.State, w)
+		}
+	}
+	ka := must[Record](t)(l.Get("kept", "a"))
+	if ka.Attempts != 1 || !ka.NextAttemptAfter.Equal(now.Add(time.Second)) || !strings.Contains(ka.LastError, "abandoned") {
+		t.Fatalf("kept/a %+v", ka)
+	}
+	// Idempotent: a second run changes nothing.
+	if rep, err := l.Recover(now, testPolicy, exists); err != nil || rep != (RecoveryReport{}) {
+		t.Fatalf("second recover: %+v %v", rep, err)
+	}
+}
+
+func TestInflightToFailedSpendsBudget(t *testing.T) {
+	f := newLedger(t, nil)
+	p := Policy{MaxRetries: 1, Initial: time.Second, Max: time.Second}
+	must[[]string](t)(f.l.EnsureScheduled("s", []string{"p"}, t0))
+	claimOK(t, f.l, "s", "p", t0)
+	if n := must[int](t)(f.l.InflightToFailed(t0, p)); n != 1 {
+		t.Fatal(n)
+	}
+	if r := must[Record](t)(f.l.Get("s", "p")); r.State != StateDeadletter {
+		t.Fatalf("abandoned attempt with spent budget: %v, want deadletter", r.State)
+	}
+}
