@@ -12,11 +12,13 @@
 //     present; values are copies in both directions.
 //   - Scan: ascending byte order (prefixes, NUL, 0x7f, 0xff, multi-byte
 //     UTF-8), [Start, End) with strict After, paging with any Limit until
-//     Next is empty, cursors that always make progress.
+//     Next is empty, cursors that always make progress. Keys are arbitrary
+//     byte strings, not only UTF-8: a backend that stores text must encode
+//     them so they round-trip and keep byte order.
 //   - Apply: all-or-nothing; a false precondition at index i returns
 //     *ConditionFailedError{Index: i} and changes nothing; empty-but-present
 //     is not absent; a precondition and a write on one key are merged;
-//     deleting an absent key succeeds.
+//     deleting an absent key succeeds; a cancelled context applies nothing.
 //   - Limits: MaxBatchItems distinct keys fit and one more is refused with
 //     ErrBatchTooLarge; an item of exactly MaxItemBytes fits and one byte
 //     more is ErrValueTooLarge; MaxBatchBytes is enforced; malformed batches
@@ -32,7 +34,6 @@ package storetest
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -137,11 +138,7 @@ func wantAbsent(t *testing.T, s relaycore.Store, p relaycore.Partition, key stri
 // against the paging rules, and returns the items in order.
 func scanAll(t *testing.T, s relaycore.Store, p relaycore.Partition, req relaycore.ScanRequest) []relaycore.Item {
 	t.Helper()
-	return scanAllCtx(t, t.Context(), s, p, req)
-}
-
-func scanAllCtx(t *testing.T, ctx context.Context, s relaycore.Store, p relaycore.Partition, req relaycore.ScanRequest) []relaycore.Item {
-	t.Helper()
+	ctx := t.Context()
 	var out []relaycore.Item
 	// A page may be empty while Next is set, but every cursor must move
 	// forward, so the number of pages is bounded by the number of keys in
