@@ -1,0 +1,175 @@
+// Package dynamotest starts an in-process DynamoDB-API endpoint for tests:
+// an httptest server in front of github.com/truora/minidyn/server, reached
+// through the real aws-sdk-go-v2 client over real HTTP on 127.0.0.1.
+//
+// minidyn is not DynamoDB. The handler here fixes the two gaps that would
+// otherwise make tests lie or race (see Endpoint); everything else minidyn
+// gets wrong is listed in docs/dynamodb.md and must not be relied on.
+package dynamotest
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/truora/minidyn/server"
+)
+
+// EndpointEnv names the environment variable that points tests at another
+// DynamoDB-API endpoint (real DynamoDB, DynamoDB Local) instead of the
+// in-process one. Only tests read it.
+const EndpointEnv = "RELAY_DYNAMODB_ENDPOINT"
+
+// Endpoint is a running in-process DynamoDB-API server.
+//
+// Compared with bare minidyn it adds:
+//   - table-level locking: minidyn's CreateTable/DeleteTable mutate its
+//     table map without its own mutex, so they run exclusively here;
+//   - ClientRequestToken idempotency for TransactWriteItems, which minidyn
+//     ignores but DynamoDB honours (a repeated token with the same request
+//     returns success without applying again; with a different request it
+//     fails with IdempotentParameterMismatchException). Tokens never expire
+//     here; DynamoDB forgets them after 10 minutes.
+type Endpoint struct {
+	// URL is the endpoint's base URL (http://127.0.0.1:port).
+	URL string
+	// Mini is the minidyn server, for its failure emulation.
+	Mini *server.Server
+
+	srv *httptest.Server
+
+	tableMu sync.RWMutex
+
+	tokMu  sync.Mutex
+	tokens map[string]tokenState
+}
+
+type tokenState struct {
+	digest  [32]byte
+	pending bool
+}
+
+// Start runs an endpoint until the test ends.
+func Start(tb testing.TB) *Endpoint {
+	tb.Helper()
+	e := &Endpoint{Mini: server.NewServer(), tokens: map[string]tokenState{}}
+	e.srv = httptest.NewServer(http.HandlerFunc(e.serve))
+	e.URL = e.srv.URL
+	tb.Cleanup(e.srv.Close)
+	return e
+}
+
+// Tokens reports how many distinct ClientRequestTokens have committed.
+func (e *Endpoint) Tokens() int {
+	e.tokMu.Lock()
+	defer e.tokMu.Unlock()
+	n := 0
+	for _, s := range e.tokens {
+		if !s.pending {
+			n++
+		}
+	}
+	return n
+}
+
+func (e *Endpoint) serve(w http.ResponseWriter, r *http.Request) {
+	op := r.Header.Get("X-Amz-Target")
+	op = op[strings.LastIndexByte(op, '.')+1:]
+	switch op {
+	case "CreateTable", "DeleteTable", "UpdateTable":
+		e.tableMu.Lock()
+		defer e.tableMu.Unlock()
+	default:
+		e.tableMu.RLock()
+		defer e.tableMu.RUnlock()
+	}
+	if op != "TransactWriteItems" {
+		e.Mini.ServeHTTP(w, r)
+		return
+	}
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	var in struct{ ClientRequestToken string }
+	_ = json.Unmarshal(body, &in)
+	if in.ClientRequestToken == "" {
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		e.Mini.ServeHTTP(w, r)
+		return
+	}
+	digest := sha256.Sum256(body)
+	e.tokMu.Lock()
+	st, seen := e.tokens[in.ClientRequestToken]
+	switch {
+	case seen && st.digest != digest:
+		e.tokMu.Unlock()
+		writeAPIError(w, "IdempotentParameterMismatchException", "token reused with a different request")
+		return
+	case seen && st.pending:
+		e.tokMu.Unlock()
+		writeAPIError(w, "TransactionInProgressException", "transaction with this token is in progress")
+		return
+	case seen:
+		e.tokMu.Unlock()
+		w.Header().Set("Content-Type", "application/x-amz-json-1.0")
+		_, _ = io.WriteString(w, "{}")
+		return
+	}
+	e.tokens[in.ClientRequestToken] = tokenState{digest: digest, pending: true}
+	e.tokMu.Unlock()
+
+	rec := httptest.NewRecorder()
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	e.Mini.ServeHTTP(rec, r)
+
+	e.tokMu.Lock()
+	if rec.Code == http.StatusOK {
+		e.tokens[in.ClientRequestToken] = tokenState{digest: digest}
+	} else {
+		delete(e.tokens, in.ClientRequestToken)
+	}
+	e.tokMu.Unlock()
+	for k, v := range rec.Header() {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(rec.Code)
+	_, _ = w.Write(rec.Body.Bytes())
+}
+
+func writeAPIError(w http.ResponseWriter, typ, msg string) {
+	w.Header().Set("Content-Type", "application/x-amz-json-1.0")
+	w.WriteHeader(http.StatusBadRequest)
+	_ = json.NewEncoder(w).Encode(map[string]string{"__type": typ, "message": msg})
+}
+
+// Client returns an SDK client for the endpoint. rt, when non-nil, wraps
+// the HTTP transport (fault injection); otherwise the default transport is
+// used.
+func (e *Endpoint) Client(rt http.RoundTripper) *dynamodb.Client {
+	return NewClient(e.URL, rt)
+}
+
+// NewClient returns an SDK client for a DynamoDB-API endpoint with static
+// dummy credentials (minidyn checks no signature).
+func NewClient(endpoint string, rt http.RoundTripper) *dynamodb.Client {
+	if rt == nil {
+		rt = http.DefaultTransport
+	}
+	return dynamodb.New(dynamodb.Options{
+		Region:       "us-east-1",
+		BaseEndpoint: aws.String(endpoint),
+		Credentials:  credentials.NewStaticCredentialsProvider("relay", "relay", ""),
+		HTTPClient:   &http.Client{Transport: rt},
+	})
+}
