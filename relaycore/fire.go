@@ -114,7 +114,10 @@ func (h *RelayHandler) clock() Clock {
 	return h.Clock
 }
 
-func (h *RelayHandler) claimTTL() time.Duration {
+func (h *RelayHandler) claimTTL() time.Duration { return h.ClaimTTLOrDefault() }
+
+// ClaimTTLOrDefault is the claim lifetime in effect (ClaimTTL or 30s).
+func (h *RelayHandler) ClaimTTLOrDefault() time.Duration {
 	if h.ClaimTTL <= 0 {
 		return 30 * time.Second
 	}

@@ -236,3 +236,5 @@ func (e *env) countTargetApplies() *int {
 	}, nil)
 	return &n
 }
+
+func timeMS(ms int64) time.Time { return time.UnixMilli(ms) }

@@ -1,0 +1,200 @@
+package relaycore_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/relay-dev/relay/relaycore"
+)
+
+// failTargets makes target applies fail for targets with the given prefix
+// while *on is true.
+func (e *env) failTargets(prefix string, on *bool) {
+	e.tgtF.set(func(c call) error {
+		if c.Op == "apply" && *on && strings.HasPrefix(string(c.P), prefix) {
+			return errInjected
+		}
+		return nil
+	}, nil)
+}
+
+func TestRegressionOneRowScanPages(t *testing.T) {
+	e := newEnv(t, "free")
+	e.srcF.scanLimit = 1
+	var rows []relaycore.Row
+	for i := 0; i < 60; i++ {
+		tg := relaycore.Partition(fmt.Sprintf("t%d", i%11))
+		rows = append(rows, put(tg, "k", fmt.Sprint(i), fmt.Sprintf("k%d", i), "x"))
+	}
+	e.enqueue(rows[:30]...)
+	e.enqueue(rows[30:]...)
+	if st, err := relaycore.SourceRelayState(e.ctx, e.srcF, e.source, e.clock.Now()); err != nil || st.Empty || st.FirstUndelivered != 1 {
+		t.Fatalf("source state with one-row scan pages: %+v, %v", st, err)
+	}
+	e.drain(e.source, 100)
+	for i := 0; i < 11; i++ {
+		last := 0
+		for j := i; j < 60; j += 11 {
+			last = j
+		}
+		if v, _ := e.target(relaycore.Partition(fmt.Sprintf("t%d", i)), "k"); v != fmt.Sprint(last) {
+			t.Fatalf("t%d/k = %q, want %d (per-target order)", i, v, last)
+		}
+	}
+	if ok, err := relaycore.RelayDeliveredThrough(e.ctx, e.srcF, e.source, 60); err != nil || !ok {
+		t.Fatalf("delivered through 60 = %v, %v", ok, err)
+	}
+}
+
+func TestRegressionFailingTargetBlocksOnlyItself(t *testing.T) {
+	e := newEnv(t, "free")
+	failing := true
+	e.failTargets("bad", &failing)
+	e.enqueue(put("bad", "k", "1"))
+	e.enqueue(put("good1", "k", "1"), put("bad", "k", "2"), put("good2", "k", "1"))
+	r := e.fire(e.source)
+	if r.TargetsBlocked != 1 || r.Blocked != 1 {
+		t.Fatalf("fire result %+v: want exactly bad blocked", r)
+	}
+	for _, g := range []relaycore.Partition{"good1", "good2"} {
+		if v, _ := e.target(g, "k"); v != "1" {
+			t.Fatalf("%s not delivered while bad fails", g)
+		}
+	}
+	v := e.inspect(e.source)
+	if got := v.RS.Blocked; len(got) != 1 || got[0] != "bad" {
+		t.Fatalf("blocked = %v", got)
+	}
+	if len(v.Rows()) != 2 {
+		t.Fatalf("%d rows left, want bad's 2", len(v.Rows()))
+	}
+	checkBlockedInvariant(t, v)
+	failing = false
+	e.drain(e.source, 20)
+	if v, _ := e.target("bad", "k"); v != "2" {
+		t.Fatalf("bad/k = %q after recovery, want 2 (in order)", v)
+	}
+}
+
+// checkBlockedInvariant: during an active cycle every undelivered row with
+// seq <= cursor has its target in blocked.
+func checkBlockedInvariant(t *testing.T, v relaycore.SourceView) {
+	t.Helper()
+	if v.RS == nil || v.RS.Completed() {
+		return
+	}
+	blocked := map[relaycore.Partition]bool{}
+	for _, b := range v.RS.Blocked {
+		blocked[b] = true
+	}
+	for _, r := range v.Rows() {
+		if r.Seq <= v.RS.Cursor && !blocked[r.Target] {
+			t.Fatalf("row %d (target %s) <= cursor %d but target not blocked", r.Seq, r.Target, v.RS.Cursor)
+		}
+	}
+}
+
+func TestRegression33FailingTargetsResetCycle(t *testing.T) {
+	e := newEnv(t, "free")
+	failing := true
+	e.failTargets("bad", &failing)
+	var rows []relaycore.Row
+	for i := 0; i <= relaycore.MaxBlockedTargets; i++ {
+		rows = append(rows, put(relaycore.Partition(fmt.Sprintf("bad%02d", i)), "k", "v"))
+	}
+	e.enqueue(rows...)
+	reset := false
+	for f := 0; f < 10 && !reset; f++ {
+		r := e.fire(e.source)
+		v := e.inspect(e.source)
+		checkBlockedInvariant(t, v)
+		if r.CycleReset {
+			reset = true
+			if !v.RS.Completed() || len(v.RS.Blocked) != 0 {
+				t.Fatalf("after reset rs = %+v, want the completed marker with no blocked targets", v.RS)
+			}
+			if f != 4 {
+				t.Fatalf("reset in fire %d, want fire 4 (8 targets per fire, 33rd failure)", f)
+			}
+		} else if r.Blocked > relaycore.MaxBlockedTargets {
+			t.Fatalf("blocked set grew to %d", r.Blocked)
+		}
+	}
+	if !reset {
+		t.Fatal("33 failing targets did not reset the cycle")
+	}
+	r := e.fire(e.source)
+	if !r.NewCycle {
+		t.Fatal("the fire after a reset did not start a new cycle from the head")
+	}
+}
+
+func TestRegressionHealthyTargetBehindFailingDelivered(t *testing.T) {
+	for _, nbad := range []int{8, 31} {
+		t.Run(fmt.Sprint(nbad), func(t *testing.T) {
+			e := newEnv(t, "free")
+			failing := true
+			e.failTargets("bad", &failing)
+			var rows []relaycore.Row
+			for i := 0; i < nbad; i++ {
+				rows = append(rows, put(relaycore.Partition(fmt.Sprintf("bad%02d", i)), "k", "v"))
+			}
+			rows = append(rows, put("healthy", "k", "v"))
+			e.enqueue(rows...)
+			for a := 0; a < 40; a++ {
+				if v, ok := e.target("healthy", "k"); ok && v == "v" {
+					checkBlockedInvariant(t, e.inspect(e.source))
+					return
+				}
+				v := e.inspect(e.source)
+				e.clock.Set(timeMS(v.Alarm.DueMS))
+				if _, err := e.h.Alarm(e.ctx, e.source); err != nil {
+					t.Fatal(err)
+				}
+				checkBlockedInvariant(t, e.inspect(e.source))
+			}
+			t.Fatal("healthy target behind failing ones never delivered")
+		})
+	}
+}
+
+func TestRegressionDrain4096Targets(t *testing.T) {
+	if testing.Short() {
+		t.Skip("4096-target drain")
+	}
+	for _, plan := range []string{"free", "paid"} {
+		t.Run(plan, func(t *testing.T) {
+			e := newEnv(t, plan)
+			b := e.h.Budget
+			rows := make([]relaycore.Row, 4096)
+			for i := range rows {
+				rows[i] = put(relaycore.Partition(fmt.Sprintf("t%04d", i)), "k", fmt.Sprint(i))
+			}
+			e.enqueue(rows...)
+			bound := (4096+b.TargetsPerFire*b.FiresPerAlarm-1)/(b.TargetsPerFire*b.FiresPerAlarm) + 64
+			alarms := 0
+			for ; ; alarms++ {
+				v := e.inspect(e.source)
+				if v.Alarm == nil {
+					break
+				}
+				if alarms > bound {
+					t.Fatalf("%s: not drained within %d alarms (%d rows left)", plan, bound, len(v.Rows()))
+				}
+				e.clock.Set(timeMS(v.Alarm.DueMS))
+				ar, err := e.h.Alarm(e.ctx, e.source)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ar.TargetCalls > b.TargetCallsPerAlarm() {
+					t.Fatalf("alarm %d made %d target calls, cap %d", alarms, ar.TargetCalls, b.TargetCallsPerAlarm())
+				}
+			}
+			if rows := e.inspect(e.source).Rows(); len(rows) != 0 {
+				t.Fatalf("%d rows left", len(rows))
+			}
+			t.Logf("%s: 4096 targets drained in %d alarms (bound %d)", plan, alarms, bound)
+		})
+	}
+}
