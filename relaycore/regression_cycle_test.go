@@ -198,3 +198,39 @@ func TestRegressionDrain4096Targets(t *testing.T) {
 		})
 	}
 }
+
+func TestRegressionBlockedTargetSkippedWithinCycle(t *testing.T) {
+	e := newEnv(t, "free")
+	badCalls := 0
+	e.tgtF.set(func(c call) error {
+		if c.Op == "apply" && c.P == "bad" {
+			badCalls++
+			return errInjected
+		}
+		return nil
+	}, nil)
+	e.enqueue(put("bad", "k", "1")) // seq 1
+	var rows []relaycore.Row
+	for i := 0; i < 9; i++ {
+		rows = append(rows, put(relaycore.Partition(fmt.Sprintf("g%d", i)), "k", "1"))
+	}
+	rows = append(rows, put("bad", "k", "2"))
+	e.enqueue(rows...) // g0..g8 = seqs 2..10, bad again at 11: ahead of the cursor
+	r1 := e.fire(e.source)
+	if r1.TargetsAttempted != 8 || r1.TargetsBlocked != 1 || badCalls != 1 {
+		t.Fatalf("fire 1: %+v, bad calls %d", r1, badCalls)
+	}
+	v := e.inspect(e.source)
+	checkBlockedInvariant(t, v)
+	if v.RS.Completed() {
+		t.Fatal("cycle completed; the target budget should have paused the cursor")
+	}
+	r2 := e.fire(e.source)
+	if badCalls != 1 {
+		t.Fatalf("blocked target retried within its cycle (%d calls)", badCalls)
+	}
+	if r2.TargetsAttempted != 2 || r2.RowsDelivered != 2 {
+		t.Fatalf("fire 2: %+v, want g7 and g8 delivered", r2)
+	}
+	checkBlockedInvariant(t, e.inspect(e.source))
+}
