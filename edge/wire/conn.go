@@ -331,7 +331,7 @@ func (c *Conn) DiscardSegment(ctx context.Context, o Offer) error {
 // SendAck acknowledges segmentID. Call it only once the segment is durably
 // stored (or already was, with the same digest).
 func (c *Conn) SendAck(ctx context.Context, segmentID string) error {
-	return c.sendControl(ctx, "send ack "+segmentID, TypeAck, []byte(segmentID), CheckSegmentID(segmentID))
+	return c.sendControl(ctx, "send ack "+segmentID, TypeAck, []byte(segmentID), badMessage(CheckSegmentID(segmentID)))
 }
 
 // SendNack refuses a segment. A message longer than MaxNackMessage is

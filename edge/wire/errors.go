@@ -26,6 +26,11 @@ var (
 	// answer NACK bad_request on the same connection.
 	ErrBadMessage = errors.New("bad message")
 
+	// ErrInvalidID: a segment or node id breaks the identifier rules
+	// (CheckSegmentID, CheckNodeID). Inside a received message it is also
+	// ErrBadMessage.
+	ErrInvalidID = errors.New("invalid identifier")
+
 	// ErrVersion: the peer's HELLO names a protocol version this side does
 	// not speak.
 	ErrVersion = errors.New("unsupported protocol version")

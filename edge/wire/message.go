@@ -26,20 +26,29 @@ const (
 
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]*$`)
 
-// CheckSegmentID reports why id is not a valid segment id, or nil.
+// CheckSegmentID reports why id is not a valid segment id (ErrInvalidID),
+// or nil. Stores and CLIs use it too, so every component agrees.
 func CheckSegmentID(id string) error { return checkID("segment id", id, MaxSegmentIDLen) }
 
-// CheckNodeID reports why id is not a valid node id, or nil.
+// CheckNodeID reports why id is not a valid node id (ErrInvalidID), or nil.
 func CheckNodeID(id string) error { return checkID("node id", id, MaxNodeIDLen) }
 
 func checkID(what, id string, max int) error {
 	if len(id) == 0 || len(id) > max {
-		return fmt.Errorf("%w: %s must be 1..%d bytes, got %d", ErrBadMessage, what, max, len(id))
+		return fmt.Errorf("%w: %s must be 1..%d bytes, got %d", ErrInvalidID, what, max, len(id))
 	}
 	if !idPattern.MatchString(id) {
-		return fmt.Errorf("%w: %s %q: only [A-Za-z0-9._-], not starting with '.' or '-'", ErrBadMessage, what, id)
+		return fmt.Errorf("%w: %s %q: only [A-Za-z0-9._-], not starting with '.' or '-'", ErrInvalidID, what, id)
 	}
 	return nil
+}
+
+// badMessage marks an invalid identifier inside a message as ErrBadMessage.
+func badMessage(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrBadMessage, err)
 }
 
 // Hello is the HELLO payload.
@@ -54,7 +63,7 @@ func (h Hello) Validate() error {
 	if h.Version < 1 {
 		return fmt.Errorf("%w: version %d must be positive", ErrBadMessage, h.Version)
 	}
-	return CheckNodeID(h.NodeID)
+	return badMessage(CheckNodeID(h.NodeID))
 }
 
 // Offer is the OFFER payload.
@@ -68,7 +77,7 @@ type Offer struct {
 // Validate checks the fields' syntax.
 func (o Offer) Validate() error {
 	if err := CheckSegmentID(o.SegmentID); err != nil {
-		return err
+		return badMessage(err)
 	}
 	if o.Size < 0 || o.Size > MaxSegmentSize {
 		return fmt.Errorf("%w: size %d outside 0..%d", ErrBadMessage, o.Size, int64(MaxSegmentSize))
@@ -123,7 +132,7 @@ type Nack struct {
 func (n Nack) Validate() error {
 	if n.SegmentID != "" {
 		if err := CheckSegmentID(n.SegmentID); err != nil {
-			return err
+			return badMessage(err)
 		}
 	}
 	if !slices.Contains(nackCodes, n.Code) {
@@ -214,7 +223,7 @@ func DecodeNack(p []byte) (Nack, error) {
 // DecodeAck validates an ACK payload (the raw segment id) and returns it.
 func DecodeAck(p []byte) (string, error) {
 	if err := CheckSegmentID(string(p)); err != nil {
-		return "", fmt.Errorf("decode ack: %w", err)
+		return "", fmt.Errorf("decode ack: %w", badMessage(err))
 	}
 	return string(p), nil
 }

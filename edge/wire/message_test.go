@@ -35,8 +35,8 @@ func TestCheckSegmentID(t *testing.T) {
 		if (err == nil) != tc.ok {
 			t.Errorf("CheckSegmentID(%q) = %v, want ok=%v", tc.id, err, tc.ok)
 		}
-		if err != nil && !errors.Is(err, ErrBadMessage) {
-			t.Errorf("CheckSegmentID(%q) = %v, want ErrBadMessage", tc.id, err)
+		if err != nil && !errors.Is(err, ErrInvalidID) {
+			t.Errorf("CheckSegmentID(%q) = %v, want ErrInvalidID", tc.id, err)
 		}
 	}
 	if CheckNodeID(strings.Repeat("n", MaxNodeIDLen+1)) == nil {

@@ -1,0 +1,207 @@
+package transport
+
+import (
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/relay-dev/relay/edge/pki"
+)
+
+// Material is one consistent set of TLS credentials: this node's
+// certificate and key, and the CA pool peers are verified against.
+type Material struct {
+	Cert   tls.Certificate // Leaf is set
+	Pool   *x509.CertPool
+	NodeID string // from Cert; always equals the configured node id
+}
+
+// Reloader keeps the current Material for a certificate, key and CA file,
+// and replaces it when the files change, without a restart.
+//
+// Current, called on every TLS handshake, compares each file's size,
+// modification time, inode and change time with what it last saw; only
+// when one differs does it read the files, and only when their content hash
+// differs from the material in use does it parse them. Reload reads and
+// hashes unconditionally (the daemon calls it on SIGHUP), which also covers
+// an in-place rewrite too quick for the file system's timestamps to show.
+//
+// New material is accepted only whole and valid: the key matches the
+// certificate, the CA file holds at least one certificate, the certificate
+// verifies against that CA for both client and server use at the time of
+// loading, and it names the configured node. Otherwise the old material
+// stays in use and the error is reported (Reload's result, the OnError
+// callback for automatic checks, and Err), once per change of the files.
+// Rotating files one at a time is therefore safe: the intermediate states
+// fail validation and the final one is picked up.
+type Reloader struct {
+	nodeID                    string
+	certFile, keyFile, caFile string
+	onError                   func(error)
+	now                       func() time.Time
+
+	mu      sync.Mutex
+	cur     *Material
+	curSum  [sha256.Size]byte // content hash of cur's files
+	seen    [3]fileStamp      // stat of the files at the last look
+	seenSum [sha256.Size]byte // content hash at the last look, loaded or not
+	lastErr error
+}
+
+type fileStamp struct {
+	size, ino    int64
+	mtime, ctime time.Time
+}
+
+func stamp(path string) (fileStamp, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fileStamp{}, err
+	}
+	s := fileStamp{size: fi.Size(), mtime: fi.ModTime()}
+	s.ino, s.ctime = inodeAndCtime(fi)
+	return s, nil
+}
+
+// NewReloader loads the files once; an error here means there is no
+// material to fall back on, so the caller must not start. onError may be
+// nil.
+func NewReloader(nodeID, certFile, keyFile, caFile string, onError func(error)) (*Reloader, error) {
+	r := &Reloader{nodeID: nodeID, certFile: certFile, keyFile: keyFile, caFile: caFile, onError: onError, now: time.Now}
+	if err := r.Reload(); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Current returns the material to use for a handshake now, picking up
+// changed files first. It never fails: a bad change keeps the old material.
+func (r *Reloader) Current() *Material {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	stamps, err := r.stamps()
+	if err == nil && stamps == r.seen {
+		return r.cur
+	}
+	if err == nil {
+		err = r.reloadLocked(false)
+	}
+	if err != nil && r.onError != nil {
+		r.onError(err)
+	}
+	return r.cur
+}
+
+// Reload re-reads the files now, whatever their timestamps say, and
+// switches to them if they are valid. On error the previous material
+// stays in use.
+func (r *Reloader) Reload() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.reloadLocked(true)
+}
+
+// Err is the error of the last load attempt, nil if it succeeded or the
+// files were unchanged.
+func (r *Reloader) Err() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lastErr
+}
+
+func (r *Reloader) stamps() ([3]fileStamp, error) {
+	var s [3]fileStamp
+	for i, p := range []string{r.certFile, r.keyFile, r.caFile} {
+		st, err := stamp(p)
+		if err != nil {
+			return s, fmt.Errorf("reload tls files: %w", err)
+		}
+		s[i] = st
+	}
+	return s, nil
+}
+
+// reloadLocked reads the files and switches material if their content
+// changed and is valid. Without force, content that already failed to load
+// is not reported again.
+func (r *Reloader) reloadLocked(force bool) error {
+	stamps, err := r.stamps()
+	if err != nil {
+		r.lastErr = err
+		return err
+	}
+	var raw [3][]byte
+	h := sha256.New()
+	for i, p := range []string{r.certFile, r.keyFile, r.caFile} {
+		if raw[i], err = os.ReadFile(p); err != nil {
+			err = fmt.Errorf("reload tls files: %w", err)
+			r.lastErr = err
+			return err
+		}
+		fmt.Fprintf(h, "%d:", len(raw[i]))
+		h.Write(raw[i])
+	}
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	r.seen = stamps
+	switch {
+	case r.cur != nil && sum == r.curSum:
+		r.seenSum, r.lastErr = sum, nil
+		return nil // touched but unchanged
+	case !force && sum == r.seenSum:
+		return nil // the same bad content; already reported
+	}
+	r.seenSum = sum
+	m, err := r.parse(raw[0], raw[1], raw[2])
+	if err != nil {
+		if r.cur != nil {
+			err = fmt.Errorf("%w (still using the previous certificate)", err)
+		}
+		r.lastErr = err
+		return err
+	}
+	r.cur, r.curSum, r.lastErr = m, sum, nil
+	return nil
+}
+
+func (r *Reloader) parse(certPEM, keyPEM, caPEM []byte) (*Material, error) {
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("load %s with %s: %w", r.certFile, r.keyFile, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return nil, fmt.Errorf("load %s: no PEM certificates", r.caFile)
+	}
+	id, err := pki.NodeID(cert.Leaf)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", r.certFile, err)
+	}
+	if id != r.nodeID {
+		return nil, fmt.Errorf("load %s: %w: certificate is for node %q, this node is %q", r.certFile, ErrIdentityMismatch, id, r.nodeID)
+	}
+	inter := x509.NewCertPool()
+	for _, der := range cert.Certificate[1:] {
+		if c, err := x509.ParseCertificate(der); err == nil {
+			inter.AddCert(c)
+		}
+	}
+	for _, usage := range []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth} {
+		_, err := cert.Leaf.Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, CurrentTime: r.now(), KeyUsages: []x509.ExtKeyUsage{usage}})
+		if err != nil {
+			return nil, fmt.Errorf("load %s: not valid under %s for %v: %w", r.certFile, r.caFile, usageName(usage), err)
+		}
+	}
+	return &Material{Cert: cert, Pool: pool, NodeID: id}, nil
+}
+
+func usageName(u x509.ExtKeyUsage) string {
+	if u == x509.ExtKeyUsageClientAuth {
+		return "client auth"
+	}
+	return "server auth"
+}
