@@ -49,8 +49,9 @@ type Endpoint struct {
 
 	tableMu sync.RWMutex
 
-	tokMu  sync.Mutex
-	tokens map[string]tokenState
+	tokMu     sync.Mutex
+	tokens    map[string]tokenState
+	rawTokens bool
 }
 
 type tokenState struct {
@@ -66,6 +67,16 @@ func Start(tb testing.TB) *Endpoint {
 	e.URL = e.srv.URL
 	tb.Cleanup(e.srv.Close)
 	return e
+}
+
+// IgnoreTokens makes the endpoint behave like bare minidyn, which ignores
+// ClientRequestToken: a repeated request is executed again. Tests use it
+// to show what the store does when the endpoint cannot resolve an
+// ambiguous attempt.
+func (e *Endpoint) IgnoreTokens() {
+	e.tokMu.Lock()
+	e.rawTokens = true
+	e.tokMu.Unlock()
 }
 
 // Tokens reports how many distinct ClientRequestTokens have committed.
@@ -103,12 +114,15 @@ func (e *Endpoint) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	var in struct{ ClientRequestToken string }
 	_ = json.Unmarshal(body, &in)
-	if in.ClientRequestToken == "" {
+	e.tokMu.Lock()
+	raw := e.rawTokens
+	e.tokMu.Unlock()
+	if in.ClientRequestToken == "" || raw {
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		e.Mini.ServeHTTP(w, r)
 		return
 	}
-	digest := sha256.Sum256(body)
+	digest := canonicalDigest(body)
 	e.tokMu.Lock()
 	st, seen := e.tokens[in.ClientRequestToken]
 	switch {
@@ -145,6 +159,25 @@ func (e *Endpoint) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(rec.Code)
 	_, _ = w.Write(rec.Body.Bytes())
+}
+
+// canonicalDigest hashes a JSON request independent of member order (the
+// SDK writes maps in random order; DynamoDB compares parameters, not
+// bytes).
+func canonicalDigest(body []byte) [32]byte { return sha256.Sum256(CanonicalJSON(body)) }
+
+// CanonicalJSON re-encodes a JSON document with sorted object keys, for
+// tests that compare requests.
+func CanonicalJSON(body []byte) []byte {
+	var v any
+	if err := json.Unmarshal(body, &v); err != nil {
+		return body
+	}
+	canon, err := json.Marshal(v)
+	if err != nil {
+		return body
+	}
+	return canon
 }
 
 func writeAPIError(w http.ResponseWriter, typ, msg string) {
