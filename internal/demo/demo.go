@@ -87,6 +87,9 @@ type Stores struct {
 	Index relaycore.DueIndex
 	// Name describes the backend in the summary ("bolt:/path", "dynamo:URL").
 	Name string
+	// Units, when set, reports the write and read capacity units both
+	// tables consumed so far (DynamoDB's formulas; see docs/dynamodb.md).
+	Units func() (write, read float64)
 }
 
 // Summary is what the demo reports (and prints as JSON with --json).
@@ -113,6 +116,8 @@ type Summary struct {
 	LagMaxMS         int64   `json:"lag_max_ms"`
 	ElapsedMS        int64   `json:"elapsed_ms"`
 	RowsPerSecond    float64 `json:"rows_per_second"`
+	WriteUnitsPerRow float64 `json:"write_units_per_row,omitempty"`
+	ReadUnitsPerRow  float64 `json:"read_units_per_row,omitempty"`
 	Verified         bool    `json:"verified"`
 }
 
@@ -250,6 +255,10 @@ done:
 	s.LagP50MS, s.LagP99MS, s.LagMaxMS = lags.percentiles()
 	if elapsed > 0 {
 		s.RowsPerSecond = float64(s.RowsDelivered) / elapsed.Seconds()
+	}
+	if stores.Units != nil && s.RowsEnqueued > 0 {
+		w, r := stores.Units()
+		s.WriteUnitsPerRow, s.ReadUnitsPerRow = w/float64(s.RowsEnqueued), r/float64(s.RowsEnqueued)
 	}
 	if err := model.verify(ctx, stores.Target, sources); err != nil {
 		return s, fmt.Errorf("verify: %w", err)

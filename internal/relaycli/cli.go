@@ -46,6 +46,7 @@ func demoCmd(stdout, stderr io.Writer) *cobra.Command {
 		store    string
 		dbPath   string
 		logLevel string
+		dyn      dynamoOptions
 	)
 	c := &cobra.Command{
 		Use:   "demo",
@@ -61,7 +62,7 @@ key against a model of what was written, and prints a summary.`,
 				return fmt.Errorf("--log-level: %w", err)
 			}
 			logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-			stores, closeStores, err := openStores(cmd.Context(), store, dbPath)
+			stores, closeStores, err := openStores(cmd.Context(), store, dbPath, dyn)
 			if err != nil {
 				return err
 			}
@@ -98,7 +99,9 @@ key against a model of what was written, and prints a summary.`,
 	f.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "workload seed")
 	f.DurationVar(&cfg.WriteInterval, "write-interval", cfg.WriteInterval, "pause between a writer's enqueue calls")
 	f.BoolVar(&asJSON, "json", false, "print the summary as JSON (progress goes to stderr)")
-	f.StringVar(&store, "store", "bolt", "store backend: bolt")
+	f.StringVar(&store, "store", "bolt", "store backend: bolt or dynamo")
+	f.StringVar(&dyn.endpoint, "endpoint", "", `DynamoDB endpoint URL for --store dynamo ("aws" = the SDK default; empty = an in-process DynamoDB-API endpoint)`)
+	f.StringVar(&dyn.tablePrefix, "table-prefix", "relay-demo-", "DynamoDB table name prefix for --store dynamo")
 	f.StringVar(&dbPath, "db", "", "bbolt file (default: a new file in a temporary directory, removed afterwards)")
 	f.StringVar(&logLevel, "log-level", "error", "log level: debug, info, warn, error")
 	return c
@@ -117,7 +120,7 @@ func statusCmd(stdout io.Writer) *cobra.Command {
 			if _, err := os.Stat(dbPath); err != nil {
 				return fmt.Errorf("--db: %w", err)
 			}
-			stores, closeStores, err := openStores(cmd.Context(), "bolt", dbPath)
+			stores, closeStores, err := openStores(cmd.Context(), "bolt", dbPath, dynamoOptions{})
 			if err != nil {
 				return err
 			}
@@ -144,8 +147,10 @@ func statusCmd(stdout io.Writer) *cobra.Command {
 }
 
 // openStores opens the demo's source and target tables.
-func openStores(_ context.Context, kind, dbPath string) (demo.Stores, func(), error) {
+func openStores(ctx context.Context, kind, dbPath string, dyn dynamoOptions) (demo.Stores, func(), error) {
 	switch kind {
+	case "dynamo":
+		return openDynamo(ctx, dyn)
 	case "bolt":
 		cleanup := func() {}
 		if dbPath == "" {
@@ -165,7 +170,7 @@ func openStores(_ context.Context, kind, dbPath string) (demo.Stores, func(), er
 		return demo.Stores{Source: src, Target: db.Store("target"), Index: src, Name: "bolt:" + dbPath},
 			func() { db.Close(); cleanup() }, nil
 	default:
-		return demo.Stores{}, nil, fmt.Errorf("--store %q: want bolt", kind)
+		return demo.Stores{}, nil, fmt.Errorf("--store %q: want bolt or dynamo", kind)
 	}
 }
 
@@ -184,4 +189,8 @@ summary (%s, plan %s, seed %d)
 		s.Alarms, s.Fires, s.Kicks, s.TargetCalls, s.TargetFailures, s.BlockedEvents,
 		s.SourceStoreCalls, s.TargetStoreCalls, s.LagP50MS, s.LagP99MS, s.LagMaxMS,
 		float64(s.ElapsedMS)/1000, s.RowsPerSecond, s.Verified)
+	if s.WriteUnitsPerRow > 0 {
+		fmt.Fprintf(w, "  DynamoDB units     %.2f write, %.2f read per enqueued row (includes the injected failures' retries)\n",
+			s.WriteUnitsPerRow, s.ReadUnitsPerRow)
+	}
 }

@@ -54,3 +54,24 @@ func TestBadFlagsAreRefused(t *testing.T) {
 		}
 	}
 }
+
+// The DynamoDB backend (real SDK over HTTP to an in-process endpoint) runs
+// the same self-verifying workload.
+func TestDemoOnDynamo(t *testing.T) {
+	var out, errb bytes.Buffer
+	code := Run(context.Background(), []string{"demo", "--json", "--store", "dynamo", "--sources", "2", "--targets", "5",
+		"--rows", "40", "--batch", "10", "--write-interval", "0"}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var sum struct {
+		Verified   bool    `json:"verified"`
+		WriteUnits float64 `json:"write_units_per_row"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &sum); err != nil {
+		t.Fatal(err)
+	}
+	if !sum.Verified || sum.WriteUnits <= 0 {
+		t.Fatalf("summary %s", out.String())
+	}
+}
