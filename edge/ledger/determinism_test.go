@@ -64,7 +64,7 @@ func TestNoPRNGInRelayPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Guard against a scan that silently covers nothing.
-	for _, must := range []string{"ledger"} {
+	for _, must := range []string{"ledger", "segstore"} {
 		if scanned[must] == 0 {
 			t.Errorf("scan found no sources in edge/%s", must)
 		}

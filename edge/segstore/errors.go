@@ -1,0 +1,44 @@
+package segstore
+
+import "errors"
+
+// ErrNotFound means no segment with that id is stored.
+var ErrNotFound = errors.New("segment not found")
+
+// ErrAlreadyHave means the segment is already stored with the same size
+// and digest. It is not a failure: a receiver acknowledges it again
+// (the wire protocol's idempotent re-ACK). Nothing was written.
+var ErrAlreadyHave = errors.New("segment already stored")
+
+// ErrDigestConflict means a segment with that id is stored with a
+// different digest or size. Nothing was written. (NACK bad_request.)
+var ErrDigestConflict = errors.New("segment id already stored with a different digest")
+
+// ErrInvalid means a malformed id, digest or size. Nothing was written.
+// (NACK bad_request.)
+var ErrInvalid = errors.New("invalid segment offer")
+
+// ErrTooLarge means the size exceeds the maximum segment size. Nothing
+// was written. (NACK too_large.)
+var ErrTooLarge = errors.New("segment exceeds max segment size")
+
+// ErrQuota means storing the segment would exceed the byte or segment
+// quota, counting space reserved by receivers in progress. Nothing was
+// written. (NACK quota.)
+var ErrQuota = errors.New("storage quota exceeded")
+
+// ErrBusy means the id is being written or evicted by another goroutine
+// right now. Nothing was written; retrying later is safe. (NACK internal.)
+var ErrBusy = errors.New("segment busy")
+
+// ErrChecksum means the received content's SHA-256 differs from the
+// offer. Nothing was kept. (NACK checksum.)
+var ErrChecksum = errors.New("segment checksum mismatch")
+
+// ErrSize means the stream held fewer or more bytes than the offered size.
+// Nothing was kept. (NACK bad_request.)
+var ErrSize = errors.New("segment size mismatch")
+
+// ErrReservationUsed means Write was called on a reservation that was
+// already written or released.
+var ErrReservationUsed = errors.New("reservation already used or released")

@@ -1,0 +1,376 @@
+package segstore
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+var indexBucket = []byte("edge.segments")
+
+// MaxIDLen bounds a segment id (it is a file name).
+const MaxIDLen = 128
+
+const tmpPrefix = ".tmp-"
+
+// Options are a Store's limits (storage.* in the agent config).
+type Options struct {
+	QuotaBytes      int64 // > 0: stored + reserved bytes
+	QuotaSegments   int64 // > 0: stored + reserved segments
+	MaxSegmentBytes int64 // > 0: one segment
+	// Now stamps received and relayed times; nil means time.Now.
+	Now func() time.Time
+}
+
+// Entry is one index entry.
+type Entry struct {
+	ID        string
+	Size      int64
+	SHA256    string // 64 lower-case hex digits
+	Received  time.Time
+	Source    string // peer id the segment came from; "" for local ingest
+	Relayed   bool   // the success condition was met (see MarkRelayed)
+	RelayedAt time.Time
+}
+
+type storedEntry struct {
+	Size       int64  `json:"size"`
+	SHA256     string `json:"sha256"`
+	ReceivedNS int64  `json:"received_ns"`
+	Source     string `json:"source,omitempty"`
+	Relayed    bool   `json:"relayed,omitempty"`
+	RelayedNS  int64  `json:"relayed_ns,omitempty"`
+}
+
+func (e Entry) encode() ([]byte, error) {
+	se := storedEntry{Size: e.Size, SHA256: e.SHA256, ReceivedNS: e.Received.UnixNano(), Source: e.Source, Relayed: e.Relayed}
+	if e.Relayed {
+		se.RelayedNS = e.RelayedAt.UnixNano()
+	}
+	return json.Marshal(se)
+}
+
+func decodeEntry(id string, v []byte) (Entry, error) {
+	var se storedEntry
+	if err := json.Unmarshal(v, &se); err != nil {
+		return Entry{}, fmt.Errorf("decode index entry %s: %w", id, err)
+	}
+	e := Entry{ID: id, Size: se.Size, SHA256: se.SHA256, Received: time.Unix(0, se.ReceivedNS).UTC(), Source: se.Source, Relayed: se.Relayed}
+	if se.Relayed {
+		e.RelayedAt = time.Unix(0, se.RelayedNS).UTC()
+	}
+	return e, nil
+}
+
+// Usage is the quota state, for status and quota RPCs.
+type Usage struct {
+	Bytes, Segments                 int64 // stored
+	ReservedBytes, ReservedSegments int64 // held by receivers in progress
+	QuotaBytes, QuotaSegments       int64
+	MaxSegmentBytes                 int64
+}
+
+// ScanReport says what Open's start-up scan repaired.
+type ScanReport struct {
+	RemovedTemp    []string // leftover temp files removed
+	RemovedOrphans []string // segment files without an index entry, removed
+	DroppedEntries []string // index entries whose file was missing or the wrong size, dropped
+	Unknown        []string // files in segments/ that are not segments, left alone
+}
+
+// step names a point in the commit path, for fault injection in tests.
+type step string
+
+const (
+	stepCreated  step = "created"  // temp file created, empty
+	stepCopied   step = "copied"   // content written and verified, not yet fsynced
+	stepSynced   step = "synced"   // temp file fsynced and closed, not renamed
+	stepRenamed  step = "renamed"  // renamed into place, directory not fsynced
+	stepDirSync  step = "dirsync"  // directory fsynced, index entry not committed
+	stepIndexed  step = "indexed"  // index entry committed
+	stepUnindex  step = "unindex"  // eviction: index entry removed, file not yet removed
+	stepUnlinked step = "unlinked" // eviction: file removed, directory not fsynced
+)
+
+// Store is the segment store. See the package documentation.
+type Store struct {
+	dir  string // <dir>/segments
+	db   *bolt.DB
+	opt  Options
+	scan ScanReport
+	// fault, when set (tests only), runs at each step and may fail it.
+	fault func(step) error
+
+	mu       sync.Mutex
+	bytes    int64
+	count    int64
+	resBytes int64
+	resCount int64
+	busy     map[string]bool // ids being written or evicted
+}
+
+// Open opens the store under dir (creating dir/segments), creates its
+// index bucket in db, and runs the start-up scan (see the package
+// documentation). The caller owns db and closes it after the Store's last
+// use; the Store holds no other resources and has no Close.
+func Open(dir string, db *bolt.DB, opt Options) (*Store, error) {
+	if opt.QuotaBytes <= 0 || opt.QuotaSegments <= 0 || opt.MaxSegmentBytes <= 0 {
+		return nil, fmt.Errorf("open segment store: quota and max segment size must be > 0: %+v", opt)
+	}
+	if opt.Now == nil {
+		opt.Now = time.Now
+	}
+	s := &Store{dir: filepath.Join(dir, "segments"), db: db, opt: opt, busy: map[string]bool{}}
+	if err := os.MkdirAll(s.dir, 0o700); err != nil {
+		return nil, fmt.Errorf("open segment store: %w", err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		_, err := tx.CreateBucketIfNotExists(indexBucket)
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("open segment store: %w", err)
+	}
+	if err := s.reconcile(); err != nil {
+		return nil, fmt.Errorf("open segment store: %w", err)
+	}
+	return s, nil
+}
+
+// Recovered returns what the start-up scan repaired.
+func (s *Store) Recovered() ScanReport { return s.scan }
+
+// reconcile is the start-up scan. It runs before the Store is shared.
+func (s *Store) reconcile() error {
+	des, err := os.ReadDir(s.dir)
+	if err != nil {
+		return err
+	}
+	files := map[string]int64{}
+	for _, de := range des {
+		name := de.Name()
+		switch {
+		case strings.HasPrefix(name, tmpPrefix):
+			if err := os.Remove(filepath.Join(s.dir, name)); err != nil {
+				return fmt.Errorf("remove temp file: %w", err)
+			}
+			s.scan.RemovedTemp = append(s.scan.RemovedTemp, name)
+		case de.Type().IsRegular() && ValidID(name) == nil:
+			fi, err := de.Info()
+			if err != nil {
+				return err
+			}
+			files[name] = fi.Size()
+		default:
+			s.scan.Unknown = append(s.scan.Unknown, name)
+		}
+	}
+	var bytes, count int64
+	err = s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(indexBucket)
+		var drop []string
+		err := b.ForEach(func(k, v []byte) error {
+			id := string(k)
+			e, err := decodeEntry(id, v)
+			if err != nil {
+				return err
+			}
+			size, ok := files[id]
+			delete(files, id)
+			if ok && size == e.Size {
+				bytes += e.Size
+				count++
+				return nil
+			}
+			if ok {
+				// Wrong size: the file cannot be what was verified. Remove it
+				// with its entry rather than serve it.
+				files[id] = size
+			}
+			drop = append(drop, id)
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for _, id := range drop {
+			if err := b.Delete([]byte(id)); err != nil {
+				return err
+			}
+		}
+		s.scan.DroppedEntries = drop
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for id := range files {
+		if err := os.Remove(filepath.Join(s.dir, id)); err != nil {
+			return fmt.Errorf("remove orphan segment file: %w", err)
+		}
+		s.scan.RemovedOrphans = append(s.scan.RemovedOrphans, id)
+	}
+	if len(s.scan.RemovedTemp)+len(s.scan.RemovedOrphans) > 0 {
+		if err := syncDir(s.dir); err != nil {
+			return err
+		}
+	}
+	s.bytes, s.count = bytes, count
+	return nil
+}
+
+// ValidID reports whether id can name a segment (wrapping ErrInvalid).
+func ValidID(id string) error {
+	if id == "" || len(id) > MaxIDLen || id[0] == '.' {
+		return fmt.Errorf("%w: segment id %q: 1-%d bytes, not starting with '.'", ErrInvalid, id, MaxIDLen)
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '-' || c == '_') {
+			return fmt.Errorf("%w: segment id %q: byte %q not allowed (letters, digits, '.', '-', '_')", ErrInvalid, id, c)
+		}
+	}
+	return nil
+}
+
+func normDigest(d string) (string, error) {
+	b, err := hex.DecodeString(d)
+	if err != nil || len(b) != 32 {
+		return "", fmt.Errorf("%w: sha256 %q is not 64 hex digits", ErrInvalid, d)
+	}
+	return hex.EncodeToString(b), nil
+}
+
+// Stat returns the index entry for id, or ErrNotFound.
+func (s *Store) Stat(id string) (Entry, error) {
+	var e Entry
+	err := s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(indexBucket).Get([]byte(id))
+		if v == nil {
+			return fmt.Errorf("stat %s: %w", id, ErrNotFound)
+		}
+		var err error
+		e, err = decodeEntry(id, v)
+		return err
+	})
+	return e, err
+}
+
+// List returns every index entry in id order.
+func (s *Store) List() ([]Entry, error) {
+	var out []Entry
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(indexBucket).ForEach(func(k, v []byte) error {
+			e, err := decodeEntry(string(k), v)
+			out = append(out, e)
+			return err
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list segments: %w", err)
+	}
+	return out, nil
+}
+
+// Open opens a stored segment for reading. The file stays readable after
+// a concurrent eviction (POSIX unlink semantics); the caller closes it.
+func (s *Store) Open(id string) (*os.File, Entry, error) {
+	e, err := s.Stat(id)
+	if err != nil {
+		return nil, Entry{}, err
+	}
+	f, err := os.Open(filepath.Join(s.dir, id))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, Entry{}, fmt.Errorf("open segment %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return nil, Entry{}, fmt.Errorf("open segment %s: %w", id, err)
+	}
+	return f, e, nil
+}
+
+// MarkRelayed sets the entry's relayed marker (and RelayedAt, the first
+// time). Idempotent; ErrNotFound if the segment is not stored.
+func (s *Store) MarkRelayed(id string) (Entry, error) {
+	var e Entry
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(indexBucket)
+		v := b.Get([]byte(id))
+		if v == nil {
+			return ErrNotFound
+		}
+		var err error
+		if e, err = decodeEntry(id, v); err != nil || e.Relayed {
+			return err
+		}
+		e.Relayed, e.RelayedAt = true, s.opt.Now().UTC()
+		nv, err := e.encode()
+		if err != nil {
+			return err
+		}
+		return b.Put([]byte(id), nv)
+	})
+	if err != nil {
+		return Entry{}, fmt.Errorf("mark relayed %s: %w", id, err)
+	}
+	return e, nil
+}
+
+// Usage returns the current quota state.
+func (s *Store) Usage() Usage {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return Usage{
+		Bytes: s.bytes, Segments: s.count, ReservedBytes: s.resBytes, ReservedSegments: s.resCount,
+		QuotaBytes: s.opt.QuotaBytes, QuotaSegments: s.opt.QuotaSegments, MaxSegmentBytes: s.opt.MaxSegmentBytes,
+	}
+}
+
+// AllowSegment reports whether a new segment of size bytes would be
+// admitted now: ErrInvalid (negative), ErrTooLarge, ErrQuota, or nil. It
+// holds nothing; a receiver uses Reserve.
+func (s *Store) AllowSegment(size int64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.allowLocked(size)
+}
+
+func (s *Store) allowLocked(size int64) error {
+	switch {
+	case size < 0:
+		return fmt.Errorf("%w: size %d", ErrInvalid, size)
+	case size > s.opt.MaxSegmentBytes:
+		return fmt.Errorf("%w: %d > %d bytes", ErrTooLarge, size, s.opt.MaxSegmentBytes)
+	case s.bytes+s.resBytes+size > s.opt.QuotaBytes:
+		return fmt.Errorf("%w: %d stored + %d reserved + %d > %d bytes", ErrQuota, s.bytes, s.resBytes, size, s.opt.QuotaBytes)
+	case s.count+s.resCount+1 > s.opt.QuotaSegments:
+		return fmt.Errorf("%w: %d stored + %d reserved segments, limit %d", ErrQuota, s.count, s.resCount, s.opt.QuotaSegments)
+	}
+	return nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func (s *Store) hit(st step) error {
+	if s.fault == nil {
+		return nil
+	}
+	return s.fault(st)
+}
