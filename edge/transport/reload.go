@@ -26,9 +26,13 @@ type Material struct {
 // Current, called on every TLS handshake, compares each file's size,
 // modification time, inode and change time with what it last saw; only
 // when one differs does it read the files, and only when their content hash
-// differs from the material in use does it parse them. Reload reads and
-// hashes unconditionally (the daemon calls it on SIGHUP), which also covers
-// an in-place rewrite too quick for the file system's timestamps to show.
+// differs from the material in use does it parse them. File timestamps are
+// coarse (a jiffy, or a second on some file systems), so a rewrite soon
+// after a look could keep the same stamp; as git does for its index, stamps
+// younger than racyMargin at the time of the look are not trusted and the
+// files are read and hashed again on each call until they are older. So a
+// change is always seen by the next handshake. Reload reads unconditionally
+// (the daemon calls it on SIGHUP).
 //
 // New material is accepted only whole and valid: the key matches the
 // certificate, the CA file holds at least one certificate, the certificate
@@ -48,9 +52,13 @@ type Reloader struct {
 	cur     *Material
 	curSum  [sha256.Size]byte // content hash of cur's files
 	seen    [3]fileStamp      // stat of the files at the last look
+	racy    bool              // seen was too close to the look to trust
 	seenSum [sha256.Size]byte // content hash at the last look, loaded or not
 	lastErr error
 }
+
+// racyMargin exceeds the coarsest common timestamp granularity (FAT: 2 s).
+const racyMargin = 2 * time.Second
 
 type fileStamp struct {
 	size, ino    int64
@@ -84,7 +92,7 @@ func (r *Reloader) Current() *Material {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	stamps, err := r.stamps()
-	if err == nil && stamps == r.seen {
+	if err == nil && stamps == r.seen && !r.racy {
 		return r.cur
 	}
 	if err == nil {
@@ -148,6 +156,13 @@ func (r *Reloader) reloadLocked(force bool) error {
 	var sum [sha256.Size]byte
 	h.Sum(sum[:0])
 	r.seen = stamps
+	r.racy = false
+	look := r.now()
+	for _, st := range stamps {
+		if !look.After(st.mtime.Add(racyMargin)) || !look.After(st.ctime.Add(racyMargin)) {
+			r.racy = true
+		}
+	}
 	switch {
 	case r.cur != nil && sum == r.curSum:
 		r.seenSum, r.lastErr = sum, nil
