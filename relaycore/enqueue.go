@@ -77,9 +77,11 @@ func loggerOr(l *slog.Logger) *slog.Logger {
 // caller's lease (mandatory for a lease-required source) and the deadline,
 // which already includes the skew margin.
 type RelayEnqueueSnapshot struct {
-	Source     Partition
-	OS         OutboxState
-	Lease      *Lease
+	Source Partition
+	OS     OutboxState
+	Lease  *Lease
+	// DeadlineMS is the last moment (unix ms, exclusive) a batch may be
+	// sent; 0 in a hand-built snapshot means none.
 	DeadlineMS int64
 	NowMS      int64
 

@@ -75,13 +75,13 @@ type FireResult struct {
 type AlarmResult struct {
 	Fires int
 	// Busy: another fire held the claim; the alarm record was left as is.
-	Busy          bool
-	RowsInspected int
-	RowsDelivered int
-	RowsCleaned   int
-	TargetCalls   int
-	TargetReads   int
-	TargetsBlock  int
+	Busy           bool
+	RowsInspected  int
+	RowsDelivered  int
+	RowsCleaned    int
+	TargetCalls    int
+	TargetReads    int
+	TargetsBlocked int
 	// Cleared: the outbox was empty and the alarm record was deleted.
 	Cleared bool
 	// NextDueMS is the re-armed alarm's due time (0 when cleared or busy).
@@ -95,7 +95,7 @@ func (a *AlarmResult) add(f FireResult) {
 	a.RowsCleaned += f.RowsCleaned
 	a.TargetCalls += f.TargetCalls
 	a.TargetReads += f.TargetReads
-	a.TargetsBlock += f.TargetsBlocked
+	a.TargetsBlocked += f.TargetsBlocked
 }
 
 func (h *RelayHandler) budget() RelayBudget { return h.Budget.orFree() }

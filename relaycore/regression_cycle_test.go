@@ -179,7 +179,7 @@ func TestRegressionDrain4096Targets(t *testing.T) {
 				if v.Alarm == nil {
 					break
 				}
-				if alarms > bound {
+				if alarms >= bound {
 					t.Fatalf("%s: not drained within %d alarms (%d rows left)", plan, bound, len(v.Rows()))
 				}
 				e.clock.Set(timeMS(v.Alarm.DueMS))
