@@ -347,3 +347,15 @@ func TestInflightToFailedSpendsBudget(t *testing.T) {
 		t.Fatalf("abandoned attempt with spent budget: %v, want deadletter", r.State)
 	}
 }
+
+func TestParseState(t *testing.T) {
+	for _, s := range States() {
+		got, err := ParseState(strings.ToUpper(s.String()))
+		if err != nil || got != s {
+			t.Errorf("ParseState(%s) = %v %v", s, got, err)
+		}
+	}
+	if _, err := ParseState("done"); err == nil {
+		t.Error("ParseState(done) accepted")
+	}
+}

@@ -23,7 +23,9 @@ const (
 )
 
 // States lists every state in numeric order.
-var States = [...]State{StateScheduled, StateInflight, StateAcked, StateFailed, StateDeadletter}
+func States() []State {
+	return []State{StateScheduled, StateInflight, StateAcked, StateFailed, StateDeadletter}
+}
 
 func (s State) String() string {
 	switch s {
@@ -43,7 +45,7 @@ func (s State) String() string {
 
 // ParseState is the inverse of String (for CLI filters).
 func ParseState(s string) (State, error) {
-	for _, st := range States {
+	for _, st := range States() {
 		if st.String() == strings.ToLower(s) {
 			return st, nil
 		}
