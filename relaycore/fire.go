@@ -75,13 +75,14 @@ type FireResult struct {
 type AlarmResult struct {
 	Fires int
 	// Busy: another fire held the claim; the alarm record was left as is.
-	Busy           bool
-	RowsInspected  int
-	RowsDelivered  int
-	RowsCleaned    int
-	TargetCalls    int
-	TargetReads    int
-	TargetsBlocked int
+	Busy          bool
+	RowsInspected int
+	RowsDelivered int
+	RowsCleaned   int
+	TargetCalls   int
+	TargetReads   int
+	// TargetsBlock counts targets that joined the blocked set.
+	TargetsBlock int
 	// Cleared: the outbox was empty and the alarm record was deleted.
 	Cleared bool
 	// NextDueMS is the re-armed alarm's due time (0 when cleared or busy).
@@ -95,7 +96,7 @@ func (a *AlarmResult) add(f FireResult) {
 	a.RowsCleaned += f.RowsCleaned
 	a.TargetCalls += f.TargetCalls
 	a.TargetReads += f.TargetReads
-	a.TargetsBlocked += f.TargetsBlocked
+	a.TargetsBlock += f.TargetsBlocked
 }
 
 func (h *RelayHandler) budget() RelayBudget { return h.Budget.orFree() }

@@ -200,7 +200,7 @@ func (e *env) drain(source relaycore.Partition, limit int) (alarms int, total re
 		total.RowsDelivered += ar.RowsDelivered
 		total.RowsCleaned += ar.RowsCleaned
 		total.TargetCalls += ar.TargetCalls
-		total.TargetsBlocked += ar.TargetsBlocked
+		total.TargetsBlock += ar.TargetsBlock
 	}
 }
 
