@@ -1,0 +1,208 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/relay-dev/relay/infra/dynamo"
+	"github.com/relay-dev/relay/infra/dynamotest"
+	"github.com/relay-dev/relay/relaycore"
+)
+
+const valueBytes = 200
+
+// workload is one cost scenario: rows of one 200-byte put each under a
+// 16-byte key, enqueued in batches spread over targets.
+type workload struct {
+	name        string
+	rows        int
+	batchRows   int
+	targets     int
+	interleaved bool // one alarm after every enqueue batch instead of draining a backlog
+	plan        string
+	payload     string // "json" (default) or "random"
+}
+
+var workloads = []workload{
+	{name: "backlog/batch100/targets4", rows: 2000, batchRows: 100, targets: 4, plan: "paid"},
+	{name: "backlog/batch100/targets32", rows: 3200, batchRows: 100, targets: 32, plan: "paid"},
+	{name: "backlog/batch20/targets4", rows: 2000, batchRows: 20, targets: 4, plan: "paid"},
+	{name: "interleaved/batch100/targets4", rows: 2000, batchRows: 100, targets: 4, interleaved: true, plan: "paid"},
+	{name: "interleaved/batch20/targets4", rows: 2000, batchRows: 20, targets: 4, interleaved: true, plan: "free"},
+	{name: "backlog/batch100/targets4/random-bytes", rows: 2000, batchRows: 100, targets: 4, plan: "paid", payload: "random"},
+}
+
+func dynamoStores(b *testing.B) (*Meter, *Meter) {
+	e := dynamotest.Start(b)
+	client := e.Client(nil)
+	ctx := context.Background()
+	for _, t := range []string{"source", "target"} {
+		if err := dynamo.CreateTable(ctx, client, t); err != nil {
+			b.Fatal(err)
+		}
+	}
+	opts := dynamo.Options{DueMode: dynamo.DueScan}
+	return NewMeter(dynamo.New(client, "source", opts)), NewMeter(dynamo.New(client, "target", opts))
+}
+
+func rowsFor(w workload, from, n int) []relaycore.Row {
+	rows := make([]relaycore.Row, n)
+	for i := range rows {
+		seq := from + i
+		rows[i] = relaycore.Row{
+			Target: relaycore.Partition(fmt.Sprintf("tgt-%03d", seq%w.targets)),
+			Puts:   []relaycore.KV{{Key: fmt.Sprintf("user/%011d", seq), Value: payload(w.payload, uint64(seq))}},
+		}
+	}
+	return rows
+}
+
+// payload returns row seq's 200-byte value. "json" is a user record with
+// seeded random field values (names, e-mail, amounts, timestamps, a free-text
+// note), the shape an application outbox carries; "random" is
+// incompressible bytes, the worst case for any packing.
+func payload(kind string, seq uint64) []byte {
+	rng := rand.New(rand.NewPCG(seq, 0x5eed))
+	if kind == "random" {
+		v := make([]byte, valueBytes)
+		for i := range v {
+			v[i] = byte(rng.Uint32())
+		}
+		return v
+	}
+	words := []string{"alpha", "bravo", "delta", "echo", "kilo", "lima", "mike", "oscar", "papa", "romeo", "sierra", "tango"}
+	first := []string{"Ada", "Grace", "Alan", "Edsger", "Barbara", "Ken", "Radia", "Leslie", "Frances", "Donald"}
+	name := first[rng.IntN(len(first))]
+	v := fmt.Sprintf(`{"id":"u%011d","name":"%s","email":"%s%d@example.com","balance_cents":%d,"updated_at":"2026-11-%02dT%02d:%02d:%02dZ","note":"`,
+		seq, name, strings.ToLower(name), rng.IntN(100000), rng.IntN(10000000), 1+rng.IntN(28), rng.IntN(24), rng.IntN(60), rng.IntN(60))
+	for len(v) < valueBytes-2 {
+		v += words[rng.IntN(len(words))] + " "
+	}
+	v = v[:valueBytes-2] + `"}`
+	return []byte(v)
+}
+
+// BenchmarkCost reports DynamoDB capacity units per delivered row, end to
+// end (enqueue + apply + cleanup), for the relay under several workloads
+// and for the naive per-row outbox baseline, through the real SDK against
+// the in-process DynamoDB-API endpoint. Units are priced by Meter.
+func BenchmarkCost(b *testing.B) {
+	for _, w := range workloads {
+		b.Run("relay/"+w.name, func(b *testing.B) {
+			for range b.N {
+				src, dst := dynamoStores(b)
+				enq, apply, cleanup, rcu, delivered := runRelay(b, w, src, dst)
+				b.ReportMetric(enq/delivered, "wcu-enqueue/row")
+				b.ReportMetric(apply/delivered, "wcu-apply/row")
+				b.ReportMetric(cleanup/delivered, "wcu-cleanup/row")
+				b.ReportMetric((enq+apply+cleanup)/delivered, "wcu/row")
+				b.ReportMetric(rcu/delivered, "rcu/row")
+				b.ReportMetric(float64(src.Calls+dst.Calls)/delivered, "calls/row")
+			}
+		})
+	}
+	b.Run("naive/per-row-transactions", func(b *testing.B) {
+		for range b.N {
+			src, dst := dynamoStores(b)
+			n := runNaive(b, src, dst, 500)
+			b.ReportMetric((src.WriteUnits+src.IndexUnits+dst.WriteUnits)/n, "wcu/row")
+			b.ReportMetric((src.ReadUnits+dst.ReadUnits)/n, "rcu/row")
+			b.ReportMetric(float64(src.Calls+dst.Calls)/n, "calls/row")
+		}
+	})
+}
+
+// runRelay enqueues w's rows and fires alarms until the outbox is empty. It
+// returns write units spent on enqueue, target apply and source cleanup
+// (source writes by fires and alarms), read units, and rows delivered.
+func runRelay(b *testing.B, w workload, src, dst *Meter) (enq, apply, cleanup, rcu, delivered float64) {
+	ctx := context.Background()
+	budget, err := relaycore.PlanBudget(w.plan)
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := &relaycore.RelayHandler{Source: src, Target: dst, Budget: budget}
+	const source = relaycore.Partition("src-bench")
+	var rows int
+	alarm := func() bool {
+		before := src.WriteUnits + src.IndexUnits
+		res, err := h.Alarm(ctx, source)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cleanup += src.WriteUnits + src.IndexUnits - before
+		rows += res.RowsDelivered
+		return res.Cleared
+	}
+	for i := 0; i < w.rows; i += w.batchRows {
+		before := src.WriteUnits + src.IndexUnits
+		if _, err := relaycore.CommitRelayRows(ctx, src, relaycore.SystemClock{}, source, nil, time.Time{},
+			rowsFor(w, i, min(w.batchRows, w.rows-i)), relaycore.EnqueueConfig{}); err != nil {
+			b.Fatal(err)
+		}
+		enq += src.WriteUnits + src.IndexUnits - before
+		if w.interleaved {
+			alarm()
+		}
+	}
+	for guard := 0; !alarm(); guard++ {
+		if guard > 10*w.rows {
+			b.Fatal("outbox does not drain")
+		}
+	}
+	if rows != w.rows {
+		b.Fatalf("delivered %d rows, want %d", rows, w.rows)
+	}
+	return enq, dst.WriteUnits, cleanup, src.ReadUnits + dst.ReadUnits, float64(rows)
+}
+
+// runNaive is the baseline outbox: each row is enqueued, applied and
+// deleted in its own 2-item transaction (row + guarded state record).
+func runNaive(b *testing.B, src, dst *Meter, n int) float64 {
+	ctx := context.Background()
+	const source = relaycore.Partition("src-naive")
+	v := make([]byte, valueBytes)
+	var state, rh []byte
+	for i := range n {
+		seq := fmt.Sprintf("row/%011d", i)
+		next := []byte(fmt.Sprint(i + 1))
+		pre := relaycore.Precondition{Key: "os", Absent: state == nil, Value: state}
+		row := append([]byte(fmt.Sprintf("tgt-000|user/%011d|", i)), v...)
+		if err := src.Apply(ctx, source, relaycore.Batch{Preconditions: []relaycore.Precondition{pre},
+			Writes: []relaycore.Write{{Key: "os", Value: next}, {Key: seq, Value: row}}}); err != nil {
+			b.Fatal(err)
+		}
+		state = next
+		rhPre := relaycore.Precondition{Key: "rh", Absent: rh == nil, Value: rh}
+		if err := dst.Apply(ctx, "tgt-000", relaycore.Batch{Preconditions: []relaycore.Precondition{rhPre},
+			Writes: []relaycore.Write{{Key: "rh", Value: next}, {Key: fmt.Sprintf("user/%011d", i), Value: v}}}); err != nil {
+			b.Fatal(err)
+		}
+		rh = next
+		done := []byte(fmt.Sprint("done", i+1))
+		if err := src.Apply(ctx, source, relaycore.Batch{Preconditions: []relaycore.Precondition{{Key: "os", Value: state}},
+			Writes: []relaycore.Write{{Key: "os", Value: done}, {Key: seq, Delete: true}}}); err != nil {
+			b.Fatal(err)
+		}
+		state = done
+	}
+	return float64(n)
+}
+
+// The payloads are what the figures claim: 200 bytes, deterministic.
+func TestPayload(t *testing.T) {
+	for _, kind := range []string{"json", "random"} {
+		a, b := payload(kind, 7), payload(kind, 7)
+		if len(a) != valueBytes || string(a) != string(b) {
+			t.Fatalf("%s payload: len %d, deterministic %v", kind, len(a), string(a) == string(b))
+		}
+	}
+	if !json.Valid(payload("json", 42)) {
+		t.Fatalf("json payload is not JSON: %s", payload("json", 42))
+	}
+}
