@@ -38,7 +38,7 @@
 //
 // # Capacity
 //
-// DynamoDB Local and minidyn return no ConsumedCapacity, so Store.Stats
+// minidyn returns no ConsumedCapacity, so Store.Stats
 // counts requests and computes read and write units from DynamoDB's
 // published formulas for the requests this store sends. The formulas and
 // their sources are in docs/dynamodb.md.

@@ -79,9 +79,9 @@ type RetryPolicy struct {
 	MaxAttempts int
 	// Base is the first back-off. Default 25ms.
 	Base time.Duration
-	// Max caps one back-off. Default 1s. With the defaults a call gives up
-	// within about 2 seconds, far inside the 10-minute window in which
-	// DynamoDB honours a ClientRequestToken.
+	// Max caps one back-off. Default 1s. With the defaults the back-offs of
+	// one call add up to at most 0.8s, far inside the 10-minute window in
+	// which DynamoDB honours a ClientRequestToken.
 	Max time.Duration
 }
 
@@ -182,7 +182,7 @@ func (s *Store) Get(ctx context.Context, p relaycore.Partition, key string) ([]b
 		return nil, false, nil
 	}
 	var out *dynamodb.GetItemOutput
-	err := s.retryRead(ctx, "", func() error {
+	err := s.retryRead(ctx, string(p)+"/"+key, func() error {
 		s.stats.getCalls.Add(1)
 		var err error
 		out, err = s.client.GetItem(ctx, &dynamodb.GetItemInput{
@@ -296,7 +296,7 @@ func (s *Store) Scan(ctx context.Context, p relaycore.Partition, req relaycore.S
 		Limit:                     aws.Int32(int32(min(limit+extra, 1<<30))),
 	}
 	var out *dynamodb.QueryOutput
-	err = s.retryRead(ctx, "", func() error {
+	err = s.retryRead(ctx, string(p)+"/"+lo, func() error {
 		s.stats.queryCalls.Add(1)
 		var err error
 		out, err = s.client.Query(ctx, in, noSDKRetry)
@@ -379,11 +379,9 @@ func (s *Store) backoff(token string, n int) time.Duration {
 }
 
 // retryRead runs a read until it succeeds, fails for good, or runs out of
-// attempts. Every transient failure of a read is safe to retry.
-func (s *Store) retryRead(ctx context.Context, token string, call func() error) error {
-	if token == "" {
-		token = "read"
-	}
+// attempts. Every transient failure of a read is safe to retry. seed
+// decorrelates the default jitter of different reads.
+func (s *Store) retryRead(ctx context.Context, seed string, call func() error) error {
 	var err error
 	for n := 1; ; n++ {
 		if cerr := ctx.Err(); cerr != nil {
@@ -404,7 +402,7 @@ func (s *Store) retryRead(ctx context.Context, token string, call func() error) 
 			return fmt.Errorf("%w after %d attempts: %w", ErrRetriesExhausted, n, err)
 		}
 		s.stats.retries.Add(1)
-		if serr := s.opts.Sleep(ctx, s.backoff(token, n)); serr != nil {
+		if serr := s.opts.Sleep(ctx, s.backoff(seed, n)); serr != nil {
 			return fmt.Errorf("%w (last error: %w)", serr, err)
 		}
 	}

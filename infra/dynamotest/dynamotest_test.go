@@ -1,0 +1,64 @@
+package dynamotest_test
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/smithy-go"
+
+	"github.com/relay-dev/relay/infra/dynamotest"
+)
+
+// The endpoint honours ClientRequestToken the way DynamoDB documents it:
+// a repeat of a committed request succeeds without writing again; the same
+// token with a different request is refused.
+func TestTokenIdempotency(t *testing.T) {
+	ctx := t.Context()
+	e := dynamotest.Start(t)
+	c := e.Client(nil)
+	_, err := c.CreateTable(ctx, &dynamodb.CreateTableInput{
+		TableName:            aws.String("t"),
+		AttributeDefinitions: []types.AttributeDefinition{{AttributeName: aws.String("id"), AttributeType: types.ScalarAttributeTypeS}},
+		KeySchema:            []types.KeySchemaElement{{AttributeName: aws.String("id"), KeyType: types.KeyTypeHash}},
+		BillingMode:          types.BillingModePayPerRequest,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	create := func(token, id string) error {
+		_, err := c.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{
+			ClientRequestToken: aws.String(token),
+			TransactItems: []types.TransactWriteItem{{Put: &types.Put{
+				TableName:           aws.String("t"),
+				Item:                map[string]types.AttributeValue{"id": &types.AttributeValueMemberS{Value: id}},
+				ConditionExpression: aws.String("attribute_not_exists(id)"),
+			}}},
+		})
+		return err
+	}
+	if err := create("tok-1", "a"); err != nil {
+		t.Fatal(err)
+	}
+	// Executed again, the create-if-absent would fail; the token answers.
+	if err := create("tok-1", "a"); err != nil {
+		t.Fatalf("repeat with the same token: %v", err)
+	}
+	var api smithy.APIError
+	if err := create("tok-1", "b"); !errors.As(err, &api) || api.ErrorCode() != "IdempotentParameterMismatchException" {
+		t.Fatalf("same token, other request = %v, want IdempotentParameterMismatchException", err)
+	}
+	var tce *types.TransactionCanceledException
+	if err := create("tok-2", "a"); !errors.As(err, &tce) {
+		t.Fatalf("new token, existing item = %v, want TransactionCanceledException", err)
+	}
+	if e.Tokens() != 1 {
+		t.Fatalf("%d committed tokens, want 1", e.Tokens())
+	}
+	e.IgnoreTokens()
+	if err := create("tok-1", "a"); !errors.As(err, &tce) {
+		t.Fatalf("with tokens ignored, the repeat = %v, want it executed (and cancelled)", err)
+	}
+}
