@@ -308,8 +308,8 @@ func TestHandshakeTimeoutAndClose(t *testing.T) {
 	}
 	// Close aborts another pending handshake (the timeout is long now) and
 	// unblocks Accept; goleak in TestMain checks nothing is left running.
-	tr.cfg.HandshakeTimeout = time.Hour
-	l2 := tr.Serve(mustListen(t))
+	patient := newTransport(t, dir, "a", []string{"b"}, func(c *Config) { c.HandshakeTimeout = time.Hour })
+	l2 := patient.Serve(mustListen(t))
 	silent2, err := net.Dial("tcp", l2.Addr().String())
 	if err != nil {
 		t.Fatal(err)
@@ -376,5 +376,84 @@ func TestNewRefusesBadConfig(t *testing.T) {
 				t.Log(err)
 			}
 		})
+	}
+}
+
+// TestConcurrentPeers: several authenticated connections at once, each
+// carrying its own exchange, through one Listener.
+func TestConcurrentPeers(t *testing.T) {
+	ctx := context.Background()
+	peers := []string{"p0", "p1", "p2", "p3", "p4", "p5"}
+	dir := newPKI(t, append([]string{"hub"}, peers...)...)
+	srv := listen(t, newTransport(t, dir, "hub", peers, nil))
+
+	var wg sync.WaitGroup
+	got := make(chan string, len(peers))
+	serverErr := make(chan error, len(peers))
+	go func() {
+		for range peers {
+			c, peer, err := srv.Accept()
+			if err != nil {
+				serverErr <- err
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				o, err := c.RecvOffer(ctx)
+				if err == nil {
+					err = c.RecvSegment(ctx, o, io.Discard)
+				}
+				if err == nil && o.SegmentID != "from-"+peer {
+					err = errors.New("segment " + o.SegmentID + " arrived on " + peer + "'s connection")
+				}
+				if err == nil {
+					err = c.SendAck(ctx, o.SegmentID)
+				}
+				if err != nil {
+					serverErr <- err
+					return
+				}
+				got <- peer
+			}()
+		}
+	}()
+	var cwg sync.WaitGroup
+	for _, p := range peers {
+		cli := newTransport(t, dir, p, []string{"hub"}, nil)
+		cwg.Add(1)
+		go func() {
+			defer cwg.Done()
+			c, err := cli.Dial(ctx, srv.Addr().String(), "hub")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer c.Close()
+			data := []byte("payload of " + p)
+			sum := sha256.Sum256(data)
+			o := wire.Offer{SegmentID: "from-" + p, Size: int64(len(data)), SHA256: hex.EncodeToString(sum[:])}
+			if err := c.Deliver(ctx, o, bytes.NewReader(data)); err != nil {
+				t.Errorf("%s: %v", p, err)
+			}
+		}()
+	}
+	cwg.Wait()
+	if t.Failed() {
+		return // the cleanup closes the listener, which ends the accept loop
+	}
+	seen := map[string]bool{}
+	for range peers {
+		select {
+		case p := <-got:
+			seen[p] = true
+		case err := <-serverErr:
+			t.Fatal(err)
+		}
+	}
+	wg.Wait()
+	if len(seen) != len(peers) {
+		t.Fatalf("served %v", seen)
 	}
 }

@@ -25,6 +25,6 @@
 //
 // Messages are decoded strictly: exactly the documented JSON keys (matched
 // case-sensitively, no duplicates, no unknown keys, no null values, no
-// trailing data), identifiers restricted to a small alphabet (ValidSegmentID,
-// ValidNodeID) because segment ids become file names on the receiver.
+// trailing data), identifiers restricted to a small alphabet (CheckSegmentID,
+// CheckNodeID) because segment ids become file names on the receiver.
 package wire
