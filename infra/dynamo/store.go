@@ -94,7 +94,8 @@ type Options struct {
 	// Jitter returns a number in [0, 1) that scales the upper half of each
 	// back-off. When nil, the jitter is derived from the call's request
 	// token, so concurrent callers spread out while a test that injects
-	// NewToken stays deterministic.
+	// NewToken stays deterministic. Must be safe for concurrent use, like
+	// Sleep and NewToken.
 	Jitter func() float64
 	// Sleep waits for d or until ctx is done. Default: a timer. Tests
 	// inject a recorder so they never wait on the wall clock.
