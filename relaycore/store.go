@@ -70,12 +70,43 @@ type Capabilities struct {
 	// store's own size of an item (attribute names, type tags, index
 	// attributes). It must not under-count.
 	ItemOverhead int
+	// WideNonASCII means the store keeps partition names and keys as
+	// strings in which every byte >= 0x80 takes two bytes (infra/dynamo
+	// stores each byte as one UTF-8 character so arbitrary keys round-trip
+	// and keep their order). ItemSize then counts those bytes twice, so the
+	// overhead can stay exact for the common ASCII keys.
+	WideNonASCII bool
 }
 
 // ItemSize is the size the store accounts for one item. Planners use it to
-// keep batches within MaxBatchBytes and items within MaxItemBytes.
+// keep batches within MaxBatchBytes and items within MaxItemBytes, and the
+// engine to fill row pages just below the store's billing units.
 func (c Capabilities) ItemSize(p Partition, key string, valueLen int) int {
-	return len(p) + len(key) + valueLen + c.ItemOverhead
+	n := len(p) + len(key) + valueLen + c.ItemOverhead
+	if c.WideNonASCII {
+		n += highBytes(string(p)) + highBytes(key)
+	}
+	return n
+}
+
+// KeyLen is the stored length of a key: len(key), or more when
+// WideNonASCII widens its non-ASCII bytes. Stores' key-length limits apply
+// to it.
+func (c Capabilities) KeyLen(key string) int {
+	if c.WideNonASCII {
+		return len(key) + highBytes(key)
+	}
+	return len(key)
+}
+
+func highBytes(s string) int {
+	n := 0
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			n++
+		}
+	}
+	return n
 }
 
 // Check reports whether b fits c, naming the first limit it breaks. Stores

@@ -28,11 +28,6 @@ import (
 // after encoding).
 const maxSortKeyBytes = 1024
 
-// keyExpansion bounds how much longer encoding makes partition and key:
-// every non-ASCII byte doubles, a partition has at most 255 bytes and an
-// encoded key at most maxSortKeyBytes, so at most half of it is extra.
-const keyExpansion = relaycore.MaxPartitionLen + maxSortKeyBytes/2
-
 // errKeyTooLong is wrapped in ErrInvalidBatch for keys DynamoDB would
 // refuse.
 var errKeyTooLong = errors.New("key exceeds DynamoDB's 1024-byte sort key limit once encoded")

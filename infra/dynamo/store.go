@@ -41,15 +41,15 @@ const itemOverhead = 3 + (3 + 11) + (2 + 4)
 
 // DefaultCapabilities are DynamoDB's TransactWriteItems limits: 100 items,
 // 4 MB aggregate item size, 400 KB per item (1 KB = 1024 bytes). The item
-// overhead covers attribute names and due attributes (itemOverhead) and
-// the worst-case growth of partition and key by encodeKey (keyExpansion),
-// because ItemSize is computed from the raw lengths and must not
-// under-count.
+// overhead covers attribute names and due attributes (itemOverhead);
+// WideNonASCII makes ItemSize count the growth of partition and key by
+// encodeKey, so sizes are exact for ASCII keys and never under-count.
 var DefaultCapabilities = relaycore.Capabilities{
 	MaxBatchItems: 100,
 	MaxBatchBytes: 4 << 20,
 	MaxItemBytes:  400 << 10,
-	ItemOverhead:  itemOverhead + keyExpansion,
+	ItemOverhead:  itemOverhead,
+	WideNonASCII:  true,
 }
 
 // DueMode selects how Due reads the due index.
