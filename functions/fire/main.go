@@ -1,0 +1,27 @@
+// Command fire is the fire Lambda function: one alarm for one source,
+// invoked by alarm schedules (lambda/fire).
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/aws/aws-lambda-go/lambda"
+
+	"github.com/relay-dev/relay/lambda/env"
+	"github.com/relay-dev/relay/lambda/fire"
+)
+
+func main() { os.Exit(run(context.Background(), os.Getenv, os.Stdout, os.Stderr)) }
+
+func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writer) int {
+	d, err := env.Load(ctx, getenv, stdout)
+	if err != nil {
+		fmt.Fprintln(stderr, "fire: start:", err)
+		return 1
+	}
+	lambda.StartWithOptions((&fire.Handler{Relay: d.Relay, Logger: d.Logger}).Handle, lambda.WithContext(ctx))
+	return 0
+}

@@ -1,0 +1,179 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+
+	"github.com/relay-dev/relay/lambda/event"
+	"github.com/relay-dev/relay/relaycore"
+)
+
+// EnqueueRequest is the body of POST /v1/sources/{id}/rows.
+type EnqueueRequest struct {
+	Rows []RowJSON `json:"rows"`
+}
+
+// RowJSON is one relay row: puts and deletes (disjoint keys) applied
+// atomically at Target, in seq order with the source's other rows for it.
+type RowJSON struct {
+	Target  string    `json:"target"`
+	Puts    []PutJSON `json:"puts"`
+	Deletes []string  `json:"deletes"`
+}
+
+// PutJSON is one key and its value, standard base64 (padded); "" is an
+// empty value. Value is required.
+type PutJSON struct {
+	Key   string  `json:"key"`
+	Value *string `json:"value"`
+}
+
+// EnqueueResponse answers a committed enqueue.
+type EnqueueResponse struct {
+	Source string `json:"source"`
+	// Seqs holds each input row's seq, in input order.
+	Seqs []uint64 `json:"seqs"`
+	// AlarmDueMS is the durable alarm's due time (unix ms) written with
+	// the rows: the fire function runs for this source at or after it.
+	AlarmDueMS int64 `json:"alarm_due_ms"`
+}
+
+func (h *Handler) limits() (maxBody, maxRows int) {
+	maxBody, maxRows = h.MaxBodyBytes, h.MaxRows
+	if maxBody <= 0 {
+		maxBody = DefaultMaxBodyBytes
+	}
+	if maxRows <= 0 {
+		maxRows = DefaultMaxRows
+	}
+	return
+}
+
+// ParseRows decodes and validates an enqueue body into rows: strict JSON
+// (unknown fields and trailing data refused), 1..maxRows rows, base64
+// values, and valid target names. The engine validates the rest (keys,
+// sizes, disjoint puts and deletes) before writing anything.
+func ParseRows(body []byte, maxRows int) ([]relaycore.Row, error) {
+	var in EnqueueRequest
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&in); err != nil {
+		return nil, fail(400, "bad_request", "body: %v", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, fail(400, "bad_request", "body: trailing data after the JSON object")
+	}
+	switch {
+	case in.Rows == nil:
+		return nil, fail(400, "bad_request", "body: rows is required")
+	case len(in.Rows) == 0:
+		return nil, fail(400, "bad_request", "body: rows is empty")
+	case len(in.Rows) > maxRows:
+		return nil, fail(413, "too_large", "body: %d rows, limit %d per request", len(in.Rows), maxRows)
+	}
+	rows := make([]relaycore.Row, len(in.Rows))
+	for i, r := range in.Rows {
+		bad := func(format string, args ...any) error {
+			e := fail(400, "invalid_row", "rows[%d]: %s", i, fmt.Sprintf(format, args...))
+			e.row = &i
+			return e
+		}
+		t, err := event.Source("target", r.Target)
+		if err != nil {
+			return nil, bad("%v", err)
+		}
+		rows[i].Target = t
+		for j, p := range r.Puts {
+			if p.Value == nil {
+				return nil, bad("puts[%d].value is required (base64; \"\" for an empty value)", j)
+			}
+			v, err := base64.StdEncoding.Strict().DecodeString(*p.Value)
+			if err != nil {
+				return nil, bad("puts[%d].value is not standard base64: %v", j, err)
+			}
+			rows[i].Puts = append(rows[i].Puts, relaycore.KV{Key: p.Key, Value: v})
+		}
+		rows[i].Deletes = r.Deletes
+	}
+	return rows, nil
+}
+
+func (h *Handler) enqueue(ctx context.Context, src relaycore.Partition, req events.LambdaFunctionURLRequest, log *slog.Logger) (any, error) {
+	maxBody, maxRows := h.limits()
+	if _, e := query(req); e != nil {
+		return nil, e
+	}
+	ct := req.Headers["content-type"]
+	if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+		return nil, fail(415, "unsupported_media_type", "content-type %q, want application/json", ct)
+	}
+	body := []byte(req.Body)
+	if req.IsBase64Encoded {
+		if base64.StdEncoding.DecodedLen(len(req.Body)) > maxBody+3 {
+			return nil, fail(413, "too_large", "body exceeds %d bytes", maxBody)
+		}
+		var err error
+		if body, err = base64.StdEncoding.DecodeString(req.Body); err != nil {
+			return nil, fail(400, "bad_request", "body is flagged base64 but does not decode: %v", err)
+		}
+	}
+	if len(body) > maxBody {
+		return nil, fail(413, "too_large", "body is %d bytes, limit %d", len(body), maxBody)
+	}
+	rows, err := ParseRows(body, maxRows)
+	if err != nil {
+		return nil, err
+	}
+	var deadline time.Time
+	if dl, ok := ctx.Deadline(); ok {
+		deadline = dl.Add(-commitMargin)
+	}
+	res, err := relaycore.CommitRelayRows(ctx, h.Source, h.clock(), src, nil, deadline, rows, h.Enqueue)
+	if err != nil {
+		return nil, enqueueError(err, res)
+	}
+	log.Info("api: rows committed", "source", string(src), "rows", len(rows), "batches", res.Batches,
+		"first_seq", res.Seqs[0], "alarm_due_ms", res.AlarmDueMS)
+	return EnqueueResponse{Source: string(src), Seqs: res.Seqs, AlarmDueMS: res.AlarmDueMS}, nil
+}
+
+// enqueueError maps a CommitRelayRows error to a response. Validation
+// errors come before any write; the others may follow committed batches,
+// which res.Seqs reports.
+func enqueueError(err error, res relaycore.CommitResult) error {
+	var rowErr *relaycore.RowError
+	var e *apiError
+	switch {
+	case errors.As(err, &rowErr):
+		e = fail(400, "invalid_row", "%v", err)
+		e.row = &rowErr.Index
+		return e
+	case errors.Is(err, relaycore.ErrLeaseRequired):
+		e = fail(409, "lease_required", "%v: this source accepts rows only from a lease holder, which the API is not", err)
+	case errors.Is(err, relaycore.ErrBatchTooLarge), errors.Is(err, relaycore.ErrValueTooLarge):
+		e = fail(413, "too_large", "%v", err)
+	case errors.Is(err, relaycore.ErrContention), errors.Is(err, relaycore.ErrDeadlineExceeded):
+		e = fail(503, "unavailable", "%v; rows with seq 0 in seqs were not committed and may be retried", err)
+	case errors.Is(err, relaycore.ErrCommitUnknown):
+		e = fail(500, "commit_unknown", "%v; rows with seq 0 in seqs may or may not have been committed", err)
+	default:
+		e = fail(500, "internal", "%v", err)
+	}
+	for _, s := range res.Seqs {
+		if s != 0 {
+			e.seqs = res.Seqs
+			break
+		}
+	}
+	return e
+}

@@ -1,0 +1,148 @@
+// Package env turns a Lambda function's environment into its wired
+// dependencies: the plan's budget, the source and target DynamoDB stores,
+// the EventBridge Scheduler kicker and a JSON logger. Only the functions'
+// mains call it; handler packages take their dependencies as values.
+//
+// Parse checks every variable and reports all problems at once, so a
+// misconfigured deployment fails its first (init) invocation with one
+// readable message rather than misbehaving later. An unknown PLAN in
+// particular is refused: running the free budget on a paid deployment (or
+// the reverse) would silently change delivery rates and cost.
+//
+// The variables are declared in template.yaml's Globals; env.json gives
+// `sam local invoke` its values.
+package env
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"strings"
+
+	"github.com/relay-dev/relay/infra/dynamo"
+	"github.com/relay-dev/relay/relaycore"
+)
+
+// Variable names (template.yaml, Globals.Function.Environment).
+const (
+	VarPlan              = "PLAN"                     // free | paid (required)
+	VarLogLevel          = "LOG_LEVEL"                // DEBUG | INFO | WARN | ERROR (default INFO)
+	VarSourceTable       = "SOURCE_TABLE"             // source (outbox) table (required)
+	VarTargetTable       = "TARGET_TABLE"             // target table (required)
+	VarDueIndex          = "DUE_INDEX"                // must be dynamo.DueIndexName when set
+	VarScheduleGroup     = "SCHEDULE_GROUP"           // alarm schedule group (required)
+	VarSchedulerRoleARN  = "SCHEDULER_ROLE_ARN"       // role Scheduler assumes (required)
+	VarFireFunctionARN   = "FIRE_FUNCTION_ARN"        // schedule target (required)
+	VarDynamoDBEndpoint  = "RELAY_DYNAMODB_ENDPOINT"  // optional base URL (sam local, tests)
+	VarSchedulerEndpoint = "RELAY_SCHEDULER_ENDPOINT" // optional base URL (sam local, tests)
+	VarRegion            = "AWS_REGION"               // set by Lambda (required)
+)
+
+// ErrConfig is wrapped by every error Parse returns.
+var ErrConfig = errors.New("invalid function configuration")
+
+// Config is a function's parsed environment.
+type Config struct {
+	// Plan is "free" or "paid"; Budget is relaycore.PlanBudget(Plan).
+	Plan   string
+	Budget relaycore.RelayBudget
+	// LogLevel filters the JSON logs (Lambda's ApplicationLogLevel filters
+	// again on the "level" field, so the two agree).
+	LogLevel slog.Level
+
+	SourceTable, TargetTable string
+	ScheduleGroup            string
+	SchedulerRoleARN         string
+	FireFunctionARN          string
+	// DynamoDBEndpoint and SchedulerEndpoint override the AWS endpoints
+	// when non-empty (local DynamoDB-API servers, test fakes).
+	DynamoDBEndpoint, SchedulerEndpoint string
+	Region                              string
+}
+
+// Parse reads the configuration through getenv (os.Getenv in mains) and
+// returns every problem found, joined, wrapped in ErrConfig.
+func Parse(getenv func(string) string) (Config, error) {
+	var (
+		c    Config
+		errs []error
+	)
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	get := func(name string) string { return strings.TrimSpace(getenv(name)) }
+	required := func(name string) string {
+		v := get(name)
+		if v == "" {
+			bad("%s is required", name)
+		}
+		return v
+	}
+
+	switch plan := strings.ToLower(get(VarPlan)); plan {
+	case "":
+		bad("%s is required (free or paid)", VarPlan)
+	default:
+		b, err := relaycore.PlanBudget(plan)
+		if err != nil {
+			bad("%s=%q: unknown plan (want free or paid)", VarPlan, getenv(VarPlan))
+			break
+		}
+		c.Plan, c.Budget = plan, b
+	}
+
+	c.LogLevel = slog.LevelInfo
+	if lv := get(VarLogLevel); lv != "" {
+		if err := c.LogLevel.UnmarshalText([]byte(lv)); err != nil {
+			bad("%s=%q: want DEBUG, INFO, WARN or ERROR", VarLogLevel, lv)
+		}
+	}
+
+	c.SourceTable = required(VarSourceTable)
+	c.TargetTable = required(VarTargetTable)
+	if c.SourceTable != "" && c.SourceTable == c.TargetTable {
+		// Source and target partitions would share one key space, and
+		// source cleanup must never race target writes on one item.
+		bad("%s and %s must name different tables (both %q)", VarSourceTable, VarTargetTable, c.SourceTable)
+	}
+	if idx := get(VarDueIndex); idx != "" && idx != dynamo.DueIndexName {
+		bad("%s=%q: the store queries the index %q (docs/dynamodb.md)", VarDueIndex, idx, dynamo.DueIndexName)
+	}
+	c.ScheduleGroup = required(VarScheduleGroup)
+	c.SchedulerRoleARN = required(VarSchedulerRoleARN)
+	c.FireFunctionARN = required(VarFireFunctionARN)
+	for _, arn := range [][2]string{{VarSchedulerRoleARN, c.SchedulerRoleARN}, {VarFireFunctionARN, c.FireFunctionARN}} {
+		if arn[1] != "" && !strings.HasPrefix(arn[1], "arn:") {
+			bad("%s=%q is not an ARN", arn[0], arn[1])
+		}
+	}
+	c.Region = required(VarRegion)
+
+	for _, ep := range []struct {
+		name string
+		dst  *string
+	}{{VarDynamoDBEndpoint, &c.DynamoDBEndpoint}, {VarSchedulerEndpoint, &c.SchedulerEndpoint}} {
+		v := get(ep.name)
+		if v == "" {
+			continue
+		}
+		u, err := url.Parse(v)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("%s=%q is not an http(s) URL", ep.name, v)
+			continue
+		}
+		*ep.dst = v
+	}
+
+	if len(errs) > 0 {
+		return c, fmt.Errorf("%w: %w", ErrConfig, errors.Join(errs...))
+	}
+	return c, nil
+}
+
+// NewLogger returns the functions' structured logger: one JSON object per
+// line on w, with "level" and "msg" keys, which Lambda's JSON log format
+// (LoggingConfig.LogFormat JSON) indexes and filters by level.
+func NewLogger(w io.Writer, level slog.Level) *slog.Logger {
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
+}

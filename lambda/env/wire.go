@@ -1,0 +1,97 @@
+package env
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	awsscheduler "github.com/aws/aws-sdk-go-v2/service/scheduler"
+
+	"github.com/relay-dev/relay/infra/dynamo"
+	"github.com/relay-dev/relay/infra/scheduler"
+	"github.com/relay-dev/relay/relaycore"
+)
+
+// Deps are a function's wired dependencies, built once per execution
+// environment (at init, outside the handler) and shared by its
+// invocations.
+type Deps struct {
+	Config Config
+	Logger *slog.Logger
+	Clock  relaycore.Clock
+	// Source and Target are the two tables as relaycore stores. Source
+	// also serves the due index (relaycore.DueIndex).
+	Source, Target *dynamo.Store
+	// Kicker arms one-time alarm schedules for the fire function.
+	Kicker *scheduler.Kicker
+	// Relay runs fires and alarms with the plan's budget, kicking through
+	// Kicker when it re-arms.
+	Relay *relaycore.RelayHandler
+}
+
+// schedulerAttempts bounds the SDK's attempts per CreateSchedule. Kicks
+// sit on the enqueue path and are best effort (the durable alarm and the
+// sweep back them up), so one retry is enough.
+const schedulerAttempts = 2
+
+// Load parses the environment through getenv and wires the dependencies,
+// logging JSON to logOut. AWS credentials come from the SDK's default
+// chain (in Lambda: the function role's variables).
+func Load(ctx context.Context, getenv func(string) string, logOut io.Writer) (*Deps, error) {
+	cfg, err := Parse(getenv)
+	if err != nil {
+		return nil, err
+	}
+	awsCfg, err := config.LoadDefaultConfig(ctx, config.WithRegion(cfg.Region))
+	if err != nil {
+		return nil, fmt.Errorf("load aws config: %w", err)
+	}
+	return Wire(cfg, awsCfg, NewLogger(logOut, cfg.LogLevel))
+}
+
+// Wire builds the dependencies from a parsed Config and an AWS config.
+func Wire(cfg Config, awsCfg aws.Config, logger *slog.Logger) (*Deps, error) {
+	ddb := dynamodb.NewFromConfig(awsCfg, func(o *dynamodb.Options) {
+		if cfg.DynamoDBEndpoint != "" {
+			o.BaseEndpoint = aws.String(cfg.DynamoDBEndpoint)
+		}
+	})
+	sch := awsscheduler.NewFromConfig(awsCfg, func(o *awsscheduler.Options) {
+		if cfg.SchedulerEndpoint != "" {
+			o.BaseEndpoint = aws.String(cfg.SchedulerEndpoint)
+		}
+		o.RetryMaxAttempts = schedulerAttempts
+	})
+	clock := relaycore.SystemClock{}
+	kicker, err := scheduler.New(scheduler.Config{
+		Client:    sch,
+		Group:     cfg.ScheduleGroup,
+		TargetARN: cfg.FireFunctionARN,
+		RoleARN:   cfg.SchedulerRoleARN,
+		Now:       clock.Now,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("wire: %w", err)
+	}
+	d := &Deps{
+		Config: cfg,
+		Logger: logger,
+		Clock:  clock,
+		Source: dynamo.New(ddb, cfg.SourceTable, dynamo.Options{}),
+		Target: dynamo.New(ddb, cfg.TargetTable, dynamo.Options{}),
+		Kicker: kicker,
+	}
+	d.Relay = &relaycore.RelayHandler{
+		Source: d.Source,
+		Target: d.Target,
+		Budget: cfg.Budget,
+		Clock:  clock,
+		Kicker: kicker,
+		Logger: logger,
+	}
+	return d, nil
+}

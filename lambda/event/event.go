@@ -1,0 +1,125 @@
+// Package event decodes and validates the payloads the relay's Lambda
+// functions receive. Every function refuses what it does not understand
+// before touching storage: an unknown field, a missing source or trailing
+// data is an *InvalidEventError, and the function writes nothing.
+//
+// Why so strict: the fire function is invoked asynchronously by
+// EventBridge Scheduler and retried, then dead-lettered, on error. A
+// silently accepted malformed event (say, "sourc" for "source") would look
+// like a successful no-op and hide a misconfigured schedule; a refused one
+// lands in the dead-letter queue where an operator sees it.
+package event
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/aws/aws-lambda-go/lambdacontext"
+
+	"github.com/relay-dev/relay/relaycore"
+)
+
+// ErrInvalidEvent is wrapped by every *InvalidEventError: the event was
+// refused before anything was read or written. Retrying the same event
+// fails the same way.
+var ErrInvalidEvent = errors.New("invalid event")
+
+// InvalidEventError names the function whose event was refused and why.
+// Handlers return it unwrapped, so the Lambda runtime reports errorType
+// "InvalidEventError" (aws-lambda-go names the error's type).
+type InvalidEventError struct {
+	Function string
+	Reason   string
+}
+
+func (e *InvalidEventError) Error() string {
+	return fmt.Sprintf("invalid %s event: %s", e.Function, e.Reason)
+}
+
+// Unwrap makes errors.Is(err, ErrInvalidEvent) true.
+func (e *InvalidEventError) Unwrap() error { return ErrInvalidEvent }
+
+// MaxPayloadBytes bounds a fire or sweep event. Both are a few dozen bytes
+// in practice; the bound keeps a runaway payload from being parsed at all.
+const MaxPayloadBytes = 4096
+
+// DecodeStrict decodes one JSON object from payload into v, refusing
+// unknown fields, trailing data, null and oversized payloads. function
+// names the caller in the error.
+func DecodeStrict(function string, payload []byte, v any) error {
+	if len(payload) > MaxPayloadBytes {
+		return &InvalidEventError{function, fmt.Sprintf("payload is %d bytes, limit %d", len(payload), MaxPayloadBytes)}
+	}
+	trimmed := bytes.TrimSpace(payload)
+	if len(trimmed) == 0 || trimmed[0] != '{' {
+		return &InvalidEventError{function, "payload is not a JSON object"}
+	}
+	dec := json.NewDecoder(bytes.NewReader(trimmed))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return &InvalidEventError{function, jsonReason(err)}
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return &InvalidEventError{function, "trailing data after the JSON object"}
+	}
+	return nil
+}
+
+// jsonReason turns a decoding error into a message that names the field.
+func jsonReason(err error) string {
+	var typeErr *json.UnmarshalTypeError
+	if errors.As(err, &typeErr) {
+		return fmt.Sprintf("field %q must be a JSON %s", typeErr.Field, typeErr.Type.Kind())
+	}
+	msg := strings.TrimPrefix(err.Error(), "json: ")
+	return msg
+}
+
+// Source validates a source (or target) partition name from outside input:
+// 1..relaycore.MaxPartitionLen bytes of valid UTF-8 without control
+// characters, and not under relaycore.ReservedPrefix. field names it in
+// the error reason.
+func Source(field, s string) (relaycore.Partition, error) {
+	if reason := partitionProblem(s); reason != "" {
+		return "", fmt.Errorf("%s %s", field, reason)
+	}
+	return relaycore.Partition(s), nil
+}
+
+func partitionProblem(s string) string {
+	switch {
+	case s == "":
+		return "is missing or empty"
+	case len(s) > relaycore.MaxPartitionLen:
+		return fmt.Sprintf("is %d bytes, limit %d", len(s), relaycore.MaxPartitionLen)
+	case !utf8.ValidString(s):
+		return "is not valid UTF-8"
+	case strings.HasPrefix(s, relaycore.ReservedPrefix):
+		return fmt.Sprintf("uses the reserved prefix %q", relaycore.ReservedPrefix)
+	}
+	if strings.ContainsFunc(s, unicode.IsControl) {
+		return "contains a control character"
+	}
+	return ""
+}
+
+// Logger returns l (a discarding logger when nil) annotated with the
+// invocation's Lambda request id, when ctx carries one, so log lines can
+// be matched to their invocation.
+func Logger(ctx context.Context, l *slog.Logger) *slog.Logger {
+	if l == nil {
+		l = slog.New(slog.DiscardHandler)
+	}
+	if lc, ok := lambdacontext.FromContext(ctx); ok {
+		l = l.With("request_id", lc.AwsRequestID)
+	}
+	return l
+}
