@@ -1,0 +1,56 @@
+// Package relay is the edge agent's outbound side: the scheduler that
+// keeps a ledger record for every stored segment and every peer that
+// should receive it, the worker pool that executes those records
+// (executeRelay), the success-condition check that marks a segment relayed
+// and, with evict_on_relay, evicts it, and the start-up reconciliation
+// that repairs the ledger after a stop or crash.
+//
+// # Who must receive a segment
+//
+// The required peers of a segment are the configured known_peers minus
+// the peer the segment came from (segstore.Entry.Source): relaying a
+// segment back to its sender is wasted bandwidth, since the sender already
+// holds it. A segment ingested locally (Source "") is owed to every known
+// peer. The success condition (one_peer, all_peers) is evaluated over the
+// required peers only, so on a node whose only peer is the sender the
+// condition is never met and the segment is never evicted: that node is a
+// destination, not a forwarder.
+//
+// # Execution
+//
+// Workers (relay.workers of them) claim work one at a time, under one
+// mutex, in ledger pending order (NextAttemptAfter, SegmentID, PeerID):
+// the claim is the ledger's compare-and-set TryTransitionInflight, so the
+// order in which records are claimed is a function of the ledger alone.
+// A claimed attempt opens the segment, takes a pooled connection to the
+// peer or dials one (mutual TLS), sends OFFER and SEGMENT and waits up to
+// relay.ack_timeout for the reply. Only a matching ACK is success
+// (TransitionAcked); a NACK, a mismatched or missing or late ACK, or any
+// local or network error is a failed attempt (TransitionFailed, which
+// applies back-off or deadletters at max_retries).
+//
+// Connections are reused for later exchanges with the same peer. A peer
+// may have closed an idle connection meanwhile; an attempt whose pooled
+// connection turns out to be dead (EOF, reset, broken pipe before any
+// reply) is repeated once on a fresh connection, within the same attempt.
+// Resending is safe: a receiver acknowledges a segment it already holds.
+//
+// # Success and eviction
+//
+// After every terminal transition (Acked, Deadletter) checkSuccessCondition
+// evaluates the segment's assurance. When the condition is met it sets the
+// index's relayed marker (durably, before anything else) and logs
+// "relay success" with the condition and ack count. With evict_on_relay
+// it then evicts the segment through segstore.EvictIf with the ledger's
+// EvictionGate, which re-checks, in the transaction that deletes the index
+// entry, that the condition holds and no required peer's delivery is still
+// pending or in flight. Eviction therefore never precedes the durable
+// success condition; a blocked eviction is retried at the next terminal
+// transition of the segment and at start-up.
+//
+// # Determinism
+//
+// There is no random source in this package (enforced by edge/ledger's
+// TestNoPRNGInRelayPath). Back-off has no jitter; the only inputs are the
+// ledger, the configuration and the clock.
+package relay

@@ -1,0 +1,489 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sort"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/relay-dev/relay/edge/ledger"
+	"github.com/relay-dev/relay/edge/segstore"
+	"github.com/relay-dev/relay/edge/wire"
+)
+
+// Dialer opens an authenticated connection to a peer. *transport.Transport
+// implements it.
+type Dialer interface {
+	Dial(ctx context.Context, addr, peerID string) (*wire.Conn, error)
+}
+
+// Observer receives events for metrics. Every field is optional.
+type Observer struct {
+	// Attempt is called once per finished attempt with its outcome:
+	// "acked", "failed" or "deadletter".
+	Attempt func(peer, outcome string, bytes int64, d time.Duration)
+	// Relayed is called when a segment's success condition is first met.
+	Relayed func(segmentID string)
+	// Evicted is called after a segment was evicted on relay.
+	Evicted func(segmentID string, bytes int64)
+}
+
+// Config configures an Executor. Peers, Condition and Policy are required.
+type Config struct {
+	// Peers maps each known peer's node id to the address to dial.
+	Peers map[string]string
+	// Condition is relay.success_condition.
+	Condition ledger.Condition
+	// Policy is the retry budget (relay.max_retries, relay.backoff).
+	Policy ledger.Policy
+	// EvictOnRelay is relay.evict_on_relay.
+	EvictOnRelay bool
+	// Workers is relay.workers; default 4.
+	Workers int
+	// AckTimeout bounds the wait for the reply after the segment was sent;
+	// default 30s.
+	AckTimeout time.Duration
+	// DialTimeout bounds connect, TLS handshake and HELLO; default 10s.
+	DialTimeout time.Duration
+	// StopGrace is how long attempts in flight may continue after Run's
+	// context is canceled before their connections are cut; default 5s.
+	StopGrace time.Duration
+	// PoolIdle is how long an unused connection stays pooled; default 30s.
+	// It must stay below the receivers' idle timeout.
+	PoolIdle time.Duration
+	// Now is the ledger clock; default time.Now.
+	Now func() time.Time
+	// Log receives the relay's log lines; default slog.Default().
+	Log *slog.Logger
+	// Observer is told about attempts, successes and evictions.
+	Observer Observer
+}
+
+// Executor runs outbound delivery. Create it with New, call Reconcile
+// once before Run, and Schedule after every segment stored.
+type Executor struct {
+	cfg   Config
+	led   *ledger.Ledger
+	store *segstore.Store
+	dial  Dialer
+	log   *slog.Logger
+	pool  *pool
+
+	claimMu sync.Mutex // serialises claims so they follow ledger order
+	wake    broadcast
+
+	mu      sync.Mutex
+	running bool
+}
+
+// New checks cfg and returns an Executor over a ledger and a segment store
+// that share one bbolt database.
+func New(cfg Config, led *ledger.Ledger, store *segstore.Store, d Dialer) (*Executor, error) {
+	if !cfg.Condition.Valid() {
+		return nil, fmt.Errorf("relay: %w: %q", ledger.ErrUnknownCondition, cfg.Condition)
+	}
+	if err := cfg.Policy.Validate(); err != nil {
+		return nil, fmt.Errorf("relay: %w", err)
+	}
+	if led == nil || store == nil || d == nil {
+		return nil, errors.New("relay: ledger, store and dialer are required")
+	}
+	for id := range cfg.Peers {
+		if err := wire.CheckNodeID(id); err != nil {
+			return nil, fmt.Errorf("relay: peer: %w", err)
+		}
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 4
+	}
+	if cfg.AckTimeout <= 0 {
+		cfg.AckTimeout = 30 * time.Second
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = 10 * time.Second
+	}
+	if cfg.StopGrace <= 0 {
+		cfg.StopGrace = 5 * time.Second
+	}
+	if cfg.PoolIdle <= 0 {
+		cfg.PoolIdle = 30 * time.Second
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	return &Executor{
+		cfg: cfg, led: led, store: store, dial: d, log: cfg.Log,
+		pool: newPool(cfg.Workers, cfg.PoolIdle),
+		wake: newBroadcast(),
+	}, nil
+}
+
+// PeerIDs returns the known peers in ascending order.
+func (e *Executor) PeerIDs() []string {
+	ids := make([]string, 0, len(e.cfg.Peers))
+	for id := range e.cfg.Peers {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+// RequiredPeers returns the peers a stored segment is owed to: every known
+// peer except the one it came from, ascending.
+func (e *Executor) RequiredPeers(entry segstore.Entry) []string {
+	ids := e.PeerIDs()
+	out := ids[:0]
+	for _, id := range ids {
+		if id != entry.Source {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// Condition is the configured success condition.
+func (e *Executor) Condition() ledger.Condition { return e.cfg.Condition }
+
+// Schedule makes sure every required peer of entry has a ledger record
+// (insert-if-absent, so it is idempotent and never resets a record), and
+// wakes the workers if any record was created.
+func (e *Executor) Schedule(entry segstore.Entry) error {
+	created, err := e.led.EnsureScheduled(entry.ID, e.RequiredPeers(entry), e.cfg.Now())
+	if err != nil {
+		return fmt.Errorf("schedule %s: %w", entry.ID, err)
+	}
+	if len(created) > 0 {
+		e.log.Debug("relay scheduled", "segment", entry.ID, "peers", created)
+		e.Kick()
+	}
+	return nil
+}
+
+// Kick wakes idle workers to look for due work, e.g. after an operator
+// retried deadlettered records.
+func (e *Executor) Kick() { e.wake.signal() }
+
+// Run executes due ledger records with cfg.Workers workers until ctx is
+// canceled. Then it stops claiming, lets attempts in flight finish for up
+// to StopGrace, closes pooled connections and returns nil. Run may be
+// called once.
+func (e *Executor) Run(ctx context.Context) error {
+	e.mu.Lock()
+	if e.running {
+		e.mu.Unlock()
+		return errors.New("relay: Run called twice")
+	}
+	e.running = true
+	e.mu.Unlock()
+
+	// Attempts run under hard, which outlives ctx by StopGrace, so a
+	// graceful stop does not turn every attempt in flight into a failure.
+	hard, cancelHard := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelHard()
+	stopGrace := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(e.cfg.StopGrace)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancelHard()
+		case <-hard.Done():
+		}
+	})
+	defer stopGrace()
+
+	var wg sync.WaitGroup
+	for range e.cfg.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e.worker(ctx, hard)
+		}()
+	}
+	wg.Wait()
+	cancelHard()
+	e.pool.closeAll()
+	return nil
+}
+
+// idleRetry is how long a worker waits after a ledger error before it
+// looks for work again.
+const idleRetry = time.Second
+
+func (e *Executor) worker(ctx, hard context.Context) {
+	for ctx.Err() == nil {
+		woken := e.wake.wait() // taken before looking, so no signal is missed
+		rec, ok, err := e.claimNext()
+		if err != nil {
+			e.log.Error("relay claim failed", "err", err)
+			sleep(ctx, idleRetry, woken)
+			continue
+		}
+		if ok {
+			e.executeRelay(hard, rec)
+			continue
+		}
+		next, ok, err := e.nextDue()
+		if err != nil {
+			e.log.Error("relay pending scan failed", "err", err)
+			sleep(ctx, idleRetry, woken)
+			continue
+		}
+		if !ok {
+			sleep(ctx, -1, woken)
+			continue
+		}
+		sleep(ctx, next.Sub(e.cfg.Now()), woken)
+	}
+}
+
+// sleep waits for d (forever if d < 0), a wake-up or ctx.
+func sleep(ctx context.Context, d time.Duration, woken <-chan struct{}) {
+	var timer <-chan time.Time
+	if d >= 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		timer = t.C
+	}
+	select {
+	case <-timer:
+	case <-woken:
+	case <-ctx.Done():
+	}
+}
+
+// claimBatch is how many due records one claim looks at. A record found
+// due may have been claimed or changed since the scan; the claim's CAS
+// decides, and the next record is tried.
+const claimBatch = 16
+
+// claimNext claims the first due record in ledger order.
+func (e *Executor) claimNext() (ledger.Record, bool, error) {
+	e.claimMu.Lock()
+	defer e.claimMu.Unlock()
+	now := e.cfg.Now()
+	recs, err := e.led.Pending(now, claimBatch)
+	if err != nil {
+		return ledger.Record{}, false, err
+	}
+	for _, r := range recs {
+		got, ok, err := e.led.TryTransitionInflight(r.SegmentID, r.PeerID, now)
+		if errors.Is(err, ledger.ErrIllegalTransition) || errors.Is(err, ledger.ErrNotFound) {
+			continue // changed since the scan (operator action)
+		}
+		if err != nil {
+			return ledger.Record{}, false, err
+		}
+		if ok {
+			return got, true, nil
+		}
+	}
+	return ledger.Record{}, false, nil
+}
+
+// farFuture is later than any NextAttemptAfter.
+var farFuture = time.Unix(0, 1<<62)
+
+// nextDue returns the earliest NextAttemptAfter of any pending record.
+func (e *Executor) nextDue() (time.Time, bool, error) {
+	recs, err := e.led.Pending(farFuture, 1)
+	if err != nil || len(recs) == 0 {
+		return time.Time{}, false, err
+	}
+	return recs[0].NextAttemptAfter, true, nil
+}
+
+// errSegmentMissing: the record's segment is no longer stored.
+var errSegmentMissing = errors.New("segment missing from local store")
+
+// errUnknownPeer: the record's peer is not in known_peers (any more).
+var errUnknownPeer = errors.New("peer not in known_peers")
+
+// executeRelay runs one claimed attempt and records its outcome.
+func (e *Executor) executeRelay(ctx context.Context, rec ledger.Record) {
+	start := time.Now()
+	size, err := e.deliver(ctx, rec)
+	elapsed := time.Since(start)
+	now := e.cfg.Now()
+	log := e.log.With("segment", rec.SegmentID, "peer", rec.PeerID, "attempt", rec.Attempts)
+	if err == nil {
+		if _, terr := e.led.TransitionAcked(rec.SegmentID, rec.PeerID, now); terr != nil {
+			// The peer holds the segment but the ledger could not say so;
+			// the record stays Inflight and start-up reconciliation turns
+			// it into a failed attempt, which resends (re-ACKed).
+			log.Error("relay ack not recorded", "err", terr)
+			return
+		}
+		e.observe(rec.PeerID, "acked", size, elapsed)
+		log.Info("relay acked", "bytes", size, "duration", elapsed)
+		e.checkSuccessCondition(rec.SegmentID)
+		return
+	}
+	if errors.Is(err, errSegmentMissing) {
+		// Deadletter now rather than spending the retry budget: the
+		// source is gone and no retry can bring it back.
+		n, perr := e.led.PruneMissing(func(id string) bool {
+			if id != rec.SegmentID {
+				return true
+			}
+			_, serr := e.store.Stat(id)
+			return !errors.Is(serr, segstore.ErrNotFound)
+		}, now)
+		if perr == nil && n > 0 {
+			e.observe(rec.PeerID, "deadletter", 0, elapsed)
+			log.Error("relay deadlettered", "err", err)
+			return
+		}
+	}
+	r, terr := e.led.TransitionFailed(rec.SegmentID, rec.PeerID, err, now, e.cfg.Policy)
+	if terr != nil {
+		log.Error("relay failure not recorded", "err", err, "record_err", terr)
+		return
+	}
+	if r.State == ledger.StateDeadletter {
+		e.observe(rec.PeerID, "deadletter", 0, elapsed)
+		log.Error("relay deadlettered", "err", err, "attempts_in_budget", r.BudgetUsed())
+		// Under one_peer a deadlettered peer may have been the last
+		// thing holding back eviction.
+		e.checkSuccessCondition(rec.SegmentID)
+		return
+	}
+	e.observe(rec.PeerID, "failed", 0, elapsed)
+	log.Warn("relay attempt failed", "err", err, "next_attempt", r.NextAttemptAfter)
+}
+
+func (e *Executor) observe(peer, outcome string, bytes int64, d time.Duration) {
+	if f := e.cfg.Observer.Attempt; f != nil {
+		f(peer, outcome, bytes, d)
+	}
+}
+
+// deliver sends the record's segment to its peer and waits for the ACK.
+// It returns the segment size and nil only for a matching ACK.
+func (e *Executor) deliver(ctx context.Context, rec ledger.Record) (int64, error) {
+	addr, ok := e.cfg.Peers[rec.PeerID]
+	if !ok {
+		return 0, fmt.Errorf("deliver to %s: %w", rec.PeerID, errUnknownPeer)
+	}
+	f, entry, err := e.store.Open(rec.SegmentID)
+	if errors.Is(err, segstore.ErrNotFound) {
+		return 0, fmt.Errorf("deliver %s: %w", rec.SegmentID, errSegmentMissing)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("deliver %s: %w", rec.SegmentID, err)
+	}
+	defer f.Close()
+	offer := wire.Offer{SegmentID: entry.ID, Size: entry.Size, SHA256: entry.SHA256}
+
+	conn, reused, err := e.conn(ctx, rec.PeerID, addr)
+	if err != nil {
+		return 0, err
+	}
+	err = e.exchange(ctx, conn, offer, f)
+	if err != nil && reused && staleConn(err) {
+		// The pooled connection was dead before the peer saw our offer
+		// (typically closed by its idle timeout): one fresh try.
+		conn.Close()
+		if _, serr := f.Seek(0, io.SeekStart); serr != nil {
+			return 0, fmt.Errorf("deliver %s: rewind: %w", rec.SegmentID, serr)
+		}
+		if conn, err = e.dialPeer(ctx, rec.PeerID, addr); err != nil {
+			return 0, err
+		}
+		err = e.exchange(ctx, conn, offer, f)
+	}
+	if err != nil {
+		conn.Close()
+		return 0, err
+	}
+	e.pool.put(rec.PeerID, conn)
+	return entry.Size, nil
+}
+
+func (e *Executor) conn(ctx context.Context, peer, addr string) (*wire.Conn, bool, error) {
+	if c := e.pool.get(peer); c != nil {
+		return c, true, nil
+	}
+	c, err := e.dialPeer(ctx, peer, addr)
+	return c, false, err
+}
+
+func (e *Executor) dialPeer(ctx context.Context, peer, addr string) (*wire.Conn, error) {
+	dctx, cancel := context.WithTimeout(ctx, e.cfg.DialTimeout)
+	defer cancel()
+	return e.dial.Dial(dctx, addr, peer)
+}
+
+// nackGrace bounds the wait for a NACK after the segment write failed (a
+// receiver may refuse and close before reading the segment).
+const nackGrace = 2 * time.Second
+
+// exchange is one OFFER, SEGMENT, reply. The reply wait is bounded by
+// AckTimeout; a late ACK is a failed attempt.
+func (e *Executor) exchange(ctx context.Context, c *wire.Conn, o wire.Offer, src io.Reader) error {
+	if err := c.SendOffer(ctx, o); err != nil {
+		return err
+	}
+	if err := c.SendSegment(ctx, o, src); err != nil {
+		if errors.Is(err, wire.ErrSource) {
+			return err
+		}
+		rctx, cancel := context.WithTimeout(ctx, nackGrace)
+		defer cancel()
+		var ne *wire.NackError
+		if rerr := c.RecvAck(rctx, o.SegmentID); errors.As(rerr, &ne) {
+			return fmt.Errorf("%w (segment write: %v)", ne, err)
+		}
+		return err
+	}
+	actx, cancel := context.WithTimeout(ctx, e.cfg.AckTimeout)
+	defer cancel()
+	err := c.RecvAck(actx, o.SegmentID)
+	if err != nil && ctx.Err() == nil && (actx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded)) {
+		return fmt.Errorf("no ACK within ack_timeout %v: %w", e.cfg.AckTimeout, err)
+	}
+	return err
+}
+
+// staleConn reports errors that show a pooled connection was already
+// closed by the peer, as opposed to a refusal, a timeout or a local fault.
+func staleConn(err error) bool {
+	var ne *wire.NackError
+	if errors.As(err, &ne) || errors.Is(err, wire.ErrAckMismatch) || errors.Is(err, wire.ErrSource) ||
+		errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return false
+	}
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed) || errors.Is(err, wire.ErrBroken)
+}
+
+// broadcast wakes every waiter: wait returns a channel that is closed at
+// the next signal.
+type broadcast struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func newBroadcast() broadcast { return broadcast{ch: make(chan struct{})} }
+
+func (b *broadcast) wait() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.ch
+}
+
+func (b *broadcast) signal() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	close(b.ch)
+	b.ch = make(chan struct{})
+}

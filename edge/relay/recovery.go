@@ -1,0 +1,67 @@
+package relay
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/relay-dev/relay/edge/ledger"
+	"github.com/relay-dev/relay/edge/segstore"
+)
+
+// ReconcileReport says what start-up reconciliation changed.
+type ReconcileReport struct {
+	ledger.RecoveryReport
+	// Scheduled counts records created for stored segments that lacked
+	// one (a crash between storing and scheduling, or a peer added to
+	// known_peers).
+	Scheduled int
+	// Segments is the number of stored segments examined.
+	Segments int
+}
+
+// Reconcile repairs the ledger before the workers start: abandoned
+// in-flight attempts become failed attempts (InflightToFailed),
+// non-terminal records of segments no longer stored are deadlettered
+// (PruneMissing), retry-ready failures are rescheduled (RescheduleReady),
+// every stored segment gets a record for each required peer that has none,
+// and every stored segment's success condition is re-checked, so a
+// relayed marker or an eviction interrupted by a crash is completed.
+// Idempotent; run it once after opening the store and before Run.
+func (e *Executor) Reconcile() (ReconcileReport, error) {
+	var rep ReconcileReport
+	now := e.cfg.Now()
+	var statErr error
+	exists := func(id string) bool {
+		_, err := e.store.Stat(id)
+		if err != nil && !errors.Is(err, segstore.ErrNotFound) && statErr == nil {
+			statErr = err
+		}
+		// On a read error, claim the segment exists: deadlettering live
+		// work because of a transient error would be worse.
+		return !errors.Is(err, segstore.ErrNotFound)
+	}
+	var err error
+	if rep.RecoveryReport, err = e.led.Recover(now, e.cfg.Policy, exists); err != nil {
+		return rep, fmt.Errorf("reconcile: %w", err)
+	}
+	if statErr != nil {
+		return rep, fmt.Errorf("reconcile: %w", statErr)
+	}
+	entries, err := e.store.List()
+	if err != nil {
+		return rep, fmt.Errorf("reconcile: %w", err)
+	}
+	rep.Segments = len(entries)
+	for _, entry := range entries {
+		created, err := e.led.EnsureScheduled(entry.ID, e.RequiredPeers(entry), now)
+		if err != nil {
+			return rep, fmt.Errorf("reconcile: %w", err)
+		}
+		rep.Scheduled += len(created)
+	}
+	for _, entry := range entries {
+		e.checkSuccessCondition(entry.ID)
+	}
+	e.Kick()
+	return rep, nil
+}
