@@ -41,7 +41,7 @@ func TestEventsAreJSON(t *testing.T) {
 			t.Errorf("%s: a Lambda event here is a JSON object, got %T", f, v)
 		}
 	}
-	for _, want := range []string{"fire.json", "sweep.json", "api-enqueue.json", "api-query.json", "malformed.json"} {
+	for _, want := range []string{"fire.json", "sweep.json", "api-enqueue.json", "api-query.json", "api-state.json", "api-watermark.json", "malformed.json"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("events/%s missing", want)
 		}
@@ -119,7 +119,9 @@ func TestSweepEventMatchesSchedule(t *testing.T) {
 }
 
 func TestAPIEventsAreFunctionURLRequests(t *testing.T) {
-	for name, method := range map[string]string{"api-enqueue.json": "POST", "api-query.json": "GET"} {
+	for name, method := range map[string]string{
+		"api-enqueue.json": "POST", "api-query.json": "GET", "api-state.json": "GET", "api-watermark.json": "GET",
+	} {
 		t.Run(name, func(t *testing.T) {
 			var req events.LambdaFunctionURLRequest
 			readJSON(t, filepath.Join("events", name), &req)

@@ -1,0 +1,108 @@
+package env
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/relay-dev/relay/relaycore"
+)
+
+func valid() map[string]string {
+	return map[string]string{
+		VarPlan:             "free",
+		VarSourceTable:      "relay-source",
+		VarTargetTable:      "relay-target",
+		VarDueIndex:         "due",
+		VarScheduleGroup:    "relay-alarms",
+		VarSchedulerRoleARN: "arn:aws:iam::123456789012:role/relay-scheduler",
+		VarFireFunctionARN:  "arn:aws:lambda:eu-west-1:123456789012:function:relay-fire",
+		VarRegion:           "eu-west-1",
+	}
+}
+
+func getenv(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func TestParseValid(t *testing.T) {
+	for _, plan := range []string{"free", "paid", "Paid", " FREE "} {
+		t.Run(plan, func(t *testing.T) {
+			m := valid()
+			m[VarPlan] = plan
+			m[VarDynamoDBEndpoint] = "http://127.0.0.1:8000"
+			c, err := Parse(getenv(m))
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, _ := relaycore.PlanBudget(plan)
+			if c.Budget != want || c.Plan != strings.ToLower(strings.TrimSpace(plan)) {
+				t.Errorf("plan %q: got %q %+v, want budget %+v", plan, c.Plan, c.Budget, want)
+			}
+			if c.LogLevel != slog.LevelInfo || c.DynamoDBEndpoint != "http://127.0.0.1:8000" || c.SchedulerEndpoint != "" {
+				t.Errorf("config = %+v", c)
+			}
+		})
+	}
+}
+
+func TestParseRefuses(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		edit  func(m map[string]string)
+		wants []string
+	}{
+		{"unknown plan", func(m map[string]string) { m[VarPlan] = "gold" }, []string{`PLAN="gold": unknown plan`}},
+		{"no plan", func(m map[string]string) { delete(m, VarPlan) }, []string{"PLAN is required"}},
+		{"log level", func(m map[string]string) { m[VarLogLevel] = "LOUD" }, []string{`LOG_LEVEL="LOUD"`}},
+		{"due index", func(m map[string]string) { m[VarDueIndex] = "by-due" }, []string{`DUE_INDEX="by-due"`}},
+		{"same table", func(m map[string]string) { m[VarTargetTable] = m[VarSourceTable] }, []string{"different tables"}},
+		{"not an arn", func(m map[string]string) { m[VarFireFunctionARN] = "relay-fire" }, []string{`FIRE_FUNCTION_ARN="relay-fire" is not an ARN`}},
+		{"endpoint", func(m map[string]string) { m[VarSchedulerEndpoint] = "localhost:8001" }, []string{"RELAY_SCHEDULER_ENDPOINT", "not an http(s) URL"}},
+		{"every problem at once", func(m map[string]string) { clear(m); m[VarPlan] = "enterprise" }, []string{
+			"unknown plan", "SOURCE_TABLE is required", "TARGET_TABLE is required", "SCHEDULE_GROUP is required",
+			"SCHEDULER_ROLE_ARN is required", "FIRE_FUNCTION_ARN is required", "AWS_REGION is required",
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := valid()
+			tc.edit(m)
+			_, err := Parse(getenv(m))
+			if !errors.Is(err, ErrConfig) {
+				t.Fatalf("err = %v, want ErrConfig", err)
+			}
+			for _, w := range tc.wants {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q lacks %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestLoggerWritesLambdaJSON(t *testing.T) {
+	var buf bytes.Buffer
+	log := NewLogger(&buf, slog.LevelWarn)
+	log.Info("dropped")
+	log.Warn("kept", "source", "orders")
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 1 {
+		t.Fatalf("got %d lines, want 1 (INFO filtered at WARN): %q", len(lines), buf.String())
+	}
+	var rec map[string]any
+	if err := json.Unmarshal([]byte(lines[0]), &rec); err != nil {
+		t.Fatalf("log line is not JSON: %v", err)
+	}
+	if rec["level"] != "WARN" || rec["msg"] != "kept" || rec["source"] != "orders" {
+		t.Errorf("record = %v", rec)
+	}
+}
+
+func TestLoadRefusesBeforeWiring(t *testing.T) {
+	m := valid()
+	m[VarPlan] = "gold"
+	if _, err := Load(t.Context(), getenv(m), &bytes.Buffer{}); !errors.Is(err, ErrConfig) {
+		t.Fatalf("Load err = %v, want ErrConfig", err)
+	}
+}

@@ -1,0 +1,276 @@
+// Package schedulertest is a recording EventBridge Scheduler endpoint for
+// tests and benchmarks: an httptest server on 127.0.0.1 that speaks the
+// CreateSchedule wire protocol (POST /schedules/{Name}, JSON body), so the
+// code under test reaches it through the real aws-sdk-go-v2 client, with
+// signing, serialization and error deserialization, from this process or
+// from a Lambda bootstrap running under the Runtime Interface Emulator.
+//
+// It models what the relay depends on: a schedule name is unique among
+// pending schedules (a second CreateSchedule gets 409 ConflictException),
+// and a one-time schedule with ActionAfterCompletion DELETE disappears
+// once it has run, which frees its name. Time does not pass by itself:
+// the test decides when schedules "run" (TakeDue, TakeAll) or are lost
+// (Lose), and invokes the fire function with their Input.
+//
+// Requests that break the relay's contract with Scheduler (flexible window
+// on, no delete-after-completion, a malformed at() expression, unsigned,
+// ...) are answered with ValidationException and reported as test errors
+// when the test ends.
+package schedulertest
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	awsscheduler "github.com/aws/aws-sdk-go-v2/service/scheduler"
+
+	"github.com/relay-dev/relay/infra/scheduler"
+)
+
+// Schedule is one accepted CreateSchedule request.
+type Schedule struct {
+	Name, Group string
+	// Expression is the at(...) expression; At is its time (UTC).
+	Expression string
+	At         time.Time
+	TargetARN  string
+	RoleARN    string
+	// Input is the target input: the fire function's event.
+	Input string
+}
+
+// Stats counts requests.
+type Stats struct {
+	// Requests counts every CreateSchedule call received.
+	Requests int
+	// Created schedules; Conflicts answered 409 (already armed); Failed
+	// answered with an injected failure or a validation error.
+	Created, Conflicts, Failed int
+}
+
+// Server is a running recording endpoint.
+type Server struct {
+	// URL is the endpoint's base URL (http://127.0.0.1:port).
+	URL string
+
+	srv        *httptest.Server
+	mu         sync.Mutex
+	pending    map[string]Schedule
+	stats      Stats
+	failStatus int
+	violations []string
+}
+
+// Start runs an endpoint until the test ends; protocol violations seen by
+// then fail the test.
+func Start(tb testing.TB) *Server {
+	tb.Helper()
+	s := &Server{pending: map[string]Schedule{}}
+	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
+	s.URL = s.srv.URL
+	tb.Cleanup(func() {
+		s.srv.Close()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, v := range s.violations {
+			tb.Errorf("schedulertest: %s", v)
+		}
+	})
+	return s
+}
+
+// Client returns a Scheduler client for the endpoint with static dummy
+// credentials and a single attempt per call.
+func (s *Server) Client() *awsscheduler.Client {
+	return awsscheduler.New(awsscheduler.Options{
+		Region:           "us-east-1",
+		BaseEndpoint:     aws.String(s.URL),
+		Credentials:      credentials.NewStaticCredentialsProvider("relay", "relay", ""),
+		RetryMaxAttempts: 1,
+		HTTPClient:       s.srv.Client(),
+	})
+}
+
+// Fail makes every following request fail with status (e.g. 500); 0
+// restores normal behaviour.
+func (s *Server) Fail(status int) {
+	s.mu.Lock()
+	s.failStatus = status
+	s.mu.Unlock()
+}
+
+// Stats returns the counters.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stats
+}
+
+// Pending returns the armed schedules that have not run, by time then name.
+func (s *Server) Pending() []Schedule {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sortedLocked(func(Schedule) bool { return true })
+}
+
+// TakeDue removes and returns the pending schedules due at or before t, as
+// if they ran (ActionAfterCompletion DELETE frees their names).
+func (s *Server) TakeDue(t time.Time) []Schedule {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := s.sortedLocked(func(sc Schedule) bool { return !sc.At.After(t) })
+	for _, sc := range out {
+		delete(s.pending, sc.Name)
+	}
+	return out
+}
+
+// TakeAll removes and returns every pending schedule, as if they ran.
+func (s *Server) TakeAll() []Schedule { return s.TakeDue(time.Unix(1<<40, 0)) }
+
+// Lose drops every pending schedule without running it (a lost kick) and
+// returns how many there were.
+func (s *Server) Lose() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := len(s.pending)
+	clear(s.pending)
+	return n
+}
+
+func (s *Server) sortedLocked(keep func(Schedule) bool) []Schedule {
+	var out []Schedule
+	for _, sc := range s.pending {
+		if keep(sc) {
+			out = append(out, sc)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].At.Equal(out[j].At) {
+			return out[i].At.Before(out[j].At)
+		}
+		return out[i].Name < out[j].Name
+	})
+	return out
+}
+
+// createBody is CreateSchedule's JSON body.
+type createBody struct {
+	ActionAfterCompletion      string
+	ClientToken                string
+	Description                string
+	FlexibleTimeWindow         struct{ Mode string }
+	GroupName                  string
+	ScheduleExpression         string
+	ScheduleExpressionTimezone string
+	State                      string
+	Target                     struct{ Arn, RoleArn, Input string }
+}
+
+func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stats.Requests++
+	sc, problem := parseCreate(r)
+	if problem != "" {
+		s.violations = append(s.violations, problem)
+		s.stats.Failed++
+		writeError(w, http.StatusBadRequest, "ValidationException", problem)
+		return
+	}
+	switch _, dup := s.pending[sc.Name]; {
+	case s.failStatus != 0:
+		s.stats.Failed++
+		writeError(w, s.failStatus, "InternalServerException", "injected failure")
+	case dup:
+		s.stats.Conflicts++
+		writeError(w, http.StatusConflict, "ConflictException", "Schedule "+sc.Name+" already exists.")
+	default:
+		s.stats.Created++
+		s.pending[sc.Name] = sc
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = fmt.Fprintf(w, `{"ScheduleArn":"arn:aws:scheduler:us-east-1:123456789012:schedule/%s/%s"}`, sc.Group, sc.Name)
+	}
+}
+
+// parseCreate checks a request against what the relay's Kicker must send.
+func parseCreate(r *http.Request) (Schedule, string) {
+	rawName, ok := strings.CutPrefix(r.URL.EscapedPath(), "/schedules/")
+	if r.Method != http.MethodPost || !ok {
+		return Schedule{}, fmt.Sprintf("unexpected request %s %s (only CreateSchedule is expected)", r.Method, r.URL.Path)
+	}
+	name, err := url.PathUnescape(rawName)
+	if err != nil || !scheduler.ValidName(name) {
+		return Schedule{}, fmt.Sprintf("invalid schedule name %q", rawName)
+	}
+	if !strings.HasPrefix(r.Header.Get("Authorization"), "AWS4-HMAC-SHA256 ") {
+		return Schedule{}, fmt.Sprintf("%s: request not signed with SigV4", name)
+	}
+	data, err := io.ReadAll(r.Body)
+	if err != nil {
+		return Schedule{}, fmt.Sprintf("%s: read body: %v", name, err)
+	}
+	var b createBody
+	dec := json.NewDecoder(strings.NewReader(string(data)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&b); err != nil {
+		return Schedule{}, fmt.Sprintf("%s: body %s: %v", name, data, err)
+	}
+	at, err := parseAt(b.ScheduleExpression)
+	switch {
+	case err != nil:
+		return Schedule{}, fmt.Sprintf("%s: %v", name, err)
+	case b.GroupName == "":
+		return Schedule{}, name + ": no GroupName (relay schedules live in a dedicated group)"
+	case b.ScheduleExpressionTimezone != "UTC":
+		return Schedule{}, fmt.Sprintf("%s: timezone %q, want UTC", name, b.ScheduleExpressionTimezone)
+	case b.FlexibleTimeWindow.Mode != "OFF":
+		return Schedule{}, fmt.Sprintf("%s: flexible window %q, want OFF", name, b.FlexibleTimeWindow.Mode)
+	case b.ActionAfterCompletion != "DELETE":
+		return Schedule{}, fmt.Sprintf("%s: ActionAfterCompletion %q, want DELETE", name, b.ActionAfterCompletion)
+	case b.Target.Arn == "" || b.Target.RoleArn == "":
+		return Schedule{}, name + ": target without Arn or RoleArn"
+	case !json.Valid([]byte(b.Target.Input)):
+		return Schedule{}, fmt.Sprintf("%s: target input %q is not JSON", name, b.Target.Input)
+	case b.ClientToken == "":
+		return Schedule{}, name + ": no ClientToken"
+	}
+	return Schedule{
+		Name: name, Group: b.GroupName, Expression: b.ScheduleExpression, At: at,
+		TargetARN: b.Target.Arn, RoleARN: b.Target.RoleArn, Input: b.Target.Input,
+	}, ""
+}
+
+func parseAt(expr string) (time.Time, error) {
+	inner, ok := strings.CutPrefix(expr, "at(")
+	if ok {
+		inner, ok = strings.CutSuffix(inner, ")")
+	}
+	if !ok {
+		return time.Time{}, fmt.Errorf("expression %q is not at(...)", expr)
+	}
+	t, err := time.Parse("2006-01-02T15:04:05", inner)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("expression %q: %w", expr, err)
+	}
+	return t.UTC(), nil
+}
+
+func writeError(w http.ResponseWriter, status int, typ, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Amzn-ErrorType", typ)
+	w.WriteHeader(status)
+	data, _ := json.Marshal(map[string]string{"Message": msg})
+	_, _ = w.Write(data)
+}
