@@ -1,0 +1,381 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/relay-dev/relay/edge/config"
+	"github.com/relay-dev/relay/edge/pki"
+	"github.com/relay-dev/relay/edge/rpc"
+)
+
+// exitNotMet is `edgectl assurance --check`'s exit code when the success
+// condition does not hold, distinct from 1 (error).
+const exitNotMet = 3
+
+// errNotMet carries exitNotMet.
+var errNotMet = errors.New("success condition not met")
+
+// run executes one command line and returns the exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	root := newRoot(stdout)
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, errNotMet):
+		return exitNotMet
+	}
+	fmt.Fprintln(stderr, "edgectl:", err)
+	return 1
+}
+
+// globals are the persistent flags.
+type globals struct {
+	rpc    string
+	config string
+	json   bool
+	out    io.Writer
+}
+
+// client resolves the RPC address: --rpc, else the config's rpc.listen,
+// else edge/config's default.
+func (g *globals) client() (*rpc.Client, error) {
+	addr := g.rpc
+	if addr == "" && g.config != "" {
+		cfg, err := config.Load(g.config)
+		if err != nil {
+			return nil, err
+		}
+		addr = cfg.RPC.Listen
+	}
+	if addr == "" {
+		addr = config.DefaultRPCListen
+	}
+	return rpc.NewClient(addr), nil
+}
+
+// call runs f with a client and prints its result as JSON (--json) or
+// with text.
+func call[T any](g *globals, cmd *cobra.Command, f func(*rpc.Client, context.Context) (T, error), text func(io.Writer, T)) error {
+	c, err := g.client()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Minute)
+	defer cancel()
+	v, err := f(c, ctx)
+	if err != nil {
+		return err
+	}
+	if g.json {
+		enc := json.NewEncoder(g.out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	tw := tabwriter.NewWriter(g.out, 0, 4, 2, ' ', 0)
+	text(tw, v)
+	return tw.Flush()
+}
+
+func newRoot(stdout io.Writer) *cobra.Command {
+	g := &globals{out: stdout}
+	root := &cobra.Command{
+		Use:           "edgectl",
+		Short:         "Operate a running edged through its local RPC",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().StringVar(&g.rpc, "rpc", "", `edged RPC address: host:port or unix:/path (default: --config's rpc.listen, else `+config.DefaultRPCListen+`)`)
+	root.PersistentFlags().StringVarP(&g.config, "config", "c", "", "edged config file to take rpc.listen from")
+	root.PersistentFlags().BoolVar(&g.json, "json", false, "print the RPC's JSON reply")
+	root.AddCommand(statusCmd(g), indexCmd(g), storageCmd(g), quotaCmd(g), ledgerCmd(g), deadletterCmd(g),
+		segmentCmd(g), assuranceCmd(g), pkiCmd(stdout))
+	return root
+}
+
+func statusCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "status", Short: "Node, peers, ledger counts and storage use", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return call(g, cmd, (*rpc.Client).Status, func(w io.Writer, s rpc.Status) {
+				fmt.Fprintf(w, "node\t%s (%s)\n", s.NodeID, s.Version)
+				fmt.Fprintf(w, "listen\t%s\n", s.Listen)
+				fmt.Fprintf(w, "up since\t%s\n", s.StartedAt.Format(time.RFC3339))
+				fmt.Fprintf(w, "condition\t%s (evict_on_relay %t)\n", s.SuccessCondition, s.EvictOnRelay)
+				for _, p := range s.Peers {
+					fmt.Fprintf(w, "peer\t%s at %s\n", p.ID, p.Address)
+				}
+				fmt.Fprintf(w, "segments\t%d stored, %d relayed\n", s.Segments, s.Relayed)
+				fmt.Fprintf(w, "storage\t%s\n", usageLine(s.Usage))
+				fmt.Fprintf(w, "ledger\tscheduled %d, inflight %d, failed %d, acked %d, deadletter %d\n",
+					s.Ledger["scheduled"], s.Ledger["inflight"], s.Ledger["failed"], s.Ledger["acked"], s.Ledger["deadletter"])
+			})
+		},
+	}
+}
+
+func usageLine(u rpc.Usage) string {
+	return fmt.Sprintf("%d of %d bytes, %d of %d segments (reserved %d bytes), max segment %d bytes",
+		u.Bytes, u.QuotaBytes, u.Segments, u.QuotaSegments, u.ReservedBytes, u.MaxSegmentBytes)
+}
+
+func indexCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "index", Short: "List stored segments", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return call(g, cmd, (*rpc.Client).Index, func(w io.Writer, ix rpc.Index) {
+				fmt.Fprintln(w, "SEGMENT\tSIZE\tSHA256\tSOURCE\tRELAYED\tRECEIVED")
+				for _, s := range ix.Segments {
+					src := s.Source
+					if src == "" {
+						src = "(local)"
+					}
+					fmt.Fprintf(w, "%s\t%d\t%.16s…\t%s\t%t\t%s\n", s.ID, s.Size, s.SHA256, src, s.Relayed, s.Received.Format(time.RFC3339))
+				}
+			})
+		},
+	}
+}
+
+func storageCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "storage", Short: "Storage directory, use and start-up repairs", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return call(g, cmd, (*rpc.Client).Storage, func(w io.Writer, s rpc.Storage) {
+				fmt.Fprintf(w, "dir\t%s\nuse\t%s\n", s.Dir, usageLine(s.Usage))
+				for _, r := range [][2]any{{"removed temp", s.RemovedTemp}, {"removed orphans", s.RemovedOrphans},
+					{"dropped entries", s.DroppedEntries}, {"unknown files", s.Unknown}} {
+					if l := r[1].([]string); len(l) > 0 {
+						fmt.Fprintf(w, "%s\t%s\n", r[0], strings.Join(l, " "))
+					}
+				}
+			})
+		},
+	}
+}
+
+func quotaCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "quota", Short: "Quota use and headroom", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return call(g, cmd, (*rpc.Client).Quota, func(w io.Writer, u rpc.Usage) {
+				fmt.Fprintf(w, "use\t%s\nfree\t%d bytes, %d segments\n", usageLine(u), u.FreeBytes, u.FreeSegments)
+			})
+		},
+	}
+}
+
+func printRecords(w io.Writer, rs rpc.Records) {
+	fmt.Fprintln(w, "SEGMENT\tPEER\tSTATE\tATTEMPTS\tNEXT\tLAST ERROR")
+	for _, r := range rs.Records {
+		next := "-"
+		if r.NextAttemptAfter != nil {
+			next = r.NextAttemptAfter.Format(time.RFC3339)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\n", r.Segment, r.Peer, r.State, r.Attempts, next, oneLine(r.LastError))
+	}
+}
+
+func oneLine(s string) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	if len(s) > 100 {
+		s = s[:100] + "…"
+	}
+	return s
+}
+
+func ledgerCmd(g *globals) *cobra.Command {
+	var state string
+	cmd := &cobra.Command{
+		Use: "ledger", Short: "Delivery records (default: all but acked)", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return call(g, cmd, func(c *rpc.Client, ctx context.Context) (rpc.Records, error) {
+				return c.Records(ctx, state)
+			}, printRecords)
+		},
+	}
+	cmd.Flags().StringVar(&state, "state", "", "only this state: scheduled, inflight, failed, acked, deadletter, or all")
+	return cmd
+}
+
+func deadletterCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "deadletter", Short: "List, retry or purge deadlettered deliveries"}
+	cmd.AddCommand(&cobra.Command{
+		Use: "list", Short: "List deadlettered records", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return call(g, cmd, (*rpc.Client).Deadletter, printRecords)
+		},
+	})
+	op := func(use, short string, f func(*rpc.Client, context.Context, rpc.Selector) (rpc.Count, error)) *cobra.Command {
+		var sel rpc.Selector
+		var all bool
+		c := &cobra.Command{
+			Use: use, Short: short, Args: cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				if sel.Segment == "" && sel.Peer == "" && !all {
+					return errors.New("name --segment and/or --peer, or --all for every deadlettered record")
+				}
+				return call(g, cmd, func(c *rpc.Client, ctx context.Context) (rpc.Count, error) {
+					return f(c, ctx, sel)
+				}, func(w io.Writer, n rpc.Count) { fmt.Fprintf(w, "%d record(s)\n", n.Count) })
+			},
+		}
+		c.Flags().StringVar(&sel.Segment, "segment", "", "only this segment")
+		c.Flags().StringVar(&sel.Peer, "peer", "", "only this peer")
+		c.Flags().BoolVar(&all, "all", false, "every deadlettered record")
+		return c
+	}
+	cmd.AddCommand(
+		op("retry", "Schedule deadlettered records again with a fresh retry budget", (*rpc.Client).RetryDeadletter),
+		op("purge", "Delete deadlettered records (give up on them)", (*rpc.Client).PurgeDeadletter),
+	)
+	return cmd
+}
+
+func segmentCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "segment", Short: "Ingest segments"}
+	var id string
+	var byPath bool
+	put := &cobra.Command{
+		Use:   "put FILE",
+		Short: "Store a local file as a segment and relay it to the known peers",
+		Long: "Uploads FILE's bytes to edged (default), or with --by-path asks edged to read the file itself.\n" +
+			"The segment id defaults to the file's base name.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			path := args[0]
+			if id == "" {
+				id = filepath.Base(path)
+			}
+			return call(g, cmd, func(c *rpc.Client, ctx context.Context) (rpc.Ingested, error) {
+				if byPath {
+					abs, err := filepath.Abs(path)
+					if err != nil {
+						return rpc.Ingested{}, err
+					}
+					return c.PutPath(ctx, abs, id)
+				}
+				return upload(ctx, c, path, id)
+			}, func(w io.Writer, in rpc.Ingested) {
+				verb := "stored"
+				if in.Duplicate {
+					verb = "already stored"
+				}
+				fmt.Fprintf(w, "%s\t%s (%d bytes, sha256 %s)\n", verb, in.Segment.ID, in.Segment.Size, in.Segment.SHA256)
+			})
+		},
+	}
+	put.Flags().StringVar(&id, "id", "", "segment id (default: the file's base name)")
+	put.Flags().BoolVar(&byPath, "by-path", false, "let edged read the file (it must be readable by edged's user)")
+	cmd.AddCommand(put)
+	return cmd
+}
+
+// upload hashes the file, then streams it; the daemon verifies the digest,
+// so a file changed in between is refused.
+func upload(ctx context.Context, c *rpc.Client, path, id string) (rpc.Ingested, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return rpc.Ingested{}, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	size, err := io.Copy(h, f)
+	if err != nil {
+		return rpc.Ingested{}, fmt.Errorf("read %s: %w", path, err)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return rpc.Ingested{}, err
+	}
+	return c.PutSegment(ctx, id, size, hex.EncodeToString(h.Sum(nil)), f)
+}
+
+func assuranceCmd(g *globals) *cobra.Command {
+	var check bool
+	cmd := &cobra.Command{
+		Use:   "assurance SEGMENT",
+		Short: "Which peers acknowledged a segment, and whether the success condition holds",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var met bool
+			err := call(g, cmd, func(c *rpc.Client, ctx context.Context) (rpc.Assurance, error) {
+				a, err := c.Assurance(ctx, args[0])
+				met = a.Met
+				return a, err
+			}, func(w io.Writer, a rpc.Assurance) {
+				fmt.Fprintf(w, "segment\t%s (stored %t, relayed %t)\n", a.Segment, a.Stored, a.Relayed)
+				fmt.Fprintf(w, "condition\t%s over %v: met %t\n", a.Condition, a.RequiredPeers, a.Met)
+				fmt.Fprintf(w, "acked by\t%v\n", a.AckedPeers)
+				for _, r := range a.Records {
+					fmt.Fprintf(w, "  %s\t%s\tattempts %d\t%s\n", r.Peer, r.State, r.Attempts, oneLine(r.LastError))
+				}
+			})
+			if err == nil && check && !met {
+				return errNotMet
+			}
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&check, "check", false, "exit with status 3 when the condition is not met")
+	return cmd
+}
+
+func pkiCmd(stdout io.Writer) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "pki",
+		Short: "Create a development CA and node certificates",
+		Long: "A development PKI for trying edged out: keys are plain files and there is no revocation.\n" +
+			"Production fleets should issue node certificates from their own CA with the same identity URI\n" +
+			"(spiffe://relay/node/<node-id>).",
+	}
+	var force bool
+	initCmd := &cobra.Command{
+		Use: "init DIR", Short: "Create ca.crt and ca.key in DIR", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := pki.InitCA(args[0], pki.Options{Overwrite: force})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "wrote %s\nwrote %s (keep it private)\n", p.Cert, p.Key)
+			return nil
+		},
+	}
+	initCmd.Flags().BoolVar(&force, "force", false, "overwrite existing files")
+	var dir string
+	var hosts []string
+	var validity time.Duration
+	issue := &cobra.Command{
+		Use: "issue NODE", Short: "Issue DIR/NODE.crt and DIR/NODE.key, signed by the CA in DIR", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := pki.Issue(dir, args[0], pki.Options{Overwrite: force, Hosts: hosts, Validity: validity})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "wrote %s\nwrote %s\n", p.Cert, p.Key)
+			return nil
+		},
+	}
+	issue.Flags().StringVar(&dir, "dir", ".", "directory holding the CA (from pki init)")
+	issue.Flags().StringSliceVar(&hosts, "host", nil, "DNS name or IP for the certificate (informational; default localhost,127.0.0.1)")
+	issue.Flags().DurationVar(&validity, "validity", 0, "certificate lifetime (default 1 year, capped at the CA's)")
+	issue.Flags().BoolVar(&force, "force", false, "overwrite existing files")
+	cmd.AddCommand(initCmd, issue)
+	return cmd
+}

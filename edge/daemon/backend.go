@@ -1,0 +1,242 @@
+package daemon
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"github.com/relay-dev/relay/edge/ledger"
+	"github.com/relay-dev/relay/edge/rpc"
+	"github.com/relay-dev/relay/edge/segstore"
+)
+
+// backend implements rpc.Backend over the daemon's store and ledger.
+type backend struct{ d *Daemon }
+
+var _ rpc.Backend = backend{}
+
+func (b backend) Status(context.Context) (rpc.Status, error) {
+	d := b.d
+	counts, err := d.led.Counts()
+	if err != nil {
+		return rpc.Status{}, err
+	}
+	entries, err := d.store.List()
+	if err != nil {
+		return rpc.Status{}, err
+	}
+	st := rpc.Status{
+		NodeID: d.cfg.NodeID, Version: d.opt.Version, StartedAt: d.started,
+		Listen: d.relayLn.Addr().String(), SuccessCondition: d.cfg.Relay.SuccessCondition,
+		EvictOnRelay: d.cfg.Relay.EvictOnRelay, Ledger: map[string]int{}, Segments: len(entries),
+		Usage: usage(d.store.Usage()),
+	}
+	for _, s := range ledger.States() {
+		st.Ledger[s.String()] = counts[s]
+	}
+	for _, id := range d.ex.PeerIDs() {
+		p, _ := d.cfg.Peer(id)
+		st.Peers = append(st.Peers, rpc.Peer{ID: p.ID, Address: p.Address})
+	}
+	for _, e := range entries {
+		if e.Relayed {
+			st.Relayed++
+		}
+	}
+	return st, nil
+}
+
+func segment(e segstore.Entry) rpc.Segment {
+	s := rpc.Segment{ID: e.ID, Size: e.Size, SHA256: e.SHA256, Received: e.Received, Source: e.Source, Relayed: e.Relayed}
+	if e.Relayed {
+		t := e.RelayedAt
+		s.RelayedAt = &t
+	}
+	return s
+}
+
+func usage(u segstore.Usage) rpc.Usage {
+	return rpc.Usage{
+		Bytes: u.Bytes, Segments: u.Segments, ReservedBytes: u.ReservedBytes, ReservedSegments: u.ReservedSegments,
+		QuotaBytes: u.QuotaBytes, QuotaSegments: u.QuotaSegments, MaxSegmentBytes: u.MaxSegmentBytes,
+		FreeBytes:    max(0, u.QuotaBytes-u.Bytes-u.ReservedBytes),
+		FreeSegments: max(0, u.QuotaSegments-u.Segments-u.ReservedSegments),
+	}
+}
+
+func record(r ledger.Record) rpc.Record {
+	out := rpc.Record{
+		Segment: r.SegmentID, Peer: r.PeerID, State: r.State.String(), Attempts: r.Attempts,
+		BudgetUsed: r.BudgetUsed(), LastError: r.LastError, UpdatedAt: r.UpdatedAt,
+	}
+	if !r.NextAttemptAfter.IsZero() {
+		t := r.NextAttemptAfter
+		out.NextAttemptAfter = &t
+	}
+	return out
+}
+
+func (b backend) Index(context.Context) (rpc.Index, error) {
+	entries, err := b.d.store.List()
+	if err != nil {
+		return rpc.Index{}, err
+	}
+	out := rpc.Index{Segments: []rpc.Segment{}}
+	for _, e := range entries {
+		out.Segments = append(out.Segments, segment(e))
+	}
+	return out, nil
+}
+
+func (b backend) Storage(context.Context) (rpc.Storage, error) {
+	rep := b.d.store.Recovered()
+	return rpc.Storage{
+		Dir: b.d.cfg.Storage.Dir, Usage: usage(b.d.store.Usage()),
+		RemovedTemp: rep.RemovedTemp, RemovedOrphans: rep.RemovedOrphans, DroppedEntries: rep.DroppedEntries, Unknown: rep.Unknown,
+	}, nil
+}
+
+func (b backend) Quota(context.Context) (rpc.Usage, error) { return usage(b.d.store.Usage()), nil }
+
+// Records lists records in one state, all but acked (""), or all ("all"),
+// ordered by (segment, peer).
+func (b backend) Records(_ context.Context, state string) (rpc.Records, error) {
+	state, err := rpc.FormatState(state)
+	if err != nil {
+		return rpc.Records{}, err
+	}
+	var recs []ledger.Record
+	for _, s := range ledger.States() {
+		if state == s.String() || state == "all" || (state == "" && s != ledger.StateAcked) {
+			rs, err := b.d.led.ListByState(s)
+			if err != nil {
+				return rpc.Records{}, err
+			}
+			recs = append(recs, rs...)
+		}
+	}
+	sort.Slice(recs, func(i, j int) bool {
+		if recs[i].SegmentID != recs[j].SegmentID {
+			return recs[i].SegmentID < recs[j].SegmentID
+		}
+		return recs[i].PeerID < recs[j].PeerID
+	})
+	out := rpc.Records{Records: []rpc.Record{}}
+	for _, r := range recs {
+		out.Records = append(out.Records, record(r))
+	}
+	return out, nil
+}
+
+// Assurance judges the condition over the segment's required peers. A
+// segment no longer stored (evicted) is judged over all known peers, its
+// source being unknown by then.
+func (b backend) Assurance(_ context.Context, seg string) (rpc.Assurance, error) {
+	d := b.d
+	if err := segstore.ValidID(seg); err != nil {
+		return rpc.Assurance{}, err
+	}
+	out := rpc.Assurance{Segment: seg, Condition: d.cfg.Relay.SuccessCondition, Records: []rpc.Record{}, AckedPeers: []string{}}
+	e, err := d.store.Stat(seg)
+	switch {
+	case err == nil:
+		out.Stored, out.Relayed = true, e.Relayed
+		out.RequiredPeers = d.ex.RequiredPeers(e)
+	case errors.Is(err, segstore.ErrNotFound):
+		out.RequiredPeers = d.ex.PeerIDs()
+	default:
+		return rpc.Assurance{}, err
+	}
+	recs, err := d.led.ListBySegment(seg)
+	if err != nil {
+		return rpc.Assurance{}, err
+	}
+	if !out.Stored && len(recs) == 0 {
+		return rpc.Assurance{}, fmt.Errorf("assurance %s: %w", seg, segstore.ErrNotFound)
+	}
+	for _, r := range recs {
+		out.Records = append(out.Records, record(r))
+	}
+	a, err := d.led.Assurance(seg, out.RequiredPeers, d.ex.Condition())
+	if err != nil {
+		return rpc.Assurance{}, err
+	}
+	out.Met = a.Met
+	if a.AckedPeers != nil {
+		out.AckedPeers = a.AckedPeers
+	}
+	return out, nil
+}
+
+func (b backend) RetryDeadletter(_ context.Context, sel rpc.Selector) (rpc.Count, error) {
+	n, err := b.d.led.RetryDeadletter(sel.Segment, sel.Peer, b.d.opt.Now())
+	if err != nil {
+		return rpc.Count{}, err
+	}
+	b.d.log.Info("deadletter retried by operator", "segment", sel.Segment, "peer", sel.Peer, "records", n)
+	b.d.ex.Kick()
+	return rpc.Count{Count: n}, nil
+}
+
+func (b backend) PurgeDeadletter(_ context.Context, sel rpc.Selector) (rpc.Count, error) {
+	n, err := b.d.led.Purge(sel.Segment, sel.Peer)
+	if err != nil {
+		return rpc.Count{}, err
+	}
+	b.d.log.Info("deadletter purged by operator", "segment", sel.Segment, "peer", sel.Peer, "records", n)
+	return rpc.Count{Count: n}, nil
+}
+
+func (b backend) Ingest(_ context.Context, id string, size int64, sum string, body io.Reader) (rpc.Ingested, error) {
+	e, err := b.d.store.Write(id, size, sum, body, "")
+	dup := errors.Is(err, segstore.ErrAlreadyHave)
+	if err != nil && !dup {
+		return rpc.Ingested{}, err
+	}
+	if err := b.d.ex.Schedule(e); err != nil {
+		return rpc.Ingested{}, err
+	}
+	if !dup {
+		b.d.log.Info("segment ingested", "segment", id, "bytes", size)
+	}
+	return rpc.Ingested{Segment: segment(e), Duplicate: dup}, nil
+}
+
+// IngestPath reads the file twice: once to hash it (the store needs the
+// digest before it writes) and once to store it, verifying the digest, so
+// a file that changes in between is refused rather than stored torn.
+func (b backend) IngestPath(ctx context.Context, path, id string) (rpc.Ingested, error) {
+	if !filepath.IsAbs(path) {
+		return rpc.Ingested{}, fmt.Errorf("%w: path %q must be absolute (the daemon's working directory is not yours)", rpc.ErrBadRequest, path)
+	}
+	if id == "" {
+		id = filepath.Base(path)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return rpc.Ingested{}, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	size, err := io.Copy(h, f)
+	if err != nil {
+		return rpc.Ingested{}, fmt.Errorf("read %s: %w", path, err)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return rpc.Ingested{}, err
+	}
+	return b.Ingest(ctx, id, size, hex.EncodeToString(h.Sum(nil)), f)
+}
+
+func (b backend) Healthy() error {
+	if !b.d.serving.Load() {
+		return errors.New("not serving")
+	}
+	return nil
+}

@@ -1,0 +1,102 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+
+	"github.com/relay-dev/relay/edge/config"
+	"github.com/relay-dev/relay/edge/transport"
+)
+
+// Main is edged's command line:
+//
+//	edged -config FILE                 run until SIGINT/SIGTERM
+//	edged -check-config -config FILE   validate the config and TLS files, print the effective settings
+//
+// A value on reload (SIGHUP, forwarded by main) re-reads the certificate
+// files. It returns the process exit code: 0, 1 (failure at run time) or
+// 2 (bad command line or configuration).
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer, reload <-chan os.Signal, version string) int {
+	fs := flag.NewFlagSet("edged", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfgPath := fs.String("config", "/etc/edged/edged.yaml", "configuration file (YAML; see docs/edge-config.md)")
+	check := fs.Bool("check-config", false, "validate the configuration and certificate files, print the effective settings and exit")
+	level := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "edged: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	if *showVersion {
+		fmt.Fprintln(stdout, "edged", version)
+		return 0
+	}
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(*level)); err != nil {
+		fmt.Fprintf(stderr, "edged: -log-level: %v\n", err)
+		return 2
+	}
+	cfg, err := config.Load(*cfgPath)
+	if err != nil {
+		fmt.Fprintf(stderr, "edged: %v\n", err)
+		return 2
+	}
+	if *check {
+		return checkConfig(cfg, *cfgPath, stdout, stderr)
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lv}))
+	d, err := New(cfg, Options{Log: log, Version: version})
+	if err != nil {
+		log.Error("start failed", "err", err)
+		return 1
+	}
+	go func() {
+		for {
+			select {
+			case <-reload:
+				d.Reload()
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	if err := d.Run(ctx); err != nil {
+		log.Error("edged failed", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// checkConfig also loads the certificate files, because a config that
+// parses but names an unreadable or mismatched certificate would still
+// fail at start.
+func checkConfig(cfg *config.Config, path string, stdout, stderr io.Writer) int {
+	if _, err := transport.NewReloader(cfg.NodeID, cfg.TLS.Cert, cfg.TLS.Key, cfg.TLS.CA, nil); err != nil {
+		fmt.Fprintf(stderr, "edged: %s: tls: %v\n", path, err)
+		return 2
+	}
+	fmt.Fprintf(stdout, "%s: OK\n", path)
+	fmt.Fprintf(stdout, "node_id: %s\nlisten: %s\nrpc.listen: %s\n", cfg.NodeID, cfg.Listen, cfg.RPC.Listen)
+	fmt.Fprintf(stdout, "tls: cert=%s key=%s ca=%s\n", cfg.TLS.Cert, cfg.TLS.Key, cfg.TLS.CA)
+	for _, p := range cfg.KnownPeers {
+		fmt.Fprintf(stdout, "known_peer: %s at %s\n", p.ID, p.Address)
+	}
+	r := cfg.Relay
+	fmt.Fprintf(stdout, "relay: success_condition=%s max_retries=%d backoff=%s..%s evict_on_relay=%t workers=%d ack_timeout=%s dial_timeout=%s\n",
+		r.SuccessCondition, r.MaxRetries, r.Backoff.Initial, r.Backoff.Max, r.EvictOnRelay, r.Workers, r.AckTimeout, r.DialTimeout)
+	s := cfg.Storage
+	fmt.Fprintf(stdout, "storage: dir=%s quota_bytes=%s quota_segments=%d max_segment_bytes=%s\n",
+		s.Dir, s.QuotaBytes, s.QuotaSegments, s.MaxSegmentBytes)
+	return 0
+}

@@ -1,0 +1,285 @@
+// Package daemon wires the edge agent together (what edged runs): the
+// bbolt database shared by the segment store and the relay ledger, the
+// mutual-TLS listener and its receive path (handleRelayConn), the relay
+// executor, the local RPC with Prometheus metrics, certificate reload and
+// graceful stop.
+//
+// Start-up order: open the database, the store (whose scan removes what a
+// crash left half-written) and the ledger; reconcile the ledger
+// (relay.Executor.Reconcile); then accept inbound connections, start the
+// workers and serve the RPC. Stop order: stop accepting, cancel receives
+// in progress (a receive that has not committed leaves nothing behind and
+// is not acknowledged), let outbound attempts in flight finish for a short
+// grace, stop the RPC, close the database.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/relay-dev/relay/edge/config"
+	"github.com/relay-dev/relay/edge/ledger"
+	"github.com/relay-dev/relay/edge/relay"
+	"github.com/relay-dev/relay/edge/rpc"
+	"github.com/relay-dev/relay/edge/segstore"
+	"github.com/relay-dev/relay/edge/transport"
+	"github.com/relay-dev/relay/edge/wire"
+)
+
+// DBFile is the database file inside storage.dir.
+const DBFile = "edged.db"
+
+// Options are what the configuration file does not hold.
+type Options struct {
+	// Log receives every log line; default slog.Default().
+	Log *slog.Logger
+	// Version is reported by the status RPC.
+	Version string
+	// Now is the ledger clock; default time.Now.
+	Now func() time.Time
+}
+
+// Daemon is one running edge agent.
+type Daemon struct {
+	cfg   *config.Config
+	opt   Options
+	log   *slog.Logger
+	db    *bolt.DB
+	led   *ledger.Ledger
+	store *segstore.Store
+	tr    *transport.Transport
+	ex    *relay.Executor
+	met   *metrics
+	rpc   *rpc.Server
+
+	relayLn *transport.Listener
+	rpcLn   net.Listener
+	started time.Time
+	serving atomic.Bool
+	closeDB sync.Once
+}
+
+// New opens the database, segment store and ledger and loads the
+// certificates. It does not listen yet (Listen) nor serve (Serve). On
+// error everything opened is closed again.
+func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
+	if opt.Log == nil {
+		opt.Log = slog.Default()
+	}
+	if opt.Now == nil {
+		opt.Now = time.Now
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	d := &Daemon{cfg: cfg, opt: opt, log: opt.Log.With("node", cfg.NodeID)}
+	if err := os.MkdirAll(cfg.Storage.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("storage dir: %w", err)
+	}
+	dbPath := filepath.Join(cfg.Storage.Dir, DBFile)
+	d.db, err = bolt.Open(dbPath, 0o600, &bolt.Options{Timeout: 2 * time.Second})
+	if errors.Is(err, bolt.ErrTimeout) {
+		return nil, fmt.Errorf("open %s: locked by another process (is another edged using this storage.dir?)", dbPath)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", dbPath, err)
+	}
+	defer func() {
+		if err != nil {
+			d.db.Close()
+		}
+	}()
+	if d.led, err = ledger.Open(d.db); err != nil {
+		return nil, err
+	}
+	d.store, err = segstore.Open(cfg.Storage.Dir, d.db, segstore.Options{
+		QuotaBytes: int64(cfg.Storage.QuotaBytes), QuotaSegments: cfg.Storage.QuotaSegments,
+		MaxSegmentBytes: int64(cfg.Storage.MaxSegmentBytes), Now: opt.Now,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if rep := d.store.Recovered(); len(rep.RemovedTemp)+len(rep.RemovedOrphans)+len(rep.DroppedEntries) > 0 {
+		d.log.Warn("segment store repaired after unclean stop",
+			"removed_temp", rep.RemovedTemp, "removed_orphans", rep.RemovedOrphans, "dropped_entries", rep.DroppedEntries)
+	}
+	d.met = newMetrics(d)
+	d.tr, err = transport.New(transport.Config{
+		NodeID: cfg.NodeID, CertFile: cfg.TLS.Cert, KeyFile: cfg.TLS.Key, CAFile: cfg.TLS.CA,
+		AllowPeer:        func(id string) bool { _, ok := cfg.Peer(id); return ok },
+		HandshakeTimeout: cfg.Relay.DialTimeout,
+		Wire:             wire.Options{MaxSegmentSize: int64(cfg.Storage.MaxSegmentBytes), IdleTimeout: idleTimeout(cfg)},
+		OnReloadError: func(err error) {
+			d.met.reloadErrors.Inc()
+			d.log.Error("certificate reload failed; keeping the previous certificate", "err", err)
+		},
+		OnReject: func(remote net.Addr, err error) {
+			d.met.rejected.Inc()
+			d.log.Warn("inbound connection refused", "remote", addrString(remote), "err", err)
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	peers := map[string]string{}
+	for _, p := range cfg.KnownPeers {
+		peers[p.ID] = p.Address
+	}
+	d.ex, err = relay.New(relay.Config{
+		Peers:        peers,
+		Condition:    ledger.Condition(cfg.Relay.SuccessCondition),
+		Policy:       policy(cfg),
+		EvictOnRelay: cfg.Relay.EvictOnRelay,
+		Workers:      cfg.Relay.Workers,
+		AckTimeout:   cfg.Relay.AckTimeout,
+		DialTimeout:  cfg.Relay.DialTimeout,
+		Now:          opt.Now,
+		Log:          d.log,
+		Observer:     d.met.observer(),
+	}, d.led, d.store, d.tr)
+	if err != nil {
+		return nil, err
+	}
+	d.rpc = rpc.NewServer(backend{d}, d.met.reg, d.log)
+	return d, nil
+}
+
+// idleTimeout bounds each read and write on a relay connection, including
+// a receiver's wait for the next OFFER. It is at least the ACK timeout, so
+// a sender's wait for an ACK is governed by ack_timeout, and longer than
+// the sender's connection-pool idle limit (30s), so a receiver does not
+// close connections the sender is about to reuse.
+func idleTimeout(cfg *config.Config) time.Duration {
+	return max(time.Minute, cfg.Relay.AckTimeout)
+}
+
+func policy(cfg *config.Config) ledger.Policy {
+	return ledger.Policy{MaxRetries: cfg.Relay.MaxRetries, Initial: cfg.Relay.Backoff.Initial, Max: cfg.Relay.Backoff.Max}
+}
+
+func addrString(a net.Addr) string {
+	if a == nil {
+		return ""
+	}
+	return a.String()
+}
+
+// Listen binds the relay listener (mutual TLS) and the RPC listener.
+func (d *Daemon) Listen() error {
+	ln, err := d.tr.Listen(d.cfg.Listen)
+	if err != nil {
+		return err
+	}
+	rln, err := rpc.Listen(d.cfg.RPC.Listen)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	d.relayLn, d.rpcLn = ln, rln
+	return nil
+}
+
+// RelayAddr and RPCAddr are the bound addresses (after Listen).
+func (d *Daemon) RelayAddr() net.Addr { return d.relayLn.Addr() }
+
+// RPCAddr: see RelayAddr.
+func (d *Daemon) RPCAddr() net.Addr { return d.rpcLn.Addr() }
+
+// Reload re-reads the certificate files now (SIGHUP). On error the
+// previous certificate stays in use.
+func (d *Daemon) Reload() error {
+	err := d.tr.Reload()
+	if err != nil {
+		d.met.reloadErrors.Inc()
+		d.log.Error("certificate reload failed; keeping the previous certificate", "err", err)
+		return err
+	}
+	d.log.Info("certificates reloaded")
+	return nil
+}
+
+// Run is Listen followed by Serve.
+func (d *Daemon) Run(ctx context.Context) error {
+	if err := d.Listen(); err != nil {
+		d.Close()
+		return err
+	}
+	return d.Serve(ctx)
+}
+
+// Serve reconciles the ledger and serves until ctx is canceled, then
+// stops gracefully and closes the database. Listen must have succeeded.
+func (d *Daemon) Serve(ctx context.Context) error {
+	defer d.Close()
+	rep, err := d.ex.Reconcile()
+	if err != nil {
+		d.relayLn.Close()
+		d.rpcLn.Close()
+		return err
+	}
+	d.log.Info("ledger reconciled", "abandoned_inflight", rep.AbandonedInflight, "pruned_missing", rep.PrunedMissing,
+		"rescheduled", rep.Rescheduled, "scheduled", rep.Scheduled, "segments", rep.Segments)
+	d.started = time.Now()
+
+	// runCtx ends on ctx or when the RPC server fails; either way
+	// everything stops.
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	var wg sync.WaitGroup
+	rpcErr := make(chan error, 1)
+	exErr := make(chan error, 1)
+	wg.Add(3)
+	go func() {
+		defer wg.Done()
+		d.acceptLoop(runCtx)
+	}()
+	go func() {
+		defer wg.Done()
+		exErr <- d.ex.Run(runCtx)
+	}()
+	go func() {
+		defer wg.Done()
+		rpcErr <- d.rpc.Serve(d.rpcLn)
+	}()
+	d.serving.Store(true)
+	d.log.Info("edged serving", "listen", d.relayLn.Addr().String(), "rpc", d.rpcLn.Addr().String(),
+		"peers", d.ex.PeerIDs(), "condition", d.cfg.Relay.SuccessCondition, "evict_on_relay", d.cfg.Relay.EvictOnRelay)
+
+	var first error
+	select {
+	case <-runCtx.Done():
+	case first = <-rpcErr:
+		d.log.Error("rpc server failed", "err", first)
+	}
+	d.serving.Store(false)
+	d.log.Info("edged stopping")
+	stop()
+	d.relayLn.Close()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	d.rpc.Shutdown(sctx)
+	cancel()
+	wg.Wait()
+	if err := <-exErr; first == nil {
+		first = err
+	}
+	d.log.Info("edged stopped")
+	return first
+}
+
+// Close closes the database (Serve does it when it returns). Safe to call
+// more than once.
+func (d *Daemon) Close() error {
+	var err error
+	d.closeDB.Do(func() { err = d.db.Close() })
+	return err
+}

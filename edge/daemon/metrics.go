@@ -1,0 +1,115 @@
+package daemon
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/relay-dev/relay/edge/ledger"
+	"github.com/relay-dev/relay/edge/relay"
+)
+
+// metrics lives on its own registry (no global state), served at
+// /metrics. Gauges of stored state are read at scrape time, so they can
+// never drift from the store and the ledger.
+type metrics struct {
+	reg          *prometheus.Registry
+	inbound      *prometheus.CounterVec
+	nacks        *prometheus.CounterVec
+	rejected     prometheus.Counter
+	reloadErrors prometheus.Counter
+	attempts     *prometheus.CounterVec
+	sentBytes    *prometheus.CounterVec
+	attemptSecs  prometheus.Histogram
+	relayed      prometheus.Counter
+	evicted      prometheus.Counter
+}
+
+func newMetrics(d *Daemon) *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		inbound: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edged_inbound_segments_total", Help: "Offers received, by result (stored, duplicate, refused).",
+		}, []string{"result"}),
+		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edged_nacks_sent_total", Help: "NACKs sent, by code.",
+		}, []string{"code"}),
+		rejected: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edged_inbound_connections_rejected_total", Help: "Inbound connections refused during TLS or HELLO (bad certificate, unknown node).",
+		}),
+		reloadErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edged_certificate_reload_errors_total", Help: "Certificate reloads that failed (the previous certificate stays in use).",
+		}),
+		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edged_relay_attempts_total", Help: "Outbound delivery attempts, by peer and outcome (acked, failed, deadletter).",
+		}, []string{"peer", "outcome"}),
+		sentBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edged_relay_acked_bytes_total", Help: "Segment bytes acknowledged by peers.",
+		}, []string{"peer"}),
+		attemptSecs: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "edged_relay_attempt_seconds", Help: "Duration of outbound attempts.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+		}),
+		relayed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edged_relay_success_total", Help: "Segments whose success condition was met.",
+		}),
+		evicted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edged_evicted_segments_total", Help: "Segments evicted on relay.",
+		}),
+	}
+	m.reg.MustRegister(m.inbound, m.nacks, m.rejected, m.reloadErrors, m.attempts, m.sentBytes, m.attemptSecs,
+		m.relayed, m.evicted,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		storeCollector{d})
+	return m
+}
+
+func (m *metrics) observer() relay.Observer {
+	return relay.Observer{
+		Attempt: func(peer, outcome string, bytes int64, d time.Duration) {
+			m.attempts.WithLabelValues(peer, outcome).Inc()
+			m.attemptSecs.Observe(d.Seconds())
+			if bytes > 0 {
+				m.sentBytes.WithLabelValues(peer).Add(float64(bytes))
+			}
+		},
+		Relayed: func(string) { m.relayed.Inc() },
+		Evicted: func(string, int64) { m.evicted.Inc() },
+	}
+}
+
+// storeCollector reports storage use and ledger record counts per state.
+type storeCollector struct{ d *Daemon }
+
+var (
+	descStoredBytes = prometheus.NewDesc("edged_storage_bytes", "Bytes of stored segments.", nil, nil)
+	descStoredSegs  = prometheus.NewDesc("edged_storage_segments", "Stored segments.", nil, nil)
+	descReserved    = prometheus.NewDesc("edged_storage_reserved_bytes", "Bytes reserved by receives in progress.", nil, nil)
+	descQuotaBytes  = prometheus.NewDesc("edged_quota_bytes", "storage.quota_bytes.", nil, nil)
+	descQuotaSegs   = prometheus.NewDesc("edged_quota_segments", "storage.quota_segments.", nil, nil)
+	descRecords     = prometheus.NewDesc("edged_ledger_records", "Ledger records by state.", []string{"state"}, nil)
+)
+
+func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descStoredBytes, descStoredSegs, descReserved, descQuotaBytes, descQuotaSegs, descRecords} {
+		ch <- d
+	}
+}
+
+func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
+	u := c.d.store.Usage()
+	ch <- prometheus.MustNewConstMetric(descStoredBytes, prometheus.GaugeValue, float64(u.Bytes))
+	ch <- prometheus.MustNewConstMetric(descStoredSegs, prometheus.GaugeValue, float64(u.Segments))
+	ch <- prometheus.MustNewConstMetric(descReserved, prometheus.GaugeValue, float64(u.ReservedBytes))
+	ch <- prometheus.MustNewConstMetric(descQuotaBytes, prometheus.GaugeValue, float64(u.QuotaBytes))
+	ch <- prometheus.MustNewConstMetric(descQuotaSegs, prometheus.GaugeValue, float64(u.QuotaSegments))
+	counts, err := c.d.led.Counts()
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(descRecords, err)
+		return
+	}
+	for _, s := range ledger.States() {
+		ch <- prometheus.MustNewConstMetric(descRecords, prometheus.GaugeValue, float64(counts[s]), s.String())
+	}
+}

@@ -1,0 +1,181 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+
+	"github.com/relay-dev/relay/edge/segstore"
+	"github.com/relay-dev/relay/edge/wire"
+)
+
+// acceptLoop hands every authenticated inbound connection to
+// handleRelayConn until ctx ends, then waits for the handlers.
+func (d *Daemon) acceptLoop(ctx context.Context) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		c, peer, err := d.relayLn.Accept()
+		if err != nil {
+			return // closed: the daemon is stopping
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			stop := context.AfterFunc(ctx, func() { c.Close() })
+			defer stop()
+			d.handleRelayConn(ctx, c, peer)
+		}()
+	}
+}
+
+// discardLimit: a refused segment up to this size is read and dropped so
+// the connection stays usable; a larger one is refused and the connection
+// closed, rather than reading up to 4 GiB for nothing (DESIGN.md §6
+// allows either).
+const discardLimit = 1 << 20
+
+// handleRelayConn serves one inbound connection: any number of OFFER,
+// SEGMENT, ACK|NACK exchanges from an authenticated, configured peer.
+//
+// Per exchange: reserve quota for the offer (segstore.Reserve: already
+// held, size, quota), stream the SEGMENT into the store's commit path
+// (temp file, digest check, fsync, rename, directory fsync, index entry)
+// and only then ACK. A segment already held with the same digest is
+// acknowledged again. Every refusal is a NACK with its code, and leaves
+// nothing stored; one bad exchange closes at most its own connection.
+func (d *Daemon) handleRelayConn(ctx context.Context, c *wire.Conn, peer string) {
+	defer c.Close()
+	log := d.log.With("peer", peer, "remote", addrString(c.RemoteAddr()))
+	for {
+		o, err := c.RecvOffer(ctx)
+		switch {
+		case err == nil:
+		case errors.Is(err, io.EOF), ctx.Err() != nil:
+			return
+		case errors.Is(err, wire.ErrBadMessage):
+			// The SEGMENT that follows cannot be delimited safely.
+			d.nack(ctx, c, log, wire.Nack{Code: wire.NackBadRequest, Message: err.Error()})
+			return
+		default:
+			log.Debug("relay connection ended", "err", err)
+			return
+		}
+		if !d.receive(ctx, c, log.With("segment", o.SegmentID, "bytes", o.Size), peer, o) {
+			return
+		}
+	}
+}
+
+// receive runs one exchange and reports whether the connection is still
+// in step for the next one.
+func (d *Daemon) receive(ctx context.Context, c *wire.Conn, log *slog.Logger, peer string, o wire.Offer) bool {
+	res, err := d.store.Reserve(o.SegmentID, o.Size, o.SHA256)
+	if errors.Is(err, segstore.ErrAlreadyHave) {
+		// Idempotent: the sender's earlier ACK was lost or late.
+		if err := c.DiscardSegment(ctx, o); err != nil {
+			return false
+		}
+		d.met.inbound.WithLabelValues("duplicate").Inc()
+		log.Info("segment already held; acknowledging again")
+		return c.SendAck(ctx, o.SegmentID) == nil
+	}
+	if err != nil {
+		return d.refuse(ctx, c, log, o, nackCode(err), err, false)
+	}
+	defer res.Release()
+
+	// The store reads from a pipe that the wire fills: Reservation.Write
+	// drives the commit path, RecvSegment checks framing and the digest.
+	pr, pw := io.Pipe()
+	type result struct {
+		e   segstore.Entry
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		e, err := res.Write(pr, peer)
+		if err == nil {
+			err = io.ErrClosedPipe // nothing more will be read
+		}
+		pr.CloseWithError(err) // unblocks the wire if Write gave up early
+		done <- result{e, err}
+	}()
+	rerr := c.RecvSegment(ctx, o, pw)
+	pw.CloseWithError(rerr) // nil: EOF, the end of the segment
+	r := <-done
+	if r.err == io.ErrClosedPipe {
+		r.err = nil
+	}
+	switch {
+	case rerr != nil && errors.Is(rerr, wire.ErrChecksum):
+		// The whole frame was read: the connection stays in step.
+		return d.refuse(ctx, c, log, o, wire.NackChecksum, rerr, true)
+	case rerr != nil:
+		// Out of step (short read, size mismatch, disk failure under
+		// the pipe). Tell the peer if we can, then close.
+		code := wire.NackBadRequest
+		if r.err != nil {
+			code = nackCode(r.err)
+		}
+		d.refuse(ctx, c, log, o, code, rerr, true)
+		return false
+	case r.err != nil:
+		// RecvSegment read the whole frame; the commit failed after.
+		return d.refuse(ctx, c, log, o, nackCode(r.err), r.err, true)
+	}
+	// Durable and indexed: schedule onward delivery before the ACK, so a
+	// crash after the ACK cannot leave it unscheduled (reconciliation
+	// would catch it anyway).
+	if err := d.ex.Schedule(r.e); err != nil {
+		log.Error("stored but not scheduled; start-up reconciliation will schedule it", "err", err)
+	}
+	d.met.inbound.WithLabelValues("stored").Inc()
+	log.Info("segment stored")
+	return c.SendAck(ctx, o.SegmentID) == nil
+}
+
+// refuse answers NACK. When the SEGMENT frame was not consumed yet, a
+// small one is read and dropped so the connection stays usable, and a
+// large one ends the connection. It reports whether the connection is
+// still in step.
+func (d *Daemon) refuse(ctx context.Context, c *wire.Conn, log *slog.Logger, o wire.Offer, code wire.NackCode, cause error, consumed bool) bool {
+	d.met.inbound.WithLabelValues("refused").Inc()
+	log.Warn("segment refused", "code", string(code), "err", cause)
+	if !d.nack(ctx, c, log, wire.Nack{SegmentID: o.SegmentID, Code: code, Message: cause.Error()}) {
+		return false
+	}
+	if consumed {
+		return true
+	}
+	if o.Size > discardLimit || code == wire.NackTooLarge {
+		return false
+	}
+	return c.DiscardSegment(ctx, o) == nil
+}
+
+func (d *Daemon) nack(ctx context.Context, c *wire.Conn, log *slog.Logger, n wire.Nack) bool {
+	d.met.nacks.WithLabelValues(string(n.Code)).Inc()
+	if err := c.SendNack(ctx, n); err != nil {
+		log.Debug("nack not sent", "err", err)
+		return false
+	}
+	return true
+}
+
+// nackCode maps a store error to the NACK code of DESIGN.md §6.
+func nackCode(err error) wire.NackCode {
+	switch {
+	case errors.Is(err, segstore.ErrQuota):
+		return wire.NackQuota
+	case errors.Is(err, segstore.ErrTooLarge):
+		return wire.NackTooLarge
+	case errors.Is(err, segstore.ErrChecksum):
+		return wire.NackChecksum
+	case errors.Is(err, segstore.ErrInvalid), errors.Is(err, segstore.ErrDigestConflict), errors.Is(err, segstore.ErrSize):
+		return wire.NackBadRequest
+	}
+	return wire.NackInternal // ErrBusy, disk errors: retry later
+}

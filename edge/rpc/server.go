@@ -1,0 +1,290 @@
+package rpc
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/relay-dev/relay/edge/ledger"
+	"github.com/relay-dev/relay/edge/segstore"
+)
+
+// Backend is what the server exposes. Errors should wrap the sentinels of
+// edge/segstore, edge/ledger or ErrBadRequest so that the reply carries
+// the right status.
+type Backend interface {
+	Status(ctx context.Context) (Status, error)
+	Index(ctx context.Context) (Index, error)
+	Storage(ctx context.Context) (Storage, error)
+	Quota(ctx context.Context) (Usage, error)
+	// Records lists ledger records in state ("" = every state but acked;
+	// "all" = every state).
+	Records(ctx context.Context, state string) (Records, error)
+	Assurance(ctx context.Context, segment string) (Assurance, error)
+	RetryDeadletter(ctx context.Context, sel Selector) (Count, error)
+	PurgeDeadletter(ctx context.Context, sel Selector) (Count, error)
+	// Ingest stores size bytes from body, which must hash to sha256hex.
+	Ingest(ctx context.Context, id string, size int64, sha256hex string, body io.Reader) (Ingested, error)
+	// IngestPath stores the file at path (read by the daemon).
+	IngestPath(ctx context.Context, path, id string) (Ingested, error)
+	// Healthy is nil while the daemon is serving.
+	Healthy() error
+}
+
+// ErrBadRequest marks a malformed request (400).
+var ErrBadRequest = errors.New("bad request")
+
+// ErrNotLocal is returned by Listen for an address reachable from other
+// machines.
+var ErrNotLocal = errors.New("rpc address is not loopback or a unix socket")
+
+// Server serves the RPC. Create it with NewServer, then Serve a listener
+// from Listen; Shutdown stops it.
+type Server struct {
+	b   Backend
+	log *slog.Logger
+	srv *http.Server
+}
+
+// NewServer returns a server for b; metrics come from g (nil: no /metrics).
+func NewServer(b Backend, g prometheus.Gatherer, log *slog.Logger) *Server {
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Server{b: b, log: log}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/status", get(s, b.Status))
+	mux.HandleFunc("GET /v1/index", get(s, b.Index))
+	mux.HandleFunc("GET /v1/storage", get(s, b.Storage))
+	mux.HandleFunc("GET /v1/quota", get(s, b.Quota))
+	mux.HandleFunc("GET /v1/retry", func(w http.ResponseWriter, r *http.Request) {
+		v, err := b.Records(r.Context(), r.URL.Query().Get("state"))
+		s.reply(w, r, v, err)
+	})
+	mux.HandleFunc("GET /v1/deadletter", func(w http.ResponseWriter, r *http.Request) {
+		v, err := b.Records(r.Context(), ledger.StateDeadletter.String())
+		s.reply(w, r, v, err)
+	})
+	mux.HandleFunc("GET /v1/assurance", func(w http.ResponseWriter, r *http.Request) {
+		seg := r.URL.Query().Get("segment")
+		if seg == "" {
+			s.reply(w, r, nil, fmt.Errorf("%w: segment parameter required", ErrBadRequest))
+			return
+		}
+		v, err := b.Assurance(r.Context(), seg)
+		s.reply(w, r, v, err)
+	})
+	mux.HandleFunc("POST /v1/deadletter/retry", post(s, b.RetryDeadletter))
+	mux.HandleFunc("POST /v1/deadletter/purge", post(s, b.PurgeDeadletter))
+	mux.HandleFunc("POST /v1/segments", s.ingest)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		if err := b.Healthy(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ok\n")
+	})
+	if g != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelError)}))
+	}
+	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	return s
+}
+
+// Handler is the server's HTTP handler (for tests with httptest).
+func (s *Server) Handler() http.Handler { return s.srv.Handler }
+
+// Serve serves on ln until Shutdown; it returns nil after Shutdown.
+func (s *Server) Serve(ln net.Listener) error {
+	if err := s.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("rpc serve: %w", err)
+	}
+	return nil
+}
+
+// Shutdown stops accepting and waits for requests in progress (bounded by
+// ctx).
+func (s *Server) Shutdown(ctx context.Context) error { return s.srv.Shutdown(ctx) }
+
+func get[T any](s *Server, f func(context.Context) (T, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		v, err := f(r.Context())
+		s.reply(w, r, v, err)
+	}
+}
+
+// maxJSONBody bounds request bodies other than segment uploads.
+const maxJSONBody = 64 << 10
+
+func post[T any](s *Server, f func(context.Context, Selector) (T, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var sel Selector
+		if err := decodeJSON(r, &sel); err != nil {
+			s.reply(w, r, nil, err)
+			return
+		}
+		v, err := f(r.Context(), sel)
+		s.reply(w, r, v, err)
+	}
+}
+
+func decodeJSON(r *http.Request, v any) error {
+	dec := json.NewDecoder(io.LimitReader(r.Body, maxJSONBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%w: body: %v", ErrBadRequest, err)
+	}
+	return nil
+}
+
+func (s *Server) ingest(w http.ResponseWriter, r *http.Request) {
+	if r.Header.Get("Content-Type") == "application/json" {
+		var in IngestFile
+		if err := decodeJSON(r, &in); err != nil {
+			s.reply(w, r, nil, err)
+			return
+		}
+		if in.Path == "" {
+			s.reply(w, r, nil, fmt.Errorf("%w: path required", ErrBadRequest))
+			return
+		}
+		v, err := s.b.IngestPath(r.Context(), in.Path, in.ID)
+		s.replyStatus(w, r, http.StatusCreated, v, err)
+		return
+	}
+	q := r.URL.Query()
+	id, sum := q.Get("id"), q.Get("sha256")
+	switch {
+	case id == "" || sum == "":
+		s.reply(w, r, nil, fmt.Errorf("%w: id and sha256 parameters required", ErrBadRequest))
+		return
+	case r.ContentLength < 0:
+		s.reply(w, r, nil, fmt.Errorf("%w: Content-Length required", ErrBadRequest))
+		return
+	}
+	v, err := s.b.Ingest(r.Context(), id, r.ContentLength, sum, r.Body)
+	s.replyStatus(w, r, http.StatusCreated, v, err)
+}
+
+func (s *Server) reply(w http.ResponseWriter, r *http.Request, v any, err error) {
+	s.replyStatus(w, r, http.StatusOK, v, err)
+}
+
+func (s *Server) replyStatus(w http.ResponseWriter, r *http.Request, code int, v any, err error) {
+	if err != nil {
+		code = statusOf(err)
+		if code >= 500 {
+			s.log.Error("rpc failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		}
+		v = ErrorBody{Error: err.Error()}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}
+
+// statusOf maps a backend error to an HTTP status.
+func statusOf(err error) int {
+	switch {
+	case errors.Is(err, ErrBadRequest), errors.Is(err, segstore.ErrInvalid), errors.Is(err, ledger.ErrInvalidID),
+		errors.Is(err, segstore.ErrChecksum), errors.Is(err, segstore.ErrSize):
+		return http.StatusBadRequest
+	case errors.Is(err, ledger.ErrNotFound), errors.Is(err, segstore.ErrNotFound), errors.Is(err, os.ErrNotExist):
+		return http.StatusNotFound
+	case errors.Is(err, ledger.ErrIllegalTransition), errors.Is(err, segstore.ErrDigestConflict), errors.Is(err, segstore.ErrBusy):
+		return http.StatusConflict
+	case errors.Is(err, segstore.ErrTooLarge):
+		return http.StatusRequestEntityTooLarge
+	case errors.Is(err, segstore.ErrQuota):
+		return http.StatusInsufficientStorage
+	case errors.Is(err, os.ErrPermission):
+		return http.StatusForbidden
+	}
+	return http.StatusInternalServerError
+}
+
+// Listen opens the RPC listener for an rpc.listen value: "unix:/path" (a
+// stale socket file from an earlier run is replaced; the socket is made
+// 0660) or a host:port whose host is loopback. Anything else is
+// ErrNotLocal.
+func Listen(spec string) (net.Listener, error) {
+	network, addr := Endpoint(spec)
+	if network == "unix" {
+		if fi, err := os.Lstat(addr); err == nil && fi.Mode()&os.ModeSocket != 0 {
+			// Only a socket is removed: a typo must not delete a file.
+			if c, err := net.Dial("unix", addr); err == nil {
+				c.Close()
+				return nil, fmt.Errorf("rpc listen %s: another process is serving on it", addr)
+			}
+			os.Remove(addr)
+		}
+		ln, err := net.Listen("unix", addr)
+		if err != nil {
+			return nil, fmt.Errorf("rpc listen: %w", err)
+		}
+		if err := os.Chmod(addr, 0o660); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("rpc listen: %w", err)
+		}
+		return ln, nil
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("rpc listen %s: %w", addr, err)
+	}
+	if !loopbackHost(host) {
+		return nil, fmt.Errorf("rpc listen %s: %w", addr, ErrNotLocal)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("rpc listen: %w", err)
+	}
+	if ta, ok := ln.Addr().(*net.TCPAddr); !ok || !ta.IP.IsLoopback() {
+		ln.Close()
+		return nil, fmt.Errorf("rpc listen %s: bound %s: %w", addr, ln.Addr(), ErrNotLocal)
+	}
+	return ln, nil
+}
+
+func loopbackHost(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// Endpoint splits an address as edge/config's rpc.listen is written into
+// a network and an address: ("unix", path) or ("tcp", host:port).
+func Endpoint(spec string) (network, address string) {
+	if p, ok := strings.CutPrefix(spec, "unix:"); ok {
+		return "unix", p
+	}
+	return "tcp", spec
+}
+
+// FormatState normalises a ?state= value: "" and "all" pass, anything
+// else must be a ledger state name.
+func FormatState(s string) (string, error) {
+	if s == "" || s == "all" {
+		return s, nil
+	}
+	st, err := ledger.ParseState(s)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", ErrBadRequest, err)
+	}
+	return st.String(), nil
+}

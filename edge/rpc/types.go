@@ -1,0 +1,146 @@
+// Package rpc is edged's local operator interface: JSON over HTTP on a
+// loopback address or a unix socket, never a public address, because it
+// has no authentication (whoever can reach it can retry, purge and ingest).
+// Listen enforces that, in addition to edge/config's validation.
+//
+// Endpoints (all JSON unless noted; errors are {"error": "..."} with a
+// status from the failure's sentinel, see statusOf):
+//
+//	GET  /v1/status                node, peers, ledger counts, storage use
+//	GET  /v1/index                 stored segments
+//	GET  /v1/storage               storage directory, use, start-up repairs
+//	GET  /v1/quota                 quota use and headroom
+//	GET  /v1/retry[?state=S]       ledger records (default: all but acked)
+//	GET  /v1/assurance?segment=ID  per-peer delivery and the success condition
+//	GET  /v1/deadletter            deadlettered records
+//	POST /v1/deadletter/retry      {"segment":"","peer":""} ("" = any)
+//	POST /v1/deadletter/purge      same body
+//	POST /v1/segments?id=ID&sha256=HEX   body = segment bytes (Content-Length required)
+//	POST /v1/segments              {"path":"/file","id":"ID"}: the daemon reads the file
+//	GET  /metrics                  Prometheus text format
+//	GET  /healthz                  "ok" (200) or the reason (503)
+//
+// The server side consumes a Backend (implemented by edge/daemon); Client
+// is the typed client edgectl uses.
+package rpc
+
+import "time"
+
+// Status is GET /v1/status.
+type Status struct {
+	NodeID           string         `json:"node_id"`
+	Version          string         `json:"version"`
+	StartedAt        time.Time      `json:"started_at"`
+	Listen           string         `json:"listen"`
+	SuccessCondition string         `json:"success_condition"`
+	EvictOnRelay     bool           `json:"evict_on_relay"`
+	Peers            []Peer         `json:"peers"`
+	Ledger           map[string]int `json:"ledger"` // records per state
+	Segments         int            `json:"segments"`
+	Relayed          int            `json:"relayed"`
+	Usage            Usage          `json:"usage"`
+}
+
+// Peer is a configured peer.
+type Peer struct {
+	ID      string `json:"id"`
+	Address string `json:"address"`
+}
+
+// Segment is one stored segment (an index entry).
+type Segment struct {
+	ID        string     `json:"id"`
+	Size      int64      `json:"size"`
+	SHA256    string     `json:"sha256"`
+	Received  time.Time  `json:"received"`
+	Source    string     `json:"source,omitempty"` // peer it came from; empty for local ingest
+	Relayed   bool       `json:"relayed"`
+	RelayedAt *time.Time `json:"relayed_at,omitempty"`
+}
+
+// Index is GET /v1/index.
+type Index struct {
+	Segments []Segment `json:"segments"`
+}
+
+// Usage is GET /v1/quota: stored plus reserved against the quota.
+type Usage struct {
+	Bytes            int64 `json:"bytes"`
+	Segments         int64 `json:"segments"`
+	ReservedBytes    int64 `json:"reserved_bytes"`
+	ReservedSegments int64 `json:"reserved_segments"`
+	QuotaBytes       int64 `json:"quota_bytes"`
+	QuotaSegments    int64 `json:"quota_segments"`
+	MaxSegmentBytes  int64 `json:"max_segment_bytes"`
+	FreeBytes        int64 `json:"free_bytes"`
+	FreeSegments     int64 `json:"free_segments"`
+}
+
+// Storage is GET /v1/storage.
+type Storage struct {
+	Dir   string `json:"dir"`
+	Usage Usage  `json:"usage"`
+	// Repaired lists what the start-up scan cleaned up.
+	RemovedTemp    []string `json:"removed_temp,omitempty"`
+	RemovedOrphans []string `json:"removed_orphans,omitempty"`
+	DroppedEntries []string `json:"dropped_entries,omitempty"`
+	Unknown        []string `json:"unknown_files,omitempty"`
+}
+
+// Record is one ledger record.
+type Record struct {
+	Segment          string     `json:"segment"`
+	Peer             string     `json:"peer"`
+	State            string     `json:"state"`
+	Attempts         int        `json:"attempts"`
+	BudgetUsed       int        `json:"budget_used"`
+	NextAttemptAfter *time.Time `json:"next_attempt_after,omitempty"`
+	LastError        string     `json:"last_error,omitempty"`
+	UpdatedAt        time.Time  `json:"updated_at"`
+}
+
+// Records is GET /v1/retry and GET /v1/deadletter.
+type Records struct {
+	Records []Record `json:"records"`
+}
+
+// Assurance is GET /v1/assurance.
+type Assurance struct {
+	Segment       string   `json:"segment"`
+	Stored        bool     `json:"stored"`
+	Relayed       bool     `json:"relayed"`
+	Condition     string   `json:"condition"`
+	RequiredPeers []string `json:"required_peers"`
+	AckedPeers    []string `json:"acked_peers"`
+	Met           bool     `json:"met"`
+	Records       []Record `json:"records"`
+}
+
+// Selector picks deadlettered records: an empty field matches any.
+type Selector struct {
+	Segment string `json:"segment"`
+	Peer    string `json:"peer"`
+}
+
+// Count is the reply of the deadletter operations.
+type Count struct {
+	Count int `json:"count"`
+}
+
+// IngestFile is the JSON body of POST /v1/segments.
+type IngestFile struct {
+	Path string `json:"path"`
+	ID   string `json:"id"`
+}
+
+// Ingested is the reply of POST /v1/segments. Duplicate means the segment
+// was already stored with the same digest (nothing written).
+type Ingested struct {
+	Segment   Segment `json:"segment"`
+	Duplicate bool    `json:"duplicate"`
+}
+
+// ErrorBody is every error reply.
+type ErrorBody struct {
+	Error string `json:"error"`
+}
