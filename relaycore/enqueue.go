@@ -21,10 +21,10 @@ type EnqueueConfig struct {
 	// writing before they may take over. Default 2s.
 	SkewMargin time.Duration
 	// PageBytes is the fill target of a row page, as the store's item size
-	// (Capabilities.ItemSize). Default 7900: just under DynamoDB's 8 KB write
-	// unit boundary, so a full page bills 8 units and wastes little. A row
-	// too large for an empty page gets a page of its own up to the store's
-	// item limit.
+	// (Capabilities.ItemSize, which never under-counts). Default 8192: a
+	// full page bills at most 8 KB, and pages end close below that boundary
+	// (compressed where the rows compress). A row too large for an empty page
+	// gets a page of its own up to the store's item limit.
 	PageBytes int
 	// TargetCaps are the target store's limits, used to refuse rows that
 	// could never be delivered. Zero: the same as the source store's.
@@ -37,7 +37,7 @@ type EnqueueConfig struct {
 	MaxReplans int
 }
 
-const defaultPageBytes = 7900
+const defaultPageBytes = 8 << 10
 
 func (c EnqueueConfig) skew() time.Duration {
 	if c.SkewMargin <= 0 {
@@ -240,11 +240,7 @@ func EnqueueRelayRows(snap RelayEnqueueSnapshot, rows []Row, caps Capabilities, 
 		}
 		sb.Batch.Writes = append(sb.Batch.Writes, Write{Key: KeyOS, Value: sb.OSAfter}, alarmWrite(commitMS))
 		for _, pg := range pages[i:j] {
-			page := Page{First: pg.first, CommitMS: commitMS, Tag: tag, Target: pg.target}
-			for _, ri := range pg.rows {
-				page.Rows = append(page.Rows, rows[ri])
-			}
-			sb.Batch.Writes = append(sb.Batch.Writes, Write{Key: PageKey(pg.first), Value: encodePage(page)})
+			sb.Batch.Writes = append(sb.Batch.Writes, Write{Key: PageKey(pg.first), Value: assemblePage(pg.first, commitMS, tag, pg.target, pg.flags, pg.body)})
 			sb.Rows = append(sb.Rows, pg.rows...)
 		}
 		if err := caps.Check(snap.Source, sb.Batch); err != nil {
@@ -261,11 +257,15 @@ type plannedPage struct {
 	target Partition
 	first  uint64
 	rows   []int
-	size   int // encoded size bound (header at its widest, maxTagLen tag)
+	flags  byte   // page body flags (pageDeflate)
+	body   []byte // encoded page body (row section, maybe compressed)
+	size   int    // encoded page size bound: header at its widest (maxTagLen tag) + body
 }
 
 // planPages groups rows by target (stable), assigns contiguous seqs per
-// target, and packs each target's rows into pages up to the page budget.
+// target, and packs each target's rows into pages of at most the page
+// budget (as the store's item size), compressed where that lets a page hold
+// more rows (packPage).
 func planPages(source Partition, seq uint64, rows []Row, caps Capabilities, cfg EnqueueConfig) []plannedPage {
 	var order []Partition
 	groups := map[Partition][]int{}
@@ -275,24 +275,91 @@ func planPages(source Partition, seq uint64, rows []Row, caps Capabilities, cfg 
 		}
 		groups[r.Target] = append(groups[r.Target], i)
 	}
-	limit := cfg.pageBytes(caps)
+	var codec pageCodec
 	var pages []plannedPage
 	for _, t := range order {
-		var cur *plannedPage
-		for _, ri := range groups[t] {
-			rl := rowEncodedLen(rows[ri])
-			if cur != nil && caps.ItemSize(source, PageKey(0), cur.size+rl) <= limit {
-				cur.rows = append(cur.rows, ri)
-				cur.size += rl
-			} else {
-				pages = append(pages, plannedPage{target: t, first: seq, size: pageHeaderMax(strings.Repeat("x", maxTagLen), t) + rl})
-				cur = &pages[len(pages)-1]
-				cur.rows = append(cur.rows, ri)
-			}
-			seq++
+		idx := groups[t]
+		for len(idx) > 0 {
+			pg := packPage(&codec, source, t, seq, rows, idx, caps, cfg.pageBytes(caps))
+			pages = append(pages, pg)
+			seq += uint64(len(pg.rows))
+			idx = idx[len(pg.rows):]
 		}
 	}
 	return pages
+}
+
+// packPage cuts the next page from idx (row indices of one target, in seq
+// order): the longest prefix whose encoded page fits limit, found among the
+// prefixes that
+//   - with full keys and no compression (rowEncodedLen) fit the store's item
+//     limit, so any later rewrite of the page's remaining rows fits too, and
+//   - have a row section of at most maxPageRawBytes.
+//
+// The longest prefix that fits uncompressed is a lower bound; when the next
+// row does not fit uncompressed, the page is grown by compressing candidate
+// prefixes (an estimate from the compression ratio, then bisection), so a
+// page ends close below the budget — a KB boundary by default — wherever
+// the data compresses. A first row that fits nowhere gets a page of its own
+// (validation guarantees it fits the item limit).
+func packPage(codec *pageCodec, source, target Partition, first uint64, rows []Row, idx []int, caps Capabilities, limit int) plannedPage {
+	hdr := pageHeaderMax(strings.Repeat("x", maxTagLen), target)
+	itemSize := func(bodyLen int) int { return caps.ItemSize(source, PageKey(first), hdr+bodyLen) }
+	itemLimit := caps.MaxItemBytes
+	if itemLimit <= 0 {
+		itemLimit = math.MaxInt
+	}
+	// Longest prefix within the rewrite and raw-section bounds (maxN), and
+	// within limit uncompressed (n0).
+	n0, maxN := 0, 0
+	full, raw, prev := 0, 0, ""
+	for maxN < len(idx) {
+		r := rows[idx[maxN]]
+		l, last := rowSectionLen(r, prev)
+		f := full + rowEncodedLen(r)
+		if maxN > 0 && (itemSize(f) > itemLimit || uvarintLen(uint64(maxN+1))+raw+l > maxPageRawBytes) {
+			break
+		}
+		full, raw, prev = f, raw+l, last
+		maxN++
+		if maxN == 1 || itemSize(uvarintLen(uint64(maxN))+raw) <= limit {
+			n0 = maxN
+		}
+	}
+	sub := func(n int) []Row {
+		out := make([]Row, n)
+		for i := range out {
+			out[i] = rows[idx[i]]
+		}
+		return out
+	}
+	best := plannedPage{target: target, first: first, rows: idx[:n0]}
+	best.flags, best.body = codec.body(sub(n0))
+	if n0 < maxN {
+		// Grow: lo fits, hi (when known) does not.
+		lo, hi, hiKnown := n0, maxN+1, false
+		for probes := 0; hi-lo > 1 && probes < 24; probes++ {
+			n := (lo + hi) / 2
+			if !hiKnown {
+				// Estimate from lo's compression ratio, at least one more row.
+				n = min(maxN, max(lo+1, lo*(limit-itemSize(0))/max(1, len(best.body))))
+			}
+			flags, body := codec.body(sub(n))
+			if itemSize(len(body)) <= limit {
+				lo, best.rows, best.flags, best.body = n, idx[:n], flags, body
+				if n == maxN {
+					break
+				}
+				continue
+			}
+			if flags == 0 && lo == n0 {
+				break // the next row does not fit and the data does not compress
+			}
+			hi, hiKnown = n, true
+		}
+	}
+	best.size = hdr + len(best.body)
+	return best
 }
 
 // validateRows refuses rows that could never be committed or delivered.

@@ -456,6 +456,7 @@ scan:
 
 	// Cleanup writes: delete delivered pages, rewrite partly delivered ones.
 	writes := []Write{{Key: KeyRS}}
+	var codec pageCodec
 	for _, tw := range sel {
 		for _, pg := range tw.pages {
 			i, _ := slices.BinarySearchFunc(pg.Rows, tw.dt+1, func(r Row, s uint64) int { return cmpU64(r.Seq, s) })
@@ -470,7 +471,9 @@ scan:
 			rest := *pg
 			rest.Rows = pg.Rows[i:]
 			rest.First = rest.Rows[0].Seq
-			writes = append(writes, Write{Key: pg.Key, Value: encodePage(rest)})
+			// Never longer than the page's rows with full keys, which the
+			// planner kept within the item limit.
+			writes = append(writes, Write{Key: pg.Key, Value: codec.encode(rest)})
 		}
 	}
 

@@ -1,7 +1,6 @@
 package relaycore
 
 import (
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -30,9 +29,6 @@ const rhPrefix = ReservedPrefix + "rh/"
 
 // MaxKeyLen bounds a relay row key (DynamoDB's sort-key limit is 1024 bytes).
 const MaxKeyLen = 1024
-
-// pageFormat is the version byte that starts every row page.
-const pageFormat = 1
 
 // recentTags is how many of the latest enqueue batch tags os remembers so
 // an ambiguous commit can be resolved even after its page was delivered.
@@ -157,182 +153,6 @@ func decodeRH(raw []byte, found bool) (uint64, error) {
 		return 0, fmt.Errorf("%w: rh %q", ErrCorruptRecord, raw)
 	}
 	return v, nil
-}
-
-// Page is a decoded row page: rows of one target with contiguous seqs
-// First, First+1, ..., all committed in one enqueue batch.
-type Page struct {
-	Key      string
-	First    uint64
-	CommitMS int64
-	// Tag identifies the enqueue batch that wrote the page; it resolves
-	// ambiguous commits and survives partial rewrites.
-	Tag    string
-	Target Partition
-	Rows   []Row // Seq, CommitMS and Target filled in
-}
-
-// Last is the seq of the page's last row.
-func (p Page) Last() uint64 { return p.First + uint64(len(p.Rows)) - 1 }
-
-// Page encoding (format 1), all integers unsigned varints unless noted:
-//
-//	format byte (1) | first seq | commit ms (signed varint) | len tag | tag |
-//	len target | target | row count | rows...
-//	row: put count | (len key | key | len value | value)... | delete count | (len key | key)...
-//
-// The target is stored once per page, not per row, which keeps a 200-byte row
-// at about 205 bytes.
-func encodePage(p Page) []byte {
-	n := pageHeaderMax(p.Tag, p.Target)
-	for _, r := range p.Rows {
-		n += rowEncodedLen(r)
-	}
-	b := make([]byte, 0, n)
-	b = append(b, pageFormat)
-	b = binary.AppendUvarint(b, p.First)
-	b = binary.AppendVarint(b, p.CommitMS)
-	b = appendBytes(b, []byte(p.Tag))
-	b = appendBytes(b, []byte(p.Target))
-	b = binary.AppendUvarint(b, uint64(len(p.Rows)))
-	for _, r := range p.Rows {
-		b = binary.AppendUvarint(b, uint64(len(r.Puts)))
-		for _, kv := range r.Puts {
-			b = appendBytes(b, []byte(kv.Key))
-			b = appendBytes(b, kv.Value)
-		}
-		b = binary.AppendUvarint(b, uint64(len(r.Deletes)))
-		for _, k := range r.Deletes {
-			b = appendBytes(b, []byte(k))
-		}
-	}
-	return b
-}
-
-func appendBytes(b, v []byte) []byte {
-	b = binary.AppendUvarint(b, uint64(len(v)))
-	return append(b, v...)
-}
-
-func uvarintLen(v uint64) int {
-	n := 1
-	for v >= 0x80 {
-		v >>= 7
-		n++
-	}
-	return n
-}
-
-// pageHeaderMax bounds the encoded header (varints at their widest).
-func pageHeaderMax(tag string, target Partition) int {
-	return 1 + binary.MaxVarintLen64*3 + uvarintLen(uint64(len(tag))) + len(tag) +
-		uvarintLen(uint64(len(target))) + len(target)
-}
-
-// rowEncodedLen is the exact encoded size of r's body in a page.
-func rowEncodedLen(r Row) int {
-	n := uvarintLen(uint64(len(r.Puts))) + uvarintLen(uint64(len(r.Deletes)))
-	for _, kv := range r.Puts {
-		n += uvarintLen(uint64(len(kv.Key))) + len(kv.Key) + uvarintLen(uint64(len(kv.Value))) + len(kv.Value)
-	}
-	for _, k := range r.Deletes {
-		n += uvarintLen(uint64(len(k))) + len(k)
-	}
-	return n
-}
-
-type pageReader struct {
-	b   []byte
-	err bool
-}
-
-func (r *pageReader) uvarint() uint64 {
-	v, n := binary.Uvarint(r.b)
-	if n <= 0 {
-		r.err = true
-		return 0
-	}
-	r.b = r.b[n:]
-	return v
-}
-
-func (r *pageReader) varint() int64 {
-	v, n := binary.Varint(r.b)
-	if n <= 0 {
-		r.err = true
-		return 0
-	}
-	r.b = r.b[n:]
-	return v
-}
-
-func (r *pageReader) bytes() []byte {
-	n := r.uvarint()
-	if r.err || n > uint64(len(r.b)) {
-		r.err = true
-		return nil
-	}
-	v := r.b[:n:n]
-	r.b = r.b[n:]
-	return v
-}
-
-// count reads a length that must be satisfiable by the remaining bytes
-// (each element takes at least one byte), so a hostile count cannot make
-// the decoder allocate more than the page's size.
-func (r *pageReader) count() int {
-	n := r.uvarint()
-	if r.err || n > uint64(len(r.b)) {
-		r.err = true
-		return 0
-	}
-	return int(n)
-}
-
-// DecodePage decodes a row page stored under key. It never panics on
-// malformed input; errors wrap ErrCorruptRecord.
-func DecodePage(key string, raw []byte) (Page, error) {
-	bad := func(why string) (Page, error) {
-		return Page{}, fmt.Errorf("%w: page %s: %s", ErrCorruptRecord, key, why)
-	}
-	if len(raw) == 0 || raw[0] != pageFormat {
-		return bad("unknown format")
-	}
-	r := &pageReader{b: raw[1:]}
-	p := Page{Key: key}
-	p.First = r.uvarint()
-	p.CommitMS = r.varint()
-	p.Tag = string(r.bytes())
-	p.Target = Partition(r.bytes())
-	n := r.count()
-	if r.err {
-		return bad("truncated header")
-	}
-	if n == 0 || p.First == 0 || p.First+uint64(n)-1 < p.First {
-		return bad("empty page or seq overflow")
-	}
-	p.Rows = make([]Row, 0, n)
-	for i := 0; i < n && !r.err; i++ {
-		row := Row{Target: p.Target, Seq: p.First + uint64(i), CommitMS: p.CommitMS}
-		np := r.count()
-		for j := 0; j < np && !r.err; j++ {
-			k := string(r.bytes())
-			v := r.bytes()
-			row.Puts = append(row.Puts, KV{Key: k, Value: v})
-		}
-		nd := r.count()
-		for j := 0; j < nd && !r.err; j++ {
-			row.Deletes = append(row.Deletes, string(r.bytes()))
-		}
-		p.Rows = append(p.Rows, row)
-	}
-	if r.err {
-		return bad("truncated row")
-	}
-	if len(r.b) != 0 {
-		return bad("trailing bytes")
-	}
-	return p, nil
 }
 
 func isPageKey(k string) bool { return strings.HasPrefix(k, PagePrefix) }
