@@ -1,0 +1,564 @@
+//go:build unix
+
+package rietest
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/relay-dev/relay/infra/dynamo"
+	"github.com/relay-dev/relay/infra/dynamotest"
+	"github.com/relay-dev/relay/lambda/schedulertest"
+	"github.com/relay-dev/relay/relaycore"
+)
+
+// repoRoot is the module root, relative to this package.
+const repoRoot = "../.."
+
+// functions maps a SAM logical id to its package (template.yaml, sam.mk).
+var functions = map[string]string{
+	"FireFunction":  "./functions/fire",
+	"SweepFunction": "./functions/sweep",
+	"ApiFunction":   "./functions/api",
+}
+
+// tools are the emulator and the three bootstraps, built once per package
+// run by TestMain and read-only afterwards.
+type tools struct {
+	rie        string
+	bootstraps map[string]string // logical id -> binary
+	skip       string            // non-empty: why the suite cannot run
+}
+
+var built tools
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "relay-rietest-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "rietest:", err)
+		os.Exit(1)
+	}
+	built, err = build(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "rietest:", err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func goTool() string {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
+	}
+	return filepath.Join(os.Getenv("GOROOT"), "bin", "go")
+}
+
+// build compiles the bootstraps into dir and locates (or installs) the
+// emulator. Network trouble while installing yields a skip reason; any
+// other failure is an error.
+func build(dir string) (tools, error) {
+	t := tools{bootstraps: map[string]string{}}
+	for id, pkg := range functions {
+		out := filepath.Join(dir, id, "bootstrap")
+		cmd := exec.Command(goTool(), "build", "-tags", "lambda.norpc", "-o", out, pkg)
+		cmd.Dir = repoRoot
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if msg, err := cmd.CombinedOutput(); err != nil {
+			return t, fmt.Errorf("build %s: %v\n%s", pkg, err, msg)
+		}
+		t.bootstraps[id] = out
+	}
+	if p := os.Getenv("RELAY_RIE"); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			return t, fmt.Errorf("RELAY_RIE=%s: %w", p, err)
+		}
+		t.rie = p
+		return t, nil
+	}
+	version, err := pinnedRIEVersion()
+	if err != nil {
+		return t, err
+	}
+	gobin := filepath.Join(dir, "bin")
+	cmd := exec.Command(goTool(), "install", "github.com/aws/aws-lambda-runtime-interface-emulator/cmd/aws-lambda-rie@"+version)
+	cmd.Env = append(os.Environ(), "GOBIN="+gobin)
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		if offline(string(msg)) {
+			t.skip = fmt.Sprintf("aws-lambda-rie@%s is not installed and cannot be downloaded (offline?): run `make tools` or set RELAY_RIE\n%s", version, msg)
+			return t, nil
+		}
+		return t, fmt.Errorf("go install aws-lambda-rie@%s: %v\n%s", version, err, msg)
+	}
+	t.rie = filepath.Join(gobin, "aws-lambda-rie")
+	return t, nil
+}
+
+// pinnedRIEVersion reads RIE_VERSION from the Makefile, the one place the
+// emulator's version is pinned.
+func pinnedRIEVersion() (string, error) {
+	mk, err := os.ReadFile(filepath.Join(repoRoot, "Makefile"))
+	if err != nil {
+		return "", err
+	}
+	m := regexp.MustCompile(`(?m)^RIE_VERSION\s*:?=\s*(\S+)`).FindSubmatch(mk)
+	if m == nil {
+		return "", fmt.Errorf("Makefile pins no RIE_VERSION")
+	}
+	return string(m[1]), nil
+}
+
+func offline(msg string) bool {
+	for _, s := range []string{"dial tcp", "no such host", "connection refused", "network is unreachable", "i/o timeout", "GOPROXY=off", "GOFLAGS=-mod=vendor"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
+}
+
+func needTools(t *testing.T) {
+	t.Helper()
+	if built.skip != "" {
+		t.Skip(built.skip)
+	}
+}
+
+// syncBuffer collects a process's output for failure reports.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// function is one bootstrap running under the emulator.
+type function struct {
+	id     string
+	invURL string
+	log    *syncBuffer
+	exited chan struct{}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+// start runs the function's bootstrap under the emulator with env (and
+// nothing else from the test's environment) and waits until the emulator
+// accepts connections.
+func start(t *testing.T, id string, env map[string]string) *function {
+	t.Helper()
+	apiAddr, rapidAddr := freeAddr(t), freeAddr(t)
+	cmd := exec.Command(built.rie, "--runtime-interface-emulator-address", apiAddr, "--runtime-api-address", rapidAddr, built.bootstraps[id])
+	home := t.TempDir() // no shared AWS config files leak in
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + home, "AWS_EC2_METADATA_DISABLED=true", "AWS_LAMBDA_FUNCTION_TIMEOUT=60"}
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	f := &function{id: id, invURL: "http://" + apiAddr + "/2015-03-31/functions/function/invocations", log: &syncBuffer{}, exited: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = f.log, f.log
+	// Its own process group, so the cleanup ends the emulator and the
+	// bootstrap it started together.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s under the emulator: %v", id, err)
+	}
+	go func() { _ = cmd.Wait(); close(f.exited) }()
+	t.Cleanup(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-f.exited
+		if t.Failed() {
+			t.Logf("%s emulator output:\n%s", id, f.log.String())
+		}
+	})
+	// The emulator is another process: poll its port (nothing to wait on).
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", apiAddr, time.Second)
+		if err == nil {
+			c.Close()
+			return f
+		}
+		select {
+		case <-f.exited:
+			t.Fatalf("%s emulator exited:\n%s", id, f.log.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s emulator not listening on %s: %v", id, apiAddr, err)
+		}
+	}
+}
+
+// invoke posts payload to the function and returns the HTTP status and
+// body. Handler errors come back as 200 with errorMessage/errorType.
+func (f *function) invoke(t *testing.T, payload []byte) (int, []byte) {
+	t.Helper()
+	resp, err := http.Post(f.invURL, "application/json", bytes.NewReader(payload))
+	if err != nil {
+		t.Fatalf("invoke %s: %v", f.id, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("invoke %s: read: %v", f.id, err)
+	}
+	return resp.StatusCode, body
+}
+
+// invokeOK invokes and decodes a successful result into out; a handler
+// error fails the test.
+func (f *function) invokeOK(t *testing.T, payload []byte, out any) {
+	t.Helper()
+	status, body := f.invoke(t, payload)
+	if status != http.StatusOK || bytes.Contains(body, []byte(`"errorMessage"`)) {
+		t.Fatalf("%s: %d %s", f.id, status, body)
+	}
+	if err := json.Unmarshal(body, out); err != nil {
+		t.Fatalf("%s: response %s: %v", f.id, body, err)
+	}
+}
+
+// lambdaError is the emulator's body for a handler error.
+type lambdaError struct {
+	ErrorMessage string `json:"errorMessage"`
+	ErrorType    string `json:"errorType"`
+}
+
+func readEvent(t *testing.T, name string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(repoRoot, "events", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// txRecord is one TransactWriteItems request seen by the recording proxy.
+type txRecord struct {
+	token  string
+	status int
+	body   []byte
+}
+
+// rig is one test's world: DynamoDB (two tables) behind a recording proxy,
+// a recording Scheduler, and the functions' environment from env.json.
+type rig struct {
+	t      *testing.T
+	ddb    *dynamotest.Endpoint
+	source *dynamo.Store
+	target *dynamo.Store
+	sched  *schedulertest.Server
+	proxy  string
+
+	mu  sync.Mutex
+	txs []txRecord
+}
+
+const (
+	sourceTable = "relay-source"
+	targetTable = "relay-target"
+)
+
+func newRig(t *testing.T) *rig {
+	t.Helper()
+	needTools(t)
+	r := &rig{t: t, ddb: dynamotest.Start(t), sched: schedulertest.Start(t)}
+	upstream, err := url.Parse(r.ddb.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(upstream)
+	// DynamoDB signs every response body with X-Amz-Crc32, which the SDK
+	// checks; minidyn sends none, and the SDK then logs a checksum warning
+	// per response. Add it, as the real service would.
+	rp.ModifyResponse = func(resp *http.Response) error {
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			return err
+		}
+		resp.Body = io.NopCloser(bytes.NewReader(body))
+		resp.Header.Set("X-Amz-Crc32", strconv.FormatUint(uint64(crc32.ChecksumIEEE(body)), 10))
+		resp.ContentLength = int64(len(body))
+		resp.Header.Set("Content-Length", strconv.Itoa(len(body)))
+		return nil
+	}
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if !strings.HasSuffix(req.Header.Get("X-Amz-Target"), ".TransactWriteItems") {
+			rp.ServeHTTP(w, req)
+			return
+		}
+		body, _ := io.ReadAll(req.Body)
+		req.Body = io.NopCloser(bytes.NewReader(body))
+		rec := &statusRecorder{ResponseWriter: w, status: 200}
+		rp.ServeHTTP(rec, req)
+		var in struct{ ClientRequestToken string }
+		_ = json.Unmarshal(body, &in)
+		r.mu.Lock()
+		r.txs = append(r.txs, txRecord{token: in.ClientRequestToken, status: rec.status, body: body})
+		r.mu.Unlock()
+	}))
+	t.Cleanup(proxy.Close)
+	r.proxy = proxy.URL
+	client := r.ddb.Client(nil)
+	for _, tbl := range []string{sourceTable, targetTable} {
+		if err := dynamo.CreateTable(t.Context(), client, tbl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.source = dynamo.New(client, sourceTable, dynamo.Options{})
+	r.target = dynamo.New(client, targetTable, dynamo.Options{})
+	return r
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	s.status = code
+	s.ResponseWriter.WriteHeader(code)
+}
+
+// env is the function's section of env.json with the endpoints pointed at
+// this rig (env.json points at the host of a SAM container) and overrides
+// applied.
+func (r *rig) env(id string, overrides map[string]string) map[string]string {
+	r.t.Helper()
+	data, err := os.ReadFile(filepath.Join(repoRoot, "env.json"))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	var all map[string]map[string]string
+	if err := json.Unmarshal(data, &all); err != nil {
+		r.t.Fatal(err)
+	}
+	env, ok := all[id]
+	if !ok {
+		r.t.Fatalf("env.json has no %s section", id)
+	}
+	env["RELAY_DYNAMODB_ENDPOINT"] = r.proxy
+	env["RELAY_SCHEDULER_ENDPOINT"] = r.sched.URL
+	env["AWS_REGION"] = "us-east-1"
+	env["AWS_ACCESS_KEY_ID"] = "relay"
+	env["AWS_SECRET_ACCESS_KEY"] = "relay"
+	if env["SOURCE_TABLE"] != sourceTable || env["TARGET_TABLE"] != targetTable {
+		r.t.Fatalf("env.json %s tables %s/%s, the rig creates %s/%s", id, env["SOURCE_TABLE"], env["TARGET_TABLE"], sourceTable, targetTable)
+	}
+	for k, v := range overrides {
+		env[k] = v
+	}
+	return env
+}
+
+func (r *rig) start(id string, overrides map[string]string) *function {
+	return start(r.t, id, r.env(id, overrides))
+}
+
+// committed returns the TransactWriteItems requests that committed, one
+// per client token (a repeated token is DynamoDB's idempotent replay).
+func (r *rig) committed() []txRecord {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	seen := map[string]bool{}
+	var out []txRecord
+	for _, tx := range r.txs {
+		if tx.status != 200 || seen[tx.token] {
+			continue
+		}
+		seen[tx.token] = true
+		out = append(out, tx)
+	}
+	return out
+}
+
+// txCount returns how many TransactWriteItems requests were sent to
+// table ("" for any) and how many of them failed.
+func (r *rig) txCount(table string) (sent, failed int) {
+	r.t.Helper()
+	r.mu.Lock()
+	txs := slices.Clone(r.txs)
+	r.mu.Unlock()
+	for _, tx := range txs {
+		if table != "" && txTable(r.t, tx.body) != table {
+			continue
+		}
+		sent++
+		if tx.status != 200 {
+			failed++
+		}
+	}
+	return sent, failed
+}
+
+// txTable is the table a relay transaction writes (each batch is one
+// partition of one table).
+func txTable(t *testing.T, body []byte) string {
+	t.Helper()
+	var w wireTx
+	if err := json.Unmarshal(body, &w); err != nil {
+		t.Fatalf("decode transaction: %v", err)
+	}
+	for _, it := range w.TransactItems {
+		switch {
+		case it.Put != nil:
+			return it.Put.TableName
+		case it.Delete != nil:
+			return it.Delete.TableName
+		case it.ConditionCheck != nil:
+			return it.ConditionCheck.TableName
+		}
+	}
+	return ""
+}
+
+// wireAttr and wireTx are the parts of a TransactWriteItems body the
+// checks read.
+type wireAttr struct {
+	S string `json:"S"`
+	B []byte `json:"B"`
+	N string `json:"N"`
+}
+
+type wireTx struct {
+	TransactItems []struct {
+		Put *struct {
+			TableName string
+			Item      map[string]wireAttr
+		}
+		Delete, ConditionCheck *struct {
+			TableName string
+			Key       map[string]wireAttr
+		}
+	}
+}
+
+// rhWrites lists, per target partition, the rh values written by committed
+// target transactions for source, in commit order.
+func (r *rig) rhWrites(source relaycore.Partition) map[string][]string {
+	r.t.Helper()
+	out := map[string][]string{}
+	rhKey := relaycore.RHKey(source)
+	for _, tx := range r.committed() {
+		var w wireTx
+		if err := json.Unmarshal(tx.body, &w); err != nil {
+			r.t.Fatalf("decode transaction: %v", err)
+		}
+		for _, it := range w.TransactItems {
+			if it.Put == nil || it.Put.TableName != targetTable || it.Put.Item["k"].S != rhKey {
+				continue
+			}
+			p := it.Put.Item["p"].S
+			out[p] = append(out[p], string(it.Put.Item["v"].B))
+		}
+	}
+	return out
+}
+
+// urlResponse is the function URL response the api function returns.
+type urlResponse struct {
+	StatusCode int               `json:"statusCode"`
+	Headers    map[string]string `json:"headers"`
+	Body       string            `json:"body"`
+}
+
+// apiCall invokes the api function with a function URL event and decodes
+// the HTTP response body into out (when non-nil).
+func apiCall(t *testing.T, api *function, payload []byte, wantStatus int, out any) urlResponse {
+	t.Helper()
+	var resp urlResponse
+	api.invokeOK(t, payload, &resp)
+	if resp.StatusCode != wantStatus {
+		t.Fatalf("api: HTTP %d %s, want %d", resp.StatusCode, resp.Body, wantStatus)
+	}
+	if out != nil {
+		if err := json.Unmarshal([]byte(resp.Body), out); err != nil {
+			t.Fatalf("api body %s: %v", resp.Body, err)
+		}
+	}
+	return resp
+}
+
+// withPath returns a function URL event (events/api-query.json) for a
+// GET of path?query.
+func withPath(t *testing.T, method, path, query, body string) []byte {
+	t.Helper()
+	var ev map[string]any
+	base := "api-query.json"
+	if method == "POST" {
+		base = "api-enqueue.json"
+	}
+	if err := json.Unmarshal(readEvent(t, base), &ev); err != nil {
+		t.Fatal(err)
+	}
+	ev["rawPath"] = path
+	ev["rawQueryString"] = query
+	delete(ev, "queryStringParameters")
+	ev["requestContext"].(map[string]any)["http"].(map[string]any)["path"] = path
+	if body != "" {
+		ev["body"] = body
+	}
+	data, err := json.Marshal(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
+
+// logLines returns the function's JSON log records with the given msg.
+func (f *function) logLines(msg string) []map[string]any {
+	var out []map[string]any
+	sc := bufio.NewScanner(strings.NewReader(f.log.String()))
+	for sc.Scan() {
+		var rec map[string]any
+		if json.Unmarshal(sc.Bytes(), &rec) == nil && rec["msg"] == msg {
+			out = append(out, rec)
+		}
+	}
+	return out
+}
