@@ -2,18 +2,29 @@ package relaycore
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 )
 
-var _ Store = (*CountingStore)(nil)
+var (
+	_ Store    = (*CountingStore)(nil)
+	_ DueIndex = (*CountingStore)(nil)
+)
 
 // CountingStore wraps a Store and counts its calls, items and bytes with
 // atomic counters, for the demo's summary and the benchmarks. It changes
 // nothing else: errors and results pass through.
+//
+// It implements DueIndex so that wrapping a store does not hide its due
+// index from a sweeper that finds it by type assertion: Due passes through
+// to the wrapped store's (found by type assertion, following Unwrap() Store
+// through further wrappers) and fails with ErrNoDueIndex when there is none.
 type CountingStore struct {
 	inner Store
 
 	Gets, Scans, Applies atomic.Int64
+	// DueReads counts Due calls.
+	DueReads atomic.Int64
 	// ApplyFailures counts Apply calls that returned an error.
 	ApplyFailures atomic.Int64
 	// ItemsRead counts items returned by Get (found) and Scan.
@@ -64,13 +75,39 @@ func (c *CountingStore) Apply(ctx context.Context, p Partition, b Batch) error {
 	return nil
 }
 
+// Due implements DueIndex by passing through to the wrapped store's due
+// index; without one it returns an error wrapping ErrNoDueIndex.
+func (c *CountingStore) Due(ctx context.Context, before int64, limit int) ([]DueEntry, error) {
+	c.DueReads.Add(1)
+	d, ok := dueIndexOf(c.inner)
+	if !ok {
+		return nil, fmt.Errorf("due %d: %w", before, ErrNoDueIndex)
+	}
+	return d.Due(ctx, before, limit)
+}
+
+// dueIndexOf finds st's due index: st itself, or what it wraps.
+func dueIndexOf(st Store) (DueIndex, bool) {
+	for range 16 { // wrappers nest a few deep; a cycle must not hang
+		if d, ok := st.(DueIndex); ok {
+			return d, true
+		}
+		u, ok := st.(interface{ Unwrap() Store })
+		if !ok {
+			return nil, false
+		}
+		st = u.Unwrap()
+	}
+	return nil, false
+}
+
 // Capabilities implements Store.
 func (c *CountingStore) Capabilities() Capabilities { return c.inner.Capabilities() }
 
 // Snapshot returns the counters' current values.
 func (c *CountingStore) Snapshot() StoreCounts {
 	return StoreCounts{
-		Gets: c.Gets.Load(), Scans: c.Scans.Load(), Applies: c.Applies.Load(),
+		Gets: c.Gets.Load(), Scans: c.Scans.Load(), Applies: c.Applies.Load(), DueReads: c.DueReads.Load(),
 		ApplyFailures: c.ApplyFailures.Load(), ItemsRead: c.ItemsRead.Load(),
 		ItemsWritten: c.ItemsWritten.Load(), BytesWritten: c.BytesWritten.Load(),
 	}
@@ -79,5 +116,6 @@ func (c *CountingStore) Snapshot() StoreCounts {
 // StoreCounts is a copy of a CountingStore's counters.
 type StoreCounts struct {
 	Gets, Scans, Applies, ApplyFailures   int64
+	DueReads                              int64
 	ItemsRead, ItemsWritten, BytesWritten int64
 }

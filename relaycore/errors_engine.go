@@ -47,6 +47,10 @@ var ErrCommitUnknown = errors.New("relay enqueue outcome unknown")
 // it stays committed; retrying later is safe.
 var ErrContention = errors.New("relay enqueue lost too many os races")
 
+// ErrNoDueIndex means a wrapper (CountingStore) was asked for due entries
+// but the store it wraps keeps no due index. Nothing was read.
+var ErrNoDueIndex = errors.New("store has no due index")
+
 // RowError names the input row (by index) that enqueue validation refused
 // and why. It wraps ErrInvalidRow.
 type RowError struct {
