@@ -287,13 +287,14 @@ type txRecord struct {
 type rig struct {
 	t      *testing.T
 	ddb    *dynamotest.Endpoint
+	rp     *httputil.ReverseProxy
 	source *dynamo.Store
 	target *dynamo.Store
 	sched  *schedulertest.Server
-	proxy  string
 
-	mu  sync.Mutex
-	txs []txRecord
+	mu    sync.Mutex
+	txs   []txRecord
+	calls map[grant]bool // IAM grants the functions' requests needed
 }
 
 const (
@@ -304,16 +305,16 @@ const (
 func newRig(t *testing.T) *rig {
 	t.Helper()
 	needTools(t)
-	r := &rig{t: t, ddb: dynamotest.Start(t), sched: schedulertest.Start(t)}
+	r := &rig{t: t, ddb: dynamotest.Start(t), sched: schedulertest.Start(t), calls: map[grant]bool{}}
 	upstream, err := url.Parse(r.ddb.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rp := httputil.NewSingleHostReverseProxy(upstream)
+	r.rp = httputil.NewSingleHostReverseProxy(upstream)
 	// DynamoDB signs every response body with X-Amz-Crc32, which the SDK
 	// checks; minidyn sends none, and the SDK then logs a checksum warning
 	// per response. Add it, as the real service would.
-	rp.ModifyResponse = func(resp *http.Response) error {
+	r.rp.ModifyResponse = func(resp *http.Response) error {
 		body, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if err != nil {
@@ -325,23 +326,6 @@ func newRig(t *testing.T) *rig {
 		resp.Header.Set("Content-Length", strconv.Itoa(len(body)))
 		return nil
 	}
-	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if !strings.HasSuffix(req.Header.Get("X-Amz-Target"), ".TransactWriteItems") {
-			rp.ServeHTTP(w, req)
-			return
-		}
-		body, _ := io.ReadAll(req.Body)
-		req.Body = io.NopCloser(bytes.NewReader(body))
-		rec := &statusRecorder{ResponseWriter: w, status: 200}
-		rp.ServeHTTP(rec, req)
-		var in struct{ ClientRequestToken string }
-		_ = json.Unmarshal(body, &in)
-		r.mu.Lock()
-		r.txs = append(r.txs, txRecord{token: in.ClientRequestToken, status: rec.status, body: body})
-		r.mu.Unlock()
-	}))
-	t.Cleanup(proxy.Close)
-	r.proxy = proxy.URL
 	client := r.ddb.Client(nil)
 	for _, tbl := range []string{sourceTable, targetTable} {
 		if err := dynamo.CreateTable(t.Context(), client, tbl); err != nil {
@@ -350,7 +334,34 @@ func newRig(t *testing.T) *rig {
 	}
 	r.source = dynamo.New(client, sourceTable, dynamo.Options{})
 	r.target = dynamo.New(client, targetTable, dynamo.Options{})
+	// Registered after the endpoints, so it runs before they close.
+	t.Cleanup(r.checkGrants)
 	return r
+}
+
+// proxy starts a recording proxy to DynamoDB for one function: it notes
+// the IAM grant each request needs and keeps TransactWriteItems bodies.
+func (r *rig) proxy(fn string) string {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		body, _ := io.ReadAll(req.Body)
+		req.Body = io.NopCloser(bytes.NewReader(body))
+		op := req.Header.Get("X-Amz-Target")
+		op = op[strings.LastIndexByte(op, '.')+1:]
+		rec := &statusRecorder{ResponseWriter: w, status: 200}
+		r.rp.ServeHTTP(rec, req)
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		for _, g := range grantsFor(fn, op, body) {
+			r.calls[g] = true
+		}
+		if op == "TransactWriteItems" {
+			var in struct{ ClientRequestToken string }
+			_ = json.Unmarshal(body, &in)
+			r.txs = append(r.txs, txRecord{token: in.ClientRequestToken, status: rec.status, body: body})
+		}
+	}))
+	r.t.Cleanup(srv.Close)
+	return srv.URL
 }
 
 type statusRecorder struct {
@@ -380,7 +391,7 @@ func (r *rig) env(id string, overrides map[string]string) map[string]string {
 	if !ok {
 		r.t.Fatalf("env.json has no %s section", id)
 	}
-	env["RELAY_DYNAMODB_ENDPOINT"] = r.proxy
+	env["RELAY_DYNAMODB_ENDPOINT"] = r.proxy(id)
 	env["RELAY_SCHEDULER_ENDPOINT"] = r.sched.URL
 	env["AWS_REGION"] = "us-east-1"
 	env["AWS_ACCESS_KEY_ID"] = "relay"
