@@ -189,6 +189,13 @@ func (d *Daemon) Listen() error {
 	return nil
 }
 
+// ListenOn is Listen with listeners the caller bound (the Daemon owns
+// them from now on): for tests and socket activation. The RPC listener
+// must be loopback or a unix socket; that is the caller's duty here.
+func (d *Daemon) ListenOn(relayLn, rpcLn net.Listener) {
+	d.relayLn, d.rpcLn = d.tr.Serve(relayLn), rpcLn
+}
+
 // RelayAddr and RPCAddr are the bound addresses (after Listen).
 func (d *Daemon) RelayAddr() net.Addr { return d.relayLn.Addr() }
 

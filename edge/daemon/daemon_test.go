@@ -1,0 +1,371 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/relay-dev/relay/edge/config"
+	"github.com/relay-dev/relay/edge/pki"
+	"github.com/relay-dev/relay/edge/rpc"
+	"github.com/relay-dev/relay/edge/transport"
+	"github.com/relay-dev/relay/edge/wire"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const waitFor = 30 * time.Second
+
+func newPKI(t testing.TB, nodes ...string) string {
+	t.Helper()
+	dir := t.TempDir()
+	if _, err := pki.InitCA(dir, pki.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		if _, err := pki.Issue(dir, n, pki.Options{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// testNode is one in-process daemon on 127.0.0.1 with real certificates,
+// a real bbolt file and real sockets.
+type testNode struct {
+	id     string
+	cfg    *config.Config
+	d      *Daemon
+	client *rpc.Client
+	stop   func()
+}
+
+func listen(t testing.TB) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
+}
+
+// startCluster starts one daemon per id, each knowing all the others.
+func startCluster(t testing.TB, pkiDir string, ids []string, mod func(*config.Config)) map[string]*testNode {
+	t.Helper()
+	relayLns, rpcLns := map[string]net.Listener{}, map[string]net.Listener{}
+	for _, id := range ids {
+		relayLns[id], rpcLns[id] = listen(t), listen(t)
+	}
+	nodes := map[string]*testNode{}
+	for _, id := range ids {
+		var peers []config.Peer
+		for _, p := range ids {
+			if p != id {
+				peers = append(peers, config.Peer{ID: p, Address: relayLns[p].Addr().String()})
+			}
+		}
+		cfg := nodeConfig(t, pkiDir, id, relayLns[id].Addr().String(), rpcLns[id].Addr().String(), peers)
+		if mod != nil {
+			mod(cfg)
+		}
+		nodes[id] = startNode(t, cfg, relayLns[id], rpcLns[id])
+	}
+	return nodes
+}
+
+// nodeConfig is a test configuration: fast back-off, a fresh storage dir.
+func nodeConfig(t testing.TB, pkiDir, id, listen, rpcListen string, peers []config.Peer) *config.Config {
+	cfg := config.Default()
+	cfg.NodeID = id
+	cfg.Listen = listen
+	cfg.RPC.Listen = rpcListen
+	cfg.TLS = config.TLS{
+		Cert: filepath.Join(pkiDir, id+".crt"), Key: filepath.Join(pkiDir, id+".key"),
+		CA: filepath.Join(pkiDir, pki.CACertFile),
+	}
+	cfg.Storage.Dir = t.TempDir()
+	cfg.Relay.Backoff = config.Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond}
+	cfg.Relay.AckTimeout = 10 * time.Second
+	cfg.KnownPeers = peers
+	return cfg
+}
+
+func startNode(t testing.TB, cfg *config.Config, relayLn, rpcLn net.Listener) *testNode {
+	t.Helper()
+	log := slog.New(slog.DiscardHandler)
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	d, err := New(cfg, Options{Log: log, Version: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.ListenOn(relayLn, rpcLn)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Serve(ctx) }()
+	n := &testNode{id: cfg.NodeID, cfg: cfg, d: d, client: rpc.NewClient(rpcLn.Addr().String())}
+	stopped := false
+	n.stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("%s: serve: %v", cfg.NodeID, err)
+		}
+		n.client.Close()
+	}
+	t.Cleanup(n.stop)
+	waitUntil(t, cfg.NodeID+" healthy", func() bool { return n.client.Healthz(context.Background()) == nil })
+	return n
+}
+
+type tWriter struct{ t testing.TB }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(bytes.TrimRight(p, "\n")))
+	return len(p), nil
+}
+
+func waitUntil(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not reached within %v", what, waitFor)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func digest(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+func put(t testing.TB, n *testNode, id string, content []byte) {
+	t.Helper()
+	if _, err := n.client.PutSegment(context.Background(), id, int64(len(content)), digest(content), bytes.NewReader(content)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func stored(n *testNode, id string) bool {
+	ix, err := n.client.Index(context.Background())
+	if err != nil {
+		return false
+	}
+	return slices.ContainsFunc(ix.Segments, func(s rpc.Segment) bool { return s.ID == id })
+}
+
+func assured(n *testNode, id string) bool {
+	a, err := n.client.Assurance(context.Background(), id)
+	return err == nil && a.Met && a.Relayed
+}
+
+// TestThreeNodesConverge: a segment ingested on a reaches b and c, is
+// relayed at a under all_peers, and neither b nor c sends it back to a.
+func TestThreeNodesConverge(t *testing.T) {
+	dir := newPKI(t, "a", "b", "c")
+	nodes := startCluster(t, dir, []string{"a", "b", "c"}, nil)
+	content := bytes.Repeat([]byte("edge "), 1000)
+	put(t, nodes["a"], "seg-1", content)
+	waitUntil(t, "a relayed seg-1", func() bool { return assured(nodes["a"], "seg-1") })
+	for _, id := range []string{"b", "c"} {
+		n := nodes[id]
+		waitUntil(t, id+" stores seg-1", func() bool { return stored(n, "seg-1") })
+		// b and c owe the segment to each other only, never to a.
+		waitUntil(t, id+" relayed seg-1", func() bool { return assured(n, "seg-1") })
+		a, err := n.client.Assurance(context.Background(), "seg-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.Contains(a.RequiredPeers, "a") {
+			t.Errorf("%s: required peers %v include the source", id, a.RequiredPeers)
+		}
+		for _, r := range a.Records {
+			if r.Peer == "a" {
+				t.Errorf("%s scheduled seg-1 back to its source: %+v", id, r)
+			}
+		}
+	}
+	st, err := nodes["a"].client.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Ledger["acked"] != 2 || st.Segments != 1 || st.Relayed != 1 {
+		t.Errorf("a status %+v", st)
+	}
+	m, err := nodes["a"].client.Metrics(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`edged_ledger_records{state="acked"} 2`, `edged_relay_attempts_total{outcome="acked",peer="b"} 1`, "edged_relay_success_total 1"} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+}
+
+// rawSender dials a node with node a's certificate and speaks the wire
+// protocol directly, to send what edged itself never would.
+func rawSender(t *testing.T, pkiDir string, to *testNode) *wire.Conn {
+	t.Helper()
+	tr, err := transport.New(transport.Config{
+		NodeID: "a", CertFile: filepath.Join(pkiDir, "a.crt"), KeyFile: filepath.Join(pkiDir, "a.key"),
+		CAFile: filepath.Join(pkiDir, pki.CACertFile), AllowPeer: func(string) bool { return true },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := tr.Dial(context.Background(), to.cfg.Listen, to.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func offer(id string, content []byte) wire.Offer {
+	return wire.Offer{SegmentID: id, Size: int64(len(content)), SHA256: digest(content)}
+}
+
+// TestReceiveRefusals drives one receiver through every refusal on a
+// single connection: each NACK carries its code, nothing is stored, and
+// the connection keeps serving; then a good segment is ACKed.
+func TestReceiveRefusals(t *testing.T) {
+	dir := newPKI(t, "a", "b")
+	nodes := startCluster(t, dir, []string{"a", "b"}, func(c *config.Config) {
+		if c.NodeID == "b" {
+			c.Storage.QuotaBytes = 1000
+			c.Storage.MaxSegmentBytes = 600
+			c.Storage.QuotaSegments = 2
+		}
+	})
+	b := nodes["b"]
+	c := rawSender(t, dir, b)
+	ctx := context.Background()
+	send := func(o wire.Offer, content []byte) (*wire.Nack, error) {
+		t.Helper()
+		if err := c.SendOffer(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.SendSegment(ctx, o, bytes.NewReader(content)); err != nil {
+			t.Fatal(err)
+		}
+		return c.RecvAckOrNack(ctx, o.SegmentID)
+	}
+	good := bytes.Repeat([]byte("g"), 500)
+	cases := []struct {
+		name    string
+		o       wire.Offer
+		content []byte
+		want    wire.NackCode
+	}{
+		{"bad digest", wire.Offer{SegmentID: "bad-digest", Size: 500, SHA256: digest([]byte("other"))}, good, wire.NackChecksum},
+		{"too large", offer("too-large", make([]byte, 601)), make([]byte, 601), wire.NackTooLarge},
+	}
+	for _, tc := range cases[:1] {
+		n, err := send(tc.o, tc.content)
+		if err != nil || n == nil || n.Code != tc.want {
+			t.Fatalf("%s: nack %+v, err %v; want %s", tc.name, n, err, tc.want)
+		}
+	}
+	// A good segment on the same connection: ACK, and again (idempotent).
+	for range 2 {
+		if n, err := send(offer("good", good), good); err != nil || n != nil {
+			t.Fatalf("good segment: nack %+v, err %v", n, err)
+		}
+	}
+	// 500 stored + 501 > 1000 bytes: quota.
+	big := bytes.Repeat([]byte("q"), 501)
+	if n, err := send(offer("over-quota", big), big); err != nil || n == nil || n.Code != wire.NackQuota {
+		t.Fatalf("over quota: nack %+v, err %v", n, err)
+	}
+	// Too large: refused and the connection closed (not worth reading).
+	n, err := send(cases[1].o, cases[1].content)
+	if err != nil || n == nil || n.Code != wire.NackTooLarge {
+		t.Fatalf("too large: nack %+v, err %v", n, err)
+	}
+	ix, err := b.client.Index(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ix.Segments) != 1 || ix.Segments[0].ID != "good" || ix.Segments[0].Source != "a" {
+		t.Fatalf("index after refusals: %+v", ix.Segments)
+	}
+	if q, _ := b.client.Quota(ctx); q.Bytes != 500 || q.ReservedBytes != 0 || q.ReservedSegments != 0 {
+		t.Fatalf("quota after refusals: %+v (a refused receive left a reservation?)", q)
+	}
+	m, _ := b.client.Metrics(ctx)
+	for _, code := range []string{"checksum", "quota", "too_large"} {
+		if !strings.Contains(m, fmt.Sprintf(`edged_nacks_sent_total{code=%q} 1`, code)) {
+			t.Errorf("metrics lack one %s nack", code)
+		}
+	}
+}
+
+// TestBadOfferClosesConnection: an undecodable OFFER is answered with
+// NACK bad_request, and the daemon keeps serving other connections.
+func TestBadOfferClosesConnection(t *testing.T) {
+	dir := newPKI(t, "a", "b")
+	nodes := startCluster(t, dir, []string{"a", "b"}, nil)
+	c := rawSender(t, dir, nodes["b"])
+	ctx := context.Background()
+	nc := c.NetConn()
+	if err := wire.WriteFrame(nc, wire.TypeOffer, []byte(`{"segment_id":"../etc/passwd","size":1,"sha256":"00"}`)); err != nil {
+		t.Fatal(err)
+	}
+	n, err := c.RecvAckOrNack(ctx, "")
+	if err != nil || n == nil || n.Code != wire.NackBadRequest {
+		t.Fatalf("bad offer: nack %+v, err %v", n, err)
+	}
+	if _, err := c.RecvOffer(ctx); err == nil {
+		t.Fatal("connection still open after a bad offer")
+	}
+	content := []byte("after")
+	c2 := rawSender(t, dir, nodes["b"])
+	if err := c2.Deliver(ctx, offer("after", content), bytes.NewReader(content)); err != nil {
+		t.Fatalf("daemon stopped serving after a bad offer: %v", err)
+	}
+}
+
+// TestIngestErrors: RPC ingest maps store errors to HTTP statuses.
+func TestIngestErrors(t *testing.T) {
+	dir := newPKI(t, "a")
+	n := startCluster(t, dir, []string{"a"}, func(c *config.Config) { c.Storage.MaxSegmentBytes = 10 })["a"]
+	ctx := context.Background()
+	_, err := n.client.PutSegment(ctx, "x", 3, digest([]byte("abd")), strings.NewReader("abc"))
+	var re *rpc.Error
+	if !errors.As(err, &re) || re.Status != 400 {
+		t.Fatalf("wrong digest: %v", err)
+	}
+	_, err = n.client.PutSegment(ctx, "y", 11, digest(make([]byte, 11)), bytes.NewReader(make([]byte, 11)))
+	if !errors.As(err, &re) || re.Status != 413 {
+		t.Fatalf("too large: %v", err)
+	}
+	if ix, _ := n.client.Index(ctx); len(ix.Segments) != 0 {
+		t.Fatalf("refused ingests stored %+v", ix.Segments)
+	}
+	if _, err := n.client.PutPath(ctx, "relative/path", ""); !errors.As(err, &re) || re.Status != 400 {
+		t.Fatalf("relative path: %v", err)
+	}
+	_, err = n.client.RetryDeadletter(ctx, rpc.Selector{Segment: "nope", Peer: "b"})
+	if !errors.As(err, &re) || re.Status != 404 {
+		t.Fatalf("retry of an absent record: %v", err)
+	}
+}
