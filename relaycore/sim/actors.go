@@ -1,0 +1,151 @@
+package sim
+
+import (
+	"errors"
+	"time"
+
+	"github.com/relay-dev/relay/relaycore"
+)
+
+// body runs the actor's program against its gated stores.
+func (a *actor) body() {
+	s := a.sim
+	src := gate{a: a, caps: s.raw.Source.Capabilities()}
+	tgt := gate{a: a, target: true, caps: s.raw.Target.Capabilities()}
+	h := &relaycore.RelayHandler{
+		Source: src, Target: tgt, Budget: s.sc.Budget, Clock: a, Kicker: a,
+		ClaimTTL: s.sc.ClaimTTL, BackoffBase: 100 * time.Millisecond, BackoffMax: s.sc.BackoffMax,
+	}
+	if len(s.sc.hookObs) > 0 {
+		h.Hook = relaycore.HolderRelayHook{Prefix: hookPrefix, Observations: s.sc.hookObs}
+	}
+	switch a.kind {
+	case kindWriter, kindLeaseWriter:
+		a.write(src)
+	case kindAlarm:
+		_, err := h.Alarm(s.ctx, a.source)
+		a.engineError("alarm", err)
+	case kindFire:
+		_, err := h.Fire(s.ctx, a.source)
+		a.engineError("fire", err)
+	case kindDeclare:
+		a.engineError("declare lease required", relaycore.DeclareLeaseRequired(s.ctx, src, a.source))
+	case kindDrain:
+		a.drain(h)
+	}
+}
+
+const hookPrefix = "h/"
+
+// engineError reports errors that no fault of the simulated world
+// explains. Contention, injected failures and ambiguous outcomes are the
+// world's; a corrupt record is the engine's.
+func (a *actor) engineError(op string, err error) {
+	if errors.Is(err, relaycore.ErrCorruptRecord) || errors.Is(err, relaycore.ErrInvalidBatch) ||
+		errors.Is(err, relaycore.ErrBatchTooLarge) || errors.Is(err, relaycore.ErrValueTooLarge) {
+		a.sim.violate("%s %s by %s: %v", op, a.source, a.name, err)
+	}
+}
+
+// write commits the writer plan's batches, one CommitRelayRows each. The
+// plan's position advances before the call, so a replacement after a
+// crash does not send the interrupted batch again (its rows may or may not
+// have been committed; the process that knew is gone).
+func (a *actor) write(st relaycore.Store) {
+	s := a.sim
+	wp := a.plan
+	cfg := relaycore.EnqueueConfig{
+		SkewMargin: s.sc.SkewMargin, PageBytes: s.sc.PageBytes,
+		TargetCaps: s.raw.Target.Capabilities(), Kicker: a,
+	}
+	tries := 0
+	for wp.next < len(wp.batches) && s.ph == chaos {
+		b := wp.batches[wp.next]
+		if b.sleepMS > 0 && tries == 0 {
+			a.sleep(s.now + b.sleepMS)
+			if s.ph != chaos {
+				return
+			}
+		}
+		if wp.lease {
+			ok := a.holdLease(st)
+			if !ok {
+				tries++
+				if tries > 6 {
+					wp.next, tries = wp.next+1, 0
+				}
+				a.sleep(s.now + 300 + int64(s.rng.IntN(2500)))
+				continue
+			}
+		}
+		wp.next++
+		tries = 0
+		a.call++
+		var deadline time.Time
+		a.deadline = 0
+		if b.deadlineMS > 0 {
+			deadline = a.Now().Add(time.Duration(b.deadlineMS) * time.Millisecond)
+			a.deadline = deadline.UnixMilli()
+		}
+		res, err := relaycore.CommitRelayRows(s.ctx, st, a, a.source, a.lease, deadline, b.rows, cfg)
+		s.chk.commitReturned(a, b.rows, res, err)
+		if errors.Is(err, relaycore.ErrStaleLease) {
+			a.lease = nil
+		}
+	}
+}
+
+// holdLease makes sure a holds a lease it believes live, acquiring or
+// sometimes renewing it. It reports false when the lease is held elsewhere.
+func (a *actor) holdLease(st relaycore.Store) bool {
+	s := a.sim
+	now := a.Now()
+	if a.lease != nil && a.lease.ExpiresMS-s.sc.SkewMargin.Milliseconds() > now.UnixMilli() {
+		if s.rng.IntN(4) > 0 {
+			return true
+		}
+		l, err := relaycore.RenewLease(s.ctx, st, a.source, *a.lease, s.sc.LeaseTTL, now)
+		if err != nil {
+			a.lease = nil
+			a.engineError("renew lease", err)
+			return false
+		}
+		a.lease = &l
+		return true
+	}
+	l, err := relaycore.AcquireLease(s.ctx, st, a.source, a.name, s.sc.LeaseTTL, now)
+	if err != nil {
+		a.lease = nil
+		a.engineError("acquire lease", err)
+		return false
+	}
+	a.lease = &l
+	return true
+}
+
+// drain fires every source until only permanently failing targets' rows
+// remain, then runs one more alarm on each empty source so its durable
+// alarm is cleared.
+func (a *actor) drain(h *relaycore.RelayHandler) {
+	s := a.sim
+	pause := s.sc.ClaimTTL.Milliseconds() + s.sc.BackoffMax.Milliseconds() + s.sc.maxSkewMS + 1000
+	for round := 0; round < maxDrainRounds && !s.chk.drained(); round++ {
+		s.res.QuiesceRounds++
+		for _, src := range s.sc.Sources {
+			_, err := h.Alarm(s.ctx, src)
+			a.engineError("alarm", err)
+		}
+		a.sleep(s.now + pause)
+	}
+	for _, src := range s.sc.Sources {
+		if len(s.chk.src[src].rows) == 0 {
+			_, err := h.Alarm(s.ctx, src)
+			a.engineError("final alarm", err)
+		}
+	}
+	s.drained = s.chk.drained()
+}
+
+// maxDrainRounds bounds the drain. A scenario's whole workload fits in far
+// fewer rounds unless a healthy target is starved, which is a violation.
+const maxDrainRounds = 1500

@@ -1,0 +1,45 @@
+package sim
+
+import (
+	"context"
+	"runtime"
+	"slices"
+
+	"github.com/relay-dev/relay/relaycore"
+)
+
+var _ relaycore.Store = gate{}
+
+// gate is the store an actor sees: every call parks the actor until the
+// scheduler runs it, so exactly one store call happens at a time, in an
+// order chosen by the seeded PRNG. The scheduler may answer with an
+// injected failure or end the actor (a crash) before or after the call.
+type gate struct {
+	a      *actor
+	target bool
+	caps   relaycore.Capabilities
+}
+
+func (g gate) Get(_ context.Context, p relaycore.Partition, key string) ([]byte, bool, error) {
+	r := g.a.park(&request{op: opGet, target: g.target, p: p, key: key})
+	return r.val, r.found, r.err
+}
+
+func (g gate) Scan(_ context.Context, p relaycore.Partition, req relaycore.ScanRequest) (relaycore.ScanPage, error) {
+	r := g.a.park(&request{op: opScan, target: g.target, p: p, scan: req})
+	return r.page, r.err
+}
+
+func (g gate) Apply(_ context.Context, p relaycore.Partition, b relaycore.Batch) error {
+	// The batch is copied so the record the checker keeps cannot be
+	// changed by the caller after the call.
+	b = relaycore.Batch{Preconditions: slices.Clone(b.Preconditions), Writes: slices.Clone(b.Writes)}
+	return g.a.park(&request{op: opApply, target: g.target, p: p, batch: b}).err
+}
+
+func (g gate) Capabilities() relaycore.Capabilities { return g.caps }
+
+// exit ends the calling actor's goroutine: a process death. Deferred calls
+// in the engine still run, but the actor is marked dead first, so they
+// cannot reach a store or the kicker.
+func exit() { runtime.Goexit() }

@@ -1,0 +1,276 @@
+package sim
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/relay-dev/relay/relaycore"
+)
+
+// Limits are the batch limits a scenario asks its stores to enforce. The
+// stores keep their own item accounting (ItemOverhead must not under-count).
+type Limits struct {
+	MaxBatchItems, MaxBatchBytes, MaxItemBytes int
+}
+
+// Caps returns base (a store's own capabilities, which keep its item
+// accounting) with l's limits.
+func (l Limits) Caps(base relaycore.Capabilities) relaycore.Capabilities {
+	base.MaxBatchItems, base.MaxBatchBytes, base.MaxItemBytes = l.MaxBatchItems, l.MaxBatchBytes, l.MaxItemBytes
+	return base
+}
+
+// failKind is how a target misbehaves.
+type failKind int
+
+const (
+	healthy   failKind = iota
+	transient          // each call fails with probability per100
+	outage             // every call fails from step from until step heal (heal < 0: never)
+)
+
+type failure struct {
+	kind   failKind
+	per100 int
+	from   int
+	heal   int // store call at which it heals; -1: never (a permanently failing target)
+}
+
+// outageSpan places outages: they start within the first outageSpan store
+// calls and last up to outageSpan calls.
+const outageSpan = 400
+
+// keySpec is one user key of a target. Owner is the only source that may
+// put it with varying values or delete it; "" marks a shared key that any
+// source may put, always with the same value, and nobody deletes.
+type keySpec struct {
+	Key   string
+	Owner relaycore.Partition
+}
+
+// batchPlan is one CommitRelayRows call of a writer.
+type batchPlan struct {
+	rows       []relaycore.Row
+	sleepMS    int64 // sleep before the call
+	deadlineMS int64 // caller deadline relative to its clock (0: none)
+}
+
+// writerPlan is what one writer (and, after a crash, its replacements) commits.
+type writerPlan struct {
+	name    string
+	source  relaycore.Partition
+	lease   bool // a lease holder of the lease-required source
+	batches []batchPlan
+	next    int // index of the next batch; survives a crash (the plan is the workload, not memory)
+}
+
+// Scenario is everything a seed decides before the run starts.
+type Scenario struct {
+	Seed        uint64
+	Sources     []relaycore.Partition
+	Targets     []relaycore.Partition
+	LeaseSource relaycore.Partition // "" when no source is lease-required
+
+	keys     map[relaycore.Partition][]keySpec
+	failures map[relaycore.Partition]failure
+	writers  []*writerPlan
+	hookObs  map[relaycore.Partition][]relaycore.KV
+
+	SourceLimits, TargetLimits Limits
+	PageBytes                  int
+	Budget                     relaycore.RelayBudget
+	ClaimTTL, BackoffMax       time.Duration
+	LeaseTTL, SkewMargin       time.Duration
+	maxSkewMS                  int64
+	crashPer1000               int
+	ambiguousPer1000           int
+	kickLossPer100             int
+	kickDupPer100              int
+	firePer1000                int // direct overlapping fires per store call
+	maxFiresPerSource          int
+}
+
+// String is a one-line description for failure reports.
+func (sc *Scenario) String() string {
+	down := 0
+	for _, f := range sc.failures {
+		if f.kind != healthy {
+			down++
+		}
+	}
+	return fmt.Sprintf("seed %d: %d sources (lease %q), %d targets (%d failing), %d writers, budget %+v, caps src %+v tgt %+v, page %dB, skew ±%dms, crash %d‰, ambiguous %d‰",
+		sc.Seed, len(sc.Sources), sc.LeaseSource, len(sc.Targets), down, len(sc.writers), sc.Budget, sc.SourceLimits, sc.TargetLimits, sc.PageBytes, sc.maxSkewMS, sc.crashPer1000, sc.ambiguousPer1000)
+}
+
+func pick[T any](r *rand.Rand, xs ...T) T { return xs[r.IntN(len(xs))] }
+
+// NewScenario derives a scenario from seed; the same seed always gives the
+// same scenario. It does not depend on the step budget, so a run with a
+// smaller budget is a prefix of the full run (shrinking relies on it).
+func NewScenario(seed uint64) *Scenario {
+	r := rand.New(rand.NewPCG(seed, 0x5eed5eed))
+	sc := &Scenario{
+		Seed:     seed,
+		keys:     map[relaycore.Partition][]keySpec{},
+		failures: map[relaycore.Partition]failure{},
+		hookObs:  map[relaycore.Partition][]relaycore.KV{},
+	}
+	nSrc := 2 + r.IntN(3)
+	for i := range nSrc {
+		sc.Sources = append(sc.Sources, relaycore.Partition(fmt.Sprintf("s%d", i)))
+	}
+	nTgt := 3 + r.IntN(10)
+	for i := range nTgt {
+		sc.Targets = append(sc.Targets, relaycore.Partition(fmt.Sprintf("t%02d", i)))
+	}
+	if r.IntN(3) > 0 {
+		sc.LeaseSource = sc.Sources[len(sc.Sources)-1]
+	}
+
+	// Key space: every target has a few keys; each is shared (same value
+	// from every producer, never deleted) or owned by one source.
+	for _, t := range sc.Targets {
+		n := 3 + r.IntN(5)
+		for k := range n {
+			ks := keySpec{Key: fmt.Sprintf("k%d", k)}
+			if r.IntN(4) > 0 {
+				ks.Owner = sc.Sources[r.IntN(nSrc)]
+			}
+			sc.keys[t] = append(sc.keys[t], ks)
+		}
+		if r.IntN(3) == 0 {
+			sc.hookObs[t] = []relaycore.KV{{Key: "obs", Value: []byte("holder-" + string(t))}}
+		}
+	}
+
+	// Failures: some transient, some outages that heal, at most two that
+	// never heal (the "permanently failing" targets of quiescence).
+	forever := 0
+	for _, t := range sc.Targets {
+		switch x := r.IntN(10); {
+		case x < 2:
+			sc.failures[t] = failure{kind: transient, per100: 20 + r.IntN(50)}
+		case x < 4:
+			from := r.IntN(outageSpan)
+			heal := from + 1 + r.IntN(outageSpan)
+			if forever < 2 && r.IntN(3) == 0 {
+				heal, forever = -1, forever+1
+			}
+			sc.failures[t] = failure{kind: outage, from: from, heal: heal}
+		}
+	}
+
+	small := r.IntN(2) == 0
+	sc.SourceLimits = Limits{MaxBatchItems: 100, MaxBatchBytes: 4 << 20, MaxItemBytes: 400 << 10}
+	sc.TargetLimits = sc.SourceLimits
+	if small {
+		sc.SourceLimits = Limits{MaxBatchItems: pick(r, 6, 8, 12, 25), MaxBatchBytes: pick(r, 24<<10, 64<<10), MaxItemBytes: pick(r, 4<<10, 8<<10)}
+	}
+	if r.IntN(2) == 0 {
+		sc.TargetLimits = Limits{MaxBatchItems: pick(r, 6, 8, 16), MaxBatchBytes: pick(r, 2<<10, 8<<10, 64<<10), MaxItemBytes: pick(r, 1<<10, 4<<10)}
+	}
+	sc.PageBytes = pick(r, 0, 160, 300, 700)
+	sc.Budget = relaycore.RelayBudget{
+		FiresPerAlarm:  1 + r.IntN(3),
+		TargetsPerFire: 1 + r.IntN(4),
+		CallsPerTarget: 1 + r.IntN(2),
+		RowsPerFire:    pick(r, 2, 4, 8, 32),
+	}
+	sc.ClaimTTL = time.Duration(1+r.IntN(6)) * time.Second
+	sc.BackoffMax = time.Duration(1+r.IntN(4)) * time.Second
+	sc.LeaseTTL = time.Duration(2+r.IntN(6)) * time.Second
+	sc.SkewMargin = time.Duration(200+r.IntN(1500)) * time.Millisecond
+	sc.maxSkewMS = pick[int64](r, 0, 300, 1500, 3000)
+	sc.crashPer1000 = pick(r, 0, 5, 15, 30)
+	sc.ambiguousPer1000 = pick(r, 0, 5, 20)
+	sc.kickLossPer100 = pick(r, 0, 30, 100)
+	sc.kickDupPer100 = pick(r, 0, 30)
+	sc.firePer1000 = pick(r, 0, 5, 20)
+	sc.maxFiresPerSource = 1 + r.IntN(3)
+
+	// Writers: 1-3 per source (several make os CAS races); the
+	// lease-required source gets two competing lease holders instead, and
+	// sometimes a lease-less writer that must be refused.
+	value := 0
+	for _, s := range sc.Sources {
+		n := 1 + r.IntN(3)
+		lease := s == sc.LeaseSource
+		if lease {
+			n = 2
+		}
+		for w := range n {
+			wp := &writerPlan{name: fmt.Sprintf("w%d%s", w, s), source: s, lease: lease}
+			if lease {
+				wp.name = fmt.Sprintf("L%d%s", w, s)
+			}
+			nb := 2 + r.IntN(8)
+			for range nb {
+				bp := batchPlan{sleepMS: int64(r.IntN(3) * r.IntN(1500))}
+				if r.IntN(5) == 0 {
+					bp.deadlineMS = int64(r.IntN(400))
+				}
+				nr := 1 + r.IntN(6)
+				for range nr {
+					if row, ok := sc.genRow(r, s, &value); ok {
+						bp.rows = append(bp.rows, row)
+					}
+				}
+				if len(bp.rows) > 0 {
+					wp.batches = append(wp.batches, bp)
+				}
+			}
+			sc.writers = append(sc.writers, wp)
+		}
+		if lease && r.IntN(2) == 0 {
+			wp := &writerPlan{name: "nolease" + string(s), source: s}
+			if row, ok := sc.genRow(r, s, &value); ok {
+				wp.batches = append(wp.batches, batchPlan{rows: []relaycore.Row{row}, sleepMS: int64(r.IntN(3000))})
+				sc.writers = append(sc.writers, wp)
+			}
+		}
+	}
+	return sc
+}
+
+// genRow makes one row of source s: 1-4 keys of one target that s may
+// write. Owned keys get a put of a unique value or a delete; shared keys a
+// put of their fixed value.
+func (sc *Scenario) genRow(r *rand.Rand, s relaycore.Partition, value *int) (relaycore.Row, bool) {
+	for range 8 {
+		t := sc.Targets[r.IntN(len(sc.Targets))]
+		var mine []keySpec
+		for _, k := range sc.keys[t] {
+			if k.Owner == "" || k.Owner == s {
+				mine = append(mine, k)
+			}
+		}
+		if len(mine) == 0 {
+			continue
+		}
+		r.Shuffle(len(mine), func(i, j int) { mine[i], mine[j] = mine[j], mine[i] })
+		n := 1 + r.IntN(min(4, len(mine)))
+		row := relaycore.Row{Target: t}
+		for _, k := range mine[:n] {
+			switch {
+			case k.Owner == "":
+				row.Puts = append(row.Puts, relaycore.KV{Key: k.Key, Value: sharedValue(t, k.Key)})
+			case r.IntN(4) == 0:
+				row.Deletes = append(row.Deletes, k.Key)
+			default:
+				*value++
+				v := fmt.Sprintf("%s.%d", s, *value)
+				if r.IntN(8) == 0 {
+					v += string(make([]byte, r.IntN(300)))
+				}
+				row.Puts = append(row.Puts, relaycore.KV{Key: k.Key, Value: []byte(v)})
+			}
+		}
+		return row, true
+	}
+	return relaycore.Row{}, false
+}
+
+func sharedValue(t relaycore.Partition, key string) []byte {
+	return []byte("shared." + string(t) + "." + key)
+}

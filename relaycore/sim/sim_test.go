@@ -1,0 +1,139 @@
+package sim_test
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/relay-dev/relay/relaycore/sim"
+)
+
+var (
+	flagSeeds = flag.Int("seeds", 0, "run this many seeds on -store (0: the default mix on every store)")
+	flagSeed  = flag.Uint64("seed", 1, "first seed of a -seeds run")
+	flagStore = flag.String("store", "mem", "store for a -seeds run: mem, bolt or dynamo")
+	flagSteps = flag.Int("steps", 0, "chaos budget in store calls per seed (0: the store's default)")
+	flagDrop  = flag.String("drop", "", "comma-separated writer indexes to leave out (as printed by a shrunk failure)")
+	flagTrace = flag.Bool("simtrace", false, "print the trace of every seed (use with -seeds=1)")
+)
+
+// opener makes fresh stores for one run (see sim.Config.Open).
+type opener func(sc *sim.Scenario) (sim.Stores, func(), error)
+
+// backend is one store the simulation runs on, with its default share of
+// the plain `go test` run.
+type backend struct {
+	name  string
+	seeds int // seeds in the default run
+	first uint64
+	steps int
+	setup func(t *testing.T) opener
+}
+
+func backends() []backend {
+	return []backend{
+		{name: "mem", seeds: 300, first: 1, steps: 400, setup: memOpener},
+		{name: "bolt", seeds: 200, first: 100_001, steps: 300, setup: boltOpener},
+		{name: "dynamo", seeds: 120, first: 200_001, steps: 200, setup: dynamoOpener},
+	}
+}
+
+// TestSimulation runs seeds in parallel (GOMAXPROCS workers). Without
+// -seeds it runs the default mix on mem, bolt and dynamo; with -seeds=N
+// it runs seeds -seed..-seed+N-1 on -store. A failing seed is shrunk and
+// printed with its trace and the command that reproduces it.
+func TestSimulation(t *testing.T) {
+	for _, b := range backends() {
+		seeds, first := b.seeds, b.first
+		if *flagSeeds > 0 {
+			if b.name != *flagStore {
+				continue
+			}
+			seeds, first = *flagSeeds, *flagSeed
+		}
+		if *flagSteps > 0 {
+			b.steps = *flagSteps
+		}
+		if testing.Short() && *flagSeeds == 0 {
+			seeds /= 10
+		}
+		t.Run(b.name, func(t *testing.T) { runSeeds(t, b, first, seeds) })
+	}
+}
+
+func runSeeds(t *testing.T, b backend, first uint64, n int) {
+	drop := map[int]bool{}
+	for _, f := range strings.Split(*flagDrop, ",") {
+		if i, err := strconv.Atoi(strings.TrimSpace(f)); err == nil {
+			drop[i] = true
+		}
+	}
+	var (
+		next                                                atomic.Uint64
+		mu                                                  sync.Mutex
+		seedsRun, failed                                    int
+		steps, calls, crashes, committed, delivered, violat int
+	)
+	next.Store(first)
+	end := first + uint64(n)
+	open := b.setup(t)
+	start := time.Now()
+	workers := min(runtime.GOMAXPROCS(0), n)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for {
+				seed := next.Add(1) - 1
+				if seed >= end {
+					return
+				}
+				mu.Lock()
+				stop := failed >= 3
+				mu.Unlock()
+				if stop {
+					return
+				}
+				cfg := sim.Config{Seed: seed, Steps: b.steps, DropWriters: drop, Trace: *flagTrace, Open: open}
+				res := sim.Run(t.Context(), cfg)
+				mu.Lock()
+				seedsRun++
+				steps += res.Steps
+				calls += res.Calls
+				crashes += res.Crashes
+				committed += res.Committed
+				delivered += res.Delivered
+				violat += len(res.Violations)
+				if res.Failed() {
+					failed++
+				}
+				mu.Unlock()
+				if *flagTrace {
+					t.Logf("seed %d:\n%s", seed, sim.Report(cfg, res, 1<<30))
+				}
+				if res.Failed() {
+					reportFailure(t, b, cfg, res)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("sim summary: store=%s seeds=%d steps=%d store_calls=%d crashes=%d rows_committed=%d rows_delivered=%d violations=%d failed_seeds=%d workers=%d time=%s",
+		b.name, seedsRun, steps, calls, crashes, committed, delivered, violat, failed, workers, time.Since(start).Round(time.Millisecond))
+}
+
+func reportFailure(t *testing.T, b backend, cfg sim.Config, res sim.Result) {
+	t.Errorf("seed %d on %s FAILED:\n%s", cfg.Seed, b.name, sim.Report(cfg, res, 0))
+	small, sres := sim.Shrink(context.WithoutCancel(t.Context()), cfg)
+	repro := fmt.Sprintf("go test ./relaycore/sim -run 'TestSimulation$' -seeds=1 -seed=%d -store=%s -steps=%d", cfg.Seed, b.name, small.Steps)
+	if d := sim.DropList(small.DropWriters); d != "" {
+		repro += " -drop=" + d
+	}
+	t.Errorf("seed %d shrunk (reproduce: %s -simtrace -v):\n%s", cfg.Seed, repro, sim.Report(small, sres, 2000))
+}
