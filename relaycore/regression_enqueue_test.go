@@ -245,7 +245,7 @@ func TestRegressionStaleLeaseAndDeadlineFailClosed(t *testing.T) {
 	// Deadline passing between the snapshot and the batch.
 	l3, _ := relaycore.AcquireLease(e.ctx, e.src, e.source, "writer-2", 10*time.Second, e.clock.Now())
 	e.srcF.set(func(c call) error {
-		if c.Op == "get" && c.Key == relaycore.KeyLease {
+		if c.Op == "scan" && c.Key == relaycore.KeyAlarm { // the snapshot's read of alarm, lease and os
 			e.clock.Advance(time.Minute)
 		}
 		return nil

@@ -1,0 +1,122 @@
+package relaycore_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/relay-dev/relay/relaycore"
+)
+
+type recordingKicker struct {
+	mu    sync.Mutex
+	kicks []int64
+}
+
+func (k *recordingKicker) Kick(_ context.Context, _ relaycore.Partition, due int64) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.kicks = append(k.kicks, due)
+	return nil
+}
+
+// alarmItems says how one enqueue batch carries its relay kick: a put of
+// the alarm record, or a guard that it holds exactly that due time.
+func alarmItems(b relaycore.Batch) (puts, guards int) {
+	for _, w := range b.Writes {
+		if w.Key == relaycore.KeyAlarm {
+			puts++
+		}
+	}
+	for _, pc := range b.Preconditions {
+		if pc.Key == relaycore.KeyAlarm {
+			guards++
+		}
+	}
+	return puts, guards
+}
+
+// Every enqueue batch carries exactly one relay kick. The alarm is written
+// when its due time changes; a later link of the chain (same commit time)
+// guards the record it finds unchanged instead of rewriting it, and so does
+// an enqueue in the same millisecond. Exactly one fast-path kick per commit.
+func TestEnqueueBatchCarriesOneRelayKick(t *testing.T) {
+	e := newEnv(t, "free")
+	var batches []relaycore.Batch
+	e.srcF.set(func(c call) error {
+		if c.Op == "apply" {
+			batches = append(batches, c.Batch)
+		}
+		return nil
+	}, nil)
+	kicker := &recordingKicker{}
+	commit := func(rows []relaycore.Row) relaycore.CommitResult {
+		t.Helper()
+		res, err := relaycore.CommitRelayRows(e.ctx, e.srcF, e.clock, e.source, nil, time.Time{}, rows, relaycore.EnqueueConfig{Kicker: kicker})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	res := commit(chainRows(300, "a")) // two links
+	if res.Batches != 2 || len(batches) != 2 {
+		t.Fatalf("%d batches, want a chain of 2", res.Batches)
+	}
+	if p, g := alarmItems(batches[0]); p != 1 || g != 0 {
+		t.Fatalf("first link: %d alarm puts, %d guards; want the alarm written", p, g)
+	}
+	if p, g := alarmItems(batches[1]); p != 0 || g != 1 {
+		t.Fatalf("second link: %d alarm puts, %d guards; want the unchanged alarm guarded", p, g)
+	}
+	commit([]relaycore.Row{put("t", "k", "same ms")})
+	if p, g := alarmItems(batches[2]); p != 0 || g != 1 {
+		t.Fatalf("same-millisecond enqueue: %d puts, %d guards", p, g)
+	}
+	e.clock.Advance(time.Millisecond)
+	res = commit([]relaycore.Row{put("t", "k", "later")})
+	if p, g := alarmItems(batches[3]); p != 1 || g != 0 {
+		t.Fatalf("later enqueue: %d puts, %d guards; want the alarm moved to its commit time", p, g)
+	}
+	if a := e.inspect(e.source).Alarm; a == nil || a.DueMS != res.AlarmDueMS {
+		t.Fatalf("alarm %+v, want due %d", a, res.AlarmDueMS)
+	}
+	if len(kicker.kicks) != 3 {
+		t.Fatalf("%d kicks for 3 commits", len(kicker.kicks))
+	}
+}
+
+// If the alarm changes between two links (an Alarm re-armed it), the second
+// link's guard fails and its rows are re-planned: they are committed once,
+// with a wake-up due no later than their commit.
+func TestEnqueueAlarmGuardRaceReplans(t *testing.T) {
+	e := newEnv(t, "free")
+	applies := 0
+	e.srcF.set(func(c call) error {
+		if c.Op != "apply" {
+			return nil
+		}
+		applies++
+		if applies == 2 { // before the second link: an alarm handler re-arms
+			return e.src.Apply(e.ctx, e.source, relaycore.Batch{Writes: []relaycore.Write{{Key: relaycore.KeyAlarm, Value: []byte(`{"due_ms":1}`), Due: 1}}})
+		}
+		return nil
+	}, nil)
+	rows := chainRows(300, "a")
+	res, err := relaycore.CommitRelayRows(e.ctx, e.srcF, e.clock, e.source, nil, time.Time{}, rows, relaycore.EnqueueConfig{})
+	e.srcF.set(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Replans != 1 {
+		t.Fatalf("replans = %d, want 1", res.Replans)
+	}
+	v := e.inspect(e.source)
+	if n := len(v.Rows()); n != 300 {
+		t.Fatalf("%d rows in the outbox, want 300", n)
+	}
+	if v.Alarm == nil || v.Alarm.DueMS > res.AlarmDueMS {
+		t.Fatalf("alarm %+v after the race, want one due by %d", v.Alarm, res.AlarmDueMS)
+	}
+	e.drain(e.source, 50)
+}
