@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -241,4 +243,27 @@ func TestFireReturnsStorageErrors(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "table unreachable") || errors.Is(err, event.ErrInvalidEvent) {
 		t.Fatalf("err = %v, want the storage error (Lambda retries, then the DLQ)", err)
 	}
+}
+
+// FuzzParseEvent: whatever arrives, the parser either refuses it with an
+// *event.InvalidEventError or yields a source the engine accepts.
+func FuzzParseEvent(f *testing.F) {
+	for _, name := range []string{"fire.json", "malformed.json", "sweep.json"} {
+		if data, err := os.ReadFile(filepath.Join("..", "..", "events", name)); err == nil {
+			f.Add(data)
+		}
+	}
+	f.Add([]byte(`{"source":"_relay/x"}`))
+	f.Fuzz(func(t *testing.T, payload []byte) {
+		_, src, err := fire.ParseEvent(payload)
+		if err != nil {
+			if !errors.Is(err, event.ErrInvalidEvent) {
+				t.Fatalf("error %v is not an invalid event error", err)
+			}
+			return
+		}
+		if src == "" || len(src) > relaycore.MaxPartitionLen || strings.HasPrefix(string(src), relaycore.ReservedPrefix) {
+			t.Fatalf("accepted source %q", src)
+		}
+	})
 }
