@@ -22,7 +22,8 @@
 //     seq per (source, target); nothing is promised across targets.
 //   - page: the stored unit of the outbox: rows of ONE target with
 //     contiguous seqs, from one enqueue batch, in a compact binary encoding
-//     (docs/layout.md).
+//     (shared key prefixes, the row section DEFLATE-compressed when that
+//     shortens it; docs/layout.md), filled close below PageBytes.
 //   - os (outbox state): next seq, a version bumped by every write, the last
 //     commit time and the lease-required flag. Every enqueue batch guards it
 //     and puts its successor (compare-and-set), so enqueuers serialize.
@@ -60,6 +61,12 @@
 //     Paid plans). A fire inspects at most 4×RowsPerFire rows.
 //   - watermark: RelayWatermark, a commit-time lower bound of the undelivered
 //     outbox; TargetWatermark is a target's rh.
+//   - hook: a RelayHook adds writes to each target batch, atomically with
+//     the rows and the rh advance (NoHook, HolderRelayHook,
+//     TakedownRequestTimer).
+//   - takedown handoff: TakedownRequestTimer turns each ContentTakedownV1
+//     request a row carries into a durable record holding the request and
+//     a timer for the future takedown owner; it never acknowledges one.
 //   - lease: an optional single-writer lease on a source. Enqueue batches of
 //     a holder guard the lease record, so a stale holder fails closed.
 //     Sources declared lease-required refuse enqueue without one.
