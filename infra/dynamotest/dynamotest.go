@@ -11,9 +11,11 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/json"
+	"hash/crc32"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -62,12 +64,23 @@ type tokenState struct {
 // Start runs an endpoint until the test ends.
 func Start(tb testing.TB) *Endpoint {
 	tb.Helper()
+	e := New()
+	tb.Cleanup(e.Close)
+	return e
+}
+
+// New runs an endpoint on 127.0.0.1 until Close. Programs (the relay
+// demo's --store dynamo) use it to exercise the DynamoDB code path without
+// AWS; tests use Start.
+func New() *Endpoint {
 	e := &Endpoint{Mini: server.NewServer(), tokens: map[string]tokenState{}}
 	e.srv = httptest.NewServer(http.HandlerFunc(e.serve))
 	e.URL = e.srv.URL
-	tb.Cleanup(e.srv.Close)
 	return e
 }
+
+// Close stops the endpoint; its tables are gone.
+func (e *Endpoint) Close() { e.srv.Close() }
 
 // IgnoreTokens makes the endpoint behave like bare minidyn, which ignores
 // ClientRequestToken: a repeated request is executed again. Tests use it
@@ -92,7 +105,22 @@ func (e *Endpoint) Tokens() int {
 	return n
 }
 
+// serve answers like DynamoDB, including the X-Amz-Crc32 header DynamoDB
+// puts on every response (minidyn omits it, and the SDK logs a warning for
+// each response without it).
 func (e *Endpoint) serve(w http.ResponseWriter, r *http.Request) {
+	rec := httptest.NewRecorder()
+	e.handle(rec, r)
+	body := rec.Body.Bytes()
+	for k, v := range rec.Header() {
+		w.Header()[k] = v
+	}
+	w.Header().Set("X-Amz-Crc32", strconv.FormatUint(uint64(crc32.ChecksumIEEE(body)), 10))
+	w.WriteHeader(rec.Code)
+	_, _ = w.Write(body)
+}
+
+func (e *Endpoint) handle(w http.ResponseWriter, r *http.Request) {
 	op := r.Header.Get("X-Amz-Target")
 	op = op[strings.LastIndexByte(op, '.')+1:]
 	switch op {

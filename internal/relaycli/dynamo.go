@@ -3,17 +3,13 @@ package relaycli
 import (
 	"context"
 	"fmt"
-	"net"
-	"net/http"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
-	"github.com/truora/minidyn/server"
 
 	"github.com/relay-dev/relay/infra/dynamo"
+	"github.com/relay-dev/relay/infra/dynamotest"
 	"github.com/relay-dev/relay/internal/demo"
 )
 
@@ -37,20 +33,10 @@ func openDynamo(ctx context.Context, o dynamoOptions) (demo.Stores, func(), erro
 	)
 	switch o.endpoint {
 	case "":
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return demo.Stores{}, nil, err
-		}
-		srv := &http.Server{Handler: server.NewServer(), ReadHeaderTimeout: 10 * time.Second}
-		go srv.Serve(ln)
-		closeFn = func() { srv.Close() }
-		url := "http://" + ln.Addr().String()
-		client = dynamodb.New(dynamodb.Options{
-			Region:       "us-east-1",
-			BaseEndpoint: aws.String(url),
-			Credentials:  credentials.NewStaticCredentialsProvider("relay", "relay", ""),
-		})
-		name = "dynamo:in-process minidyn " + url
+		ep := dynamotest.New()
+		closeFn = ep.Close
+		client = ep.Client(nil)
+		name = "dynamo:in-process minidyn " + ep.URL
 		opts.DueMode = dynamo.DueScan
 	default:
 		cfg, err := config.LoadDefaultConfig(ctx)
