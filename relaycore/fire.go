@@ -385,7 +385,10 @@ scan:
 				continue
 			}
 			tw := byTarget[page.Target]
-			size := caps.ItemSize(source, page.Key, len(it.Value))
+			// The checkpoint deletes the page or rewrites its remaining rows;
+			// a rewrite may compress worse than the stored page, never beyond
+			// the rows with full keys uncompressed.
+			size := caps.ItemSize(source, page.Key, max(len(it.Value), pageRewriteBound(page)))
 			if (tw == nil && len(sel) == b.TargetsPerFire) || pagesRoom == 0 || size > bytesRoom {
 				stopAt(rows[0].Seq-1, page.Key)
 				break scan

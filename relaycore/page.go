@@ -227,6 +227,17 @@ func rowEncodedLen(r Row) int {
 	return n
 }
 
+// pageRewriteBound bounds the encoding of any suffix of p's rows under p's
+// header: a codec never writes more than the rows with full keys
+// uncompressed.
+func pageRewriteBound(p Page) int {
+	n := pageHeaderMax(p.Tag, p.Target)
+	for _, r := range p.Rows {
+		n += rowEncodedLen(r)
+	}
+	return n
+}
+
 type pageReader struct {
 	b   []byte
 	err bool

@@ -404,3 +404,24 @@ func TestPlanPagesFillBelowBudget(t *testing.T) {
 		})
 	}
 }
+
+// A partly delivered page's rewrite never exceeds pageRewriteBound, which
+// the fire reserves in its checkpoint batch.
+func TestPageRewriteWithinBound(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 4))
+	var c pageCodec
+	for i := 0; i < 200; i++ {
+		p := randomPage(rng)
+		bound := pageRewriteBound(p)
+		for k := 0; k < len(p.Rows); k++ {
+			rest := p
+			rest.Rows = p.Rows[k:]
+			rest.First += uint64(k)
+			if n := len(c.encode(rest)); n > bound {
+				t.Fatalf("seed %d page %d: rewrite from row %d is %d bytes, bound %d", seed, i, k, n, bound)
+			}
+		}
+	}
+}
