@@ -17,9 +17,10 @@ import (
 // stores directly (never through the gate) after every store call that
 // may have changed them, so each check sees exactly one more step.
 type checker struct {
-	s   *simulation
-	src map[relaycore.Partition]*srcShadow
-	tgt map[relaycore.Partition]*tgtShadow
+	s            *simulation
+	src          map[relaycore.Partition]*srcShadow
+	tgt          map[relaycore.Partition]*tgtShadow
+	sourceChecks int
 }
 
 // srcShadow is what the checker knows about one source.
@@ -211,7 +212,10 @@ func (c *checker) afterSource(a *actor, req *request) {
 		s.violate("source %s: %d rows in the outbox but no durable alarm (lost wake-up)", p, len(cur))
 	}
 	sh.view, sh.rows = view, cur
-	c.checkQueries(p, false)
+	c.sourceChecks++
+	if n := s.cfg.QueryEvery; n <= 1 || c.sourceChecks%n == 0 {
+		c.checkQueries(p, false)
+	}
 }
 
 // checkEnqueuer checks who committed new rows: a writer, holding the

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,6 +35,7 @@ type backend struct {
 	seeds int // seeds in the default run
 	first uint64
 	steps int
+	query int // Config.QueryEvery
 	setup func(t *testing.T) opener
 }
 
@@ -41,7 +43,7 @@ func backends() []backend {
 	return []backend{
 		{name: "mem", seeds: 300, first: 1, steps: 400, setup: memOpener},
 		{name: "bolt", seeds: 200, first: 100_001, steps: 300, setup: boltOpener},
-		{name: "dynamo", seeds: 120, first: 200_001, steps: 200, setup: dynamoOpener},
+		{name: "dynamo", seeds: 100, first: 200_001, steps: 120, query: 4, setup: dynamoOpener},
 	}
 }
 
@@ -79,6 +81,7 @@ func runSeeds(t *testing.T, b backend, first uint64, n int) {
 		next                                                atomic.Uint64
 		mu                                                  sync.Mutex
 		seedsRun, failed                                    int
+		failedSeeds                                         []uint64
 		steps, calls, crashes, committed, delivered, violat int
 	)
 	next.Store(first)
@@ -94,13 +97,7 @@ func runSeeds(t *testing.T, b backend, first uint64, n int) {
 				if seed >= end {
 					return
 				}
-				mu.Lock()
-				stop := failed >= 3
-				mu.Unlock()
-				if stop {
-					return
-				}
-				cfg := sim.Config{Seed: seed, Steps: b.steps, DropWriters: drop, Trace: *flagTrace, Open: open}
+				cfg := sim.Config{Seed: seed, Steps: b.steps, DropWriters: drop, Trace: *flagTrace, QueryEvery: b.query, Open: open}
 				res := sim.Run(t.Context(), cfg)
 				mu.Lock()
 				seedsRun++
@@ -110,14 +107,17 @@ func runSeeds(t *testing.T, b backend, first uint64, n int) {
 				committed += res.Committed
 				delivered += res.Delivered
 				violat += len(res.Violations)
+				report := false
 				if res.Failed() {
 					failed++
+					report = failed <= 3 // shrink and print the first few; count them all
+					failedSeeds = append(failedSeeds, seed)
 				}
 				mu.Unlock()
 				if *flagTrace {
 					t.Logf("seed %d:\n%s", seed, sim.Report(cfg, res, 1<<30))
 				}
-				if res.Failed() {
+				if report {
 					reportFailure(t, b, cfg, res)
 				}
 			}
@@ -126,6 +126,10 @@ func runSeeds(t *testing.T, b backend, first uint64, n int) {
 	wg.Wait()
 	t.Logf("sim summary: store=%s seeds=%d steps=%d store_calls=%d crashes=%d rows_committed=%d rows_delivered=%d violations=%d failed_seeds=%d workers=%d time=%s",
 		b.name, seedsRun, steps, calls, crashes, committed, delivered, violat, failed, workers, time.Since(start).Round(time.Millisecond))
+	if len(failedSeeds) > 0 {
+		slices.Sort(failedSeeds)
+		t.Errorf("failing seeds on %s: %v", b.name, failedSeeds)
+	}
 }
 
 func reportFailure(t *testing.T, b backend, cfg sim.Config, res sim.Result) {
