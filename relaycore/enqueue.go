@@ -432,8 +432,8 @@ func rowProblem(source Partition, r Row, caps, tc Capabilities) string {
 		switch {
 		case k == "":
 			return "empty key"
-		case len(k) > MaxKeyLen:
-			return fmt.Sprintf("key of %d bytes, limit %d", len(k), MaxKeyLen)
+		case tc.KeyLen(k) > MaxKeyLen:
+			return fmt.Sprintf("key of %d bytes as stored by the target store, limit %d", tc.KeyLen(k), MaxKeyLen)
 		case strings.HasPrefix(k, ReservedPrefix):
 			return fmt.Sprintf("key %q uses the reserved prefix %q", k, ReservedPrefix)
 		}

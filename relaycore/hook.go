@@ -68,3 +68,34 @@ func (h HolderRelayHook) BeforeApply(_ context.Context, req HookRequest) ([]Writ
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out, nil
 }
+
+// ChainHooks runs several hooks as one: for each apply attempt each hook
+// runs in order, sees the room the earlier hooks left, and the writes are
+// concatenated. The first error stops the chain and is returned (the
+// target's rows stay queued, as for any hook error). Two hooks writing the
+// same key is an error, because a target batch cannot touch a key twice.
+func ChainHooks(hooks ...RelayHook) RelayHook { return hookChain(hooks) }
+
+type hookChain []RelayHook
+
+// BeforeApply implements RelayHook.
+func (c hookChain) BeforeApply(ctx context.Context, req HookRequest) ([]Write, error) {
+	var out []Write
+	seen := map[string]int{}
+	for i, h := range c {
+		ws, err := h.BeforeApply(ctx, req)
+		if err != nil {
+			return nil, fmt.Errorf("hook %d: %w", i, err)
+		}
+		for _, w := range ws {
+			if j, dup := seen[w.Key]; dup {
+				return nil, fmt.Errorf("hooks %d and %d both write key %q", j, i, w.Key)
+			}
+			seen[w.Key] = i
+			req.RoomItems--
+			req.RoomBytes -= len(w.Key) + len(w.Value)
+		}
+		out = append(out, ws...)
+	}
+	return out, nil
+}

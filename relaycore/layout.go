@@ -27,7 +27,9 @@ const ReservedPrefix = "_relay/"
 
 const rhPrefix = ReservedPrefix + "rh/"
 
-// MaxKeyLen bounds a relay row key (DynamoDB's sort-key limit is 1024 bytes).
+// MaxKeyLen bounds a relay row key as the target store keeps it
+// (Capabilities.KeyLen): DynamoDB's sort-key limit is 1024 bytes, and
+// infra/dynamo widens non-ASCII bytes to two.
 const MaxKeyLen = 1024
 
 // recentTags is how many of the latest enqueue batch tags os remembers so

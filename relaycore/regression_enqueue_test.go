@@ -53,6 +53,21 @@ func TestRegressionEnqueueValidation(t *testing.T) {
 			}
 		})
 	}
+	t.Run("key too long once widened by the target store", func(t *testing.T) {
+		e := newEnv(t, "free")
+		wide := relaycore.Capabilities{MaxBatchItems: 100, MaxBatchBytes: 4 << 20, MaxItemBytes: 400 << 10, ItemOverhead: 23, WideNonASCII: true}
+		key := strings.Repeat("é", 300) // 600 bytes, 1200 as DynamoDB keeps it
+		_, err := relaycore.CommitRelayRows(e.ctx, e.src, e.clock, e.source, nil, time.Time{},
+			[]relaycore.Row{put("t", key, "v")}, relaycore.EnqueueConfig{TargetCaps: wide})
+		var re *relaycore.RowError
+		if !errors.As(err, &re) || !strings.Contains(re.Reason, "as stored by the target store") {
+			t.Fatalf("err = %v, want a row error for the widened key length", err)
+		}
+		if _, err := relaycore.CommitRelayRows(e.ctx, e.src, e.clock, e.source, nil, time.Time{},
+			[]relaycore.Row{put("t", key, "v")}, relaycore.EnqueueConfig{}); err != nil {
+			t.Fatalf("the same key on a store that keeps bytes as they are: %v", err)
+		}
+	})
 	t.Run("98 keys fit", func(t *testing.T) {
 		e := newEnv(t, "free")
 		many.Puts = many.Puts[:98]
