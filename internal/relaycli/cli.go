@@ -5,7 +5,6 @@ package relaycli
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -22,6 +21,11 @@ import (
 
 // Run executes the relay command with args and returns the exit code.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return RunWithInput(ctx, args, nil, stdout, stderr)
+}
+
+// RunWithInput is Run with stdin supplied (nil = os.Stdin).
+func RunWithInput(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	root := &cobra.Command{
 		Use:           "relay",
 		Short:         "Relay: reliable outbox delivery from sources to targets",
@@ -31,7 +35,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetArgs(args)
-	root.AddCommand(demoCmd(stdout, stderr), statusCmd(stdout))
+	root.AddCommand(demoCmd(stdout, stderr), statusCmd(stdout), enqueueCmd(stdinOr(stdin), stdout), fireCmd(stdout))
 	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(stderr, "relay:", err)
 		return 1
@@ -114,8 +118,8 @@ func statusCmd(stdout io.Writer) *cobra.Command {
 		Short: "Show a source's outbox: os, scan cycle, undelivered rows, watermark",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if dbPath == "" {
-				return errors.New("--db is required")
+			if err := needDB(dbPath); err != nil {
+				return err
 			}
 			if _, err := os.Stat(dbPath); err != nil {
 				return fmt.Errorf("--db: %w", err)

@@ -75,3 +75,35 @@ func TestDemoOnDynamo(t *testing.T) {
 		t.Fatalf("summary %s", out.String())
 	}
 }
+
+// enqueue → status → fire → status on one bbolt file, as an operator would.
+func TestEnqueueFireStatus(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "r.db")
+	run := func(stdin string, args ...string) string {
+		t.Helper()
+		var out, errb bytes.Buffer
+		if code := RunWithInput(context.Background(), args, strings.NewReader(stdin), &out, &errb); code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, errb.String())
+		}
+		return out.String()
+	}
+	body := `{"rows":[{"target":"t1","puts":[{"key":"a","value":"aGVsbG8="}]},{"target":"t2","deletes":["b"]}]}`
+	if out := run(body, "enqueue", "--db", db, "--source", "orders"); !strings.Contains(out, `"seqs":[1,2]`) {
+		t.Fatalf("enqueue printed %s", out)
+	}
+	if out := run("", "status", "--db", db, "orders"); !strings.Contains(out, `"Empty": false`) {
+		t.Fatalf("status before fire: %s", out)
+	}
+	if out := run("", "fire", "--db", db, "orders"); !strings.Contains(out, "2 rows delivered") || !strings.Contains(out, "outbox empty: true") {
+		t.Fatalf("fire printed %s", out)
+	}
+	if out := run("", "status", "--db", db, "orders"); !strings.Contains(out, `"Empty": true`) {
+		t.Fatalf("status after fire: %s", out)
+	}
+	// A bad body is refused and writes nothing.
+	var out, errb bytes.Buffer
+	if code := RunWithInput(context.Background(), []string{"enqueue", "--db", db, "--source", "orders"},
+		strings.NewReader(`{"rows":[{"target":"t1","puts":[{"key":"a"}]}]}`), &out, &errb); code == 0 || !strings.Contains(errb.String(), "value is required") {
+		t.Fatalf("bad body: exit %d, %s", code, errb.String())
+	}
+}
