@@ -1,5 +1,5 @@
 // Command fire is the fire Lambda function: one alarm for one source,
-// invoked by alarm schedules (lambda/fire).
+// invoked by alarm schedules and by its own continuations (lambda/fire).
 package main
 
 import (
@@ -22,6 +22,7 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 		fmt.Fprintln(stderr, "fire: start:", err)
 		return 1
 	}
-	lambda.StartWithOptions((&fire.Handler{Relay: d.Relay, Logger: d.Logger}).Handle, lambda.WithContext(ctx))
+	h := &fire.Handler{Relay: d.Relay, Logger: d.Logger, Continue: d.Invoker, MaxHops: d.Config.ContinuationHops, Clock: d.Clock}
+	lambda.StartWithOptions(h.Handle, lambda.WithContext(ctx))
 	return 0
 }

@@ -19,9 +19,11 @@ import (
 	"io"
 	"log/slog"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/relay-dev/relay/infra/dynamo"
+	"github.com/relay-dev/relay/lambda/fire"
 	"github.com/relay-dev/relay/relaycore"
 )
 
@@ -37,6 +39,8 @@ const (
 	VarFireFunctionARN   = "FIRE_FUNCTION_ARN"        // schedule target (required)
 	VarDynamoDBEndpoint  = "RELAY_DYNAMODB_ENDPOINT"  // optional base URL (sam local, tests)
 	VarSchedulerEndpoint = "RELAY_SCHEDULER_ENDPOINT" // optional base URL (sam local, tests)
+	VarLambdaEndpoint    = "RELAY_LAMBDA_ENDPOINT"    // optional base URL for continuations (tests)
+	VarContinuationHops  = "CONTINUATION_HOPS"        // 0..fire.MaxContinuationHops (default fire.DefaultMaxHops)
 	VarRegion            = "AWS_REGION"               // set by Lambda (required)
 )
 
@@ -56,10 +60,14 @@ type Config struct {
 	ScheduleGroup            string
 	SchedulerRoleARN         string
 	FireFunctionARN          string
-	// DynamoDBEndpoint and SchedulerEndpoint override the AWS endpoints
-	// when non-empty (local DynamoDB-API servers, test fakes).
-	DynamoDBEndpoint, SchedulerEndpoint string
-	Region                              string
+	// DynamoDBEndpoint, SchedulerEndpoint and LambdaEndpoint override the
+	// AWS endpoints when non-empty (local DynamoDB-API servers, test
+	// fakes).
+	DynamoDBEndpoint, SchedulerEndpoint, LambdaEndpoint string
+	Region                                              string
+	// ContinuationHops bounds the fire function's self-invocations per
+	// kick (lambda/fire); 0 turns them off. Only the fire function uses it.
+	ContinuationHops int
 }
 
 // Parse reads the configuration through getenv (os.Getenv in mains) and
@@ -118,10 +126,22 @@ func Parse(getenv func(string) string) (Config, error) {
 	}
 	c.Region = required(VarRegion)
 
+	c.ContinuationHops = fire.DefaultMaxHops
+	if v := get(VarContinuationHops); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > fire.MaxContinuationHops {
+			// Above the limit Lambda's recursive loop detection would stop
+			// the chain and dead-letter its event.
+			bad("%s=%q: want an integer 0..%d", VarContinuationHops, v, fire.MaxContinuationHops)
+		} else {
+			c.ContinuationHops = n
+		}
+	}
+
 	for _, ep := range []struct {
 		name string
 		dst  *string
-	}{{VarDynamoDBEndpoint, &c.DynamoDBEndpoint}, {VarSchedulerEndpoint, &c.SchedulerEndpoint}} {
+	}{{VarDynamoDBEndpoint, &c.DynamoDBEndpoint}, {VarSchedulerEndpoint, &c.SchedulerEndpoint}, {VarLambdaEndpoint, &c.LambdaEndpoint}} {
 		v := get(ep.name)
 		if v == "" {
 			continue

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/relay-dev/relay/lambda/fire"
 	"github.com/relay-dev/relay/relaycore"
 )
 
@@ -60,6 +61,10 @@ func TestParseRefuses(t *testing.T) {
 		{"same table", func(m map[string]string) { m[VarTargetTable] = m[VarSourceTable] }, []string{"different tables"}},
 		{"not an arn", func(m map[string]string) { m[VarFireFunctionARN] = "relay-fire" }, []string{`FIRE_FUNCTION_ARN="relay-fire" is not an ARN`}},
 		{"endpoint", func(m map[string]string) { m[VarSchedulerEndpoint] = "localhost:8001" }, []string{"RELAY_SCHEDULER_ENDPOINT", "not an http(s) URL"}},
+		{"lambda endpoint", func(m map[string]string) { m[VarLambdaEndpoint] = "ftp://x" }, []string{"RELAY_LAMBDA_ENDPOINT", "not an http(s) URL"}},
+		{"hops above lambda's loop detection", func(m map[string]string) { m[VarContinuationHops] = "15" }, []string{`CONTINUATION_HOPS="15": want an integer 0..14`}},
+		{"negative hops", func(m map[string]string) { m[VarContinuationHops] = "-1" }, []string{`CONTINUATION_HOPS="-1"`}},
+		{"hops not a number", func(m map[string]string) { m[VarContinuationHops] = "many" }, []string{`CONTINUATION_HOPS="many"`}},
 		{"every problem at once", func(m map[string]string) { clear(m); m[VarPlan] = "enterprise" }, []string{
 			"unknown plan", "SOURCE_TABLE is required", "TARGET_TABLE is required", "SCHEDULE_GROUP is required",
 			"SCHEDULER_ROLE_ARN is required", "FIRE_FUNCTION_ARN is required", "AWS_REGION is required",
@@ -78,6 +83,17 @@ func TestParseRefuses(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestParseContinuationHops(t *testing.T) {
+	for in, want := range map[string]int{"": fire.DefaultMaxHops, "0": 0, " 3 ": 3, "14": fire.MaxContinuationHops} {
+		m := valid()
+		m[VarContinuationHops] = in
+		c, err := Parse(getenv(m))
+		if err != nil || c.ContinuationHops != want {
+			t.Errorf("CONTINUATION_HOPS=%q: %d, %v; want %d", in, c.ContinuationHops, err, want)
+		}
 	}
 }
 

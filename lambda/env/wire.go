@@ -9,12 +9,17 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/lambda"
 	awsscheduler "github.com/aws/aws-sdk-go-v2/service/scheduler"
 
 	"github.com/relay-dev/relay/infra/dynamo"
+	"github.com/relay-dev/relay/infra/lambdainvoke"
 	"github.com/relay-dev/relay/infra/scheduler"
+	"github.com/relay-dev/relay/lambda/fire"
 	"github.com/relay-dev/relay/relaycore"
 )
+
+var _ fire.Continuer = (*lambdainvoke.Invoker)(nil)
 
 // Deps are a function's wired dependencies, built once per execution
 // environment (at init, outside the handler) and shared by its
@@ -28,6 +33,10 @@ type Deps struct {
 	Source, Target *dynamo.Store
 	// Kicker arms one-time alarm schedules for the fire function.
 	Kicker *scheduler.Kicker
+	// Invoker continues a source by invoking the fire function
+	// asynchronously; only the fire function uses it (its IAM policy is
+	// the only one granting lambda:InvokeFunction).
+	Invoker *lambdainvoke.Invoker
 	// Relay runs fires and alarms with the plan's budget, kicking through
 	// Kicker when it re-arms.
 	Relay *relaycore.RelayHandler
@@ -37,6 +46,10 @@ type Deps struct {
 // sit on the enqueue path and are best effort (the durable alarm and the
 // sweep back them up), so one retry is enough.
 const schedulerAttempts = 2
+
+// lambdaAttempts bounds the SDK's attempts per continuation invoke, for
+// the same reason: the alarm's Scheduler kick covers a lost one.
+const lambdaAttempts = 2
 
 // Load parses the environment through getenv and wires the dependencies,
 // logging JSON to logOut. AWS credentials come from the SDK's default
@@ -77,13 +90,24 @@ func Wire(cfg Config, awsCfg aws.Config, logger *slog.Logger) (*Deps, error) {
 	if err != nil {
 		return nil, fmt.Errorf("wire: %w", err)
 	}
+	lc := lambda.NewFromConfig(awsCfg, func(o *lambda.Options) {
+		if cfg.LambdaEndpoint != "" {
+			o.BaseEndpoint = aws.String(cfg.LambdaEndpoint)
+		}
+		o.RetryMaxAttempts = lambdaAttempts
+	})
+	invoker, err := lambdainvoke.New(lambdainvoke.Config{Client: lc, FunctionARN: cfg.FireFunctionARN})
+	if err != nil {
+		return nil, fmt.Errorf("wire: %w", err)
+	}
 	d := &Deps{
-		Config: cfg,
-		Logger: logger,
-		Clock:  clock,
-		Source: dynamo.New(ddb, cfg.SourceTable, dynamo.Options{}),
-		Target: dynamo.New(ddb, cfg.TargetTable, dynamo.Options{}),
-		Kicker: kicker,
+		Config:  cfg,
+		Logger:  logger,
+		Clock:   clock,
+		Source:  dynamo.New(ddb, cfg.SourceTable, dynamo.Options{}),
+		Target:  dynamo.New(ddb, cfg.TargetTable, dynamo.Options{}),
+		Kicker:  kicker,
+		Invoker: invoker,
 	}
 	d.Relay = &relaycore.RelayHandler{
 		Source: d.Source,

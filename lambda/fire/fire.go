@@ -9,6 +9,29 @@
 // nothing) and kicks the scheduler, which arms the next invocation; when
 // the outbox is empty it deletes the alarm record.
 //
+// Continuation. A Scheduler kick runs at least five seconds later, often
+// more, so a backlog that needs many alarms would drain at Scheduler's
+// pace. When an alarm moved rows and the alarm it re-armed is already due,
+// the handler also invokes the fire function again at once, asynchronously
+// (Continuer), with {"source":...,"hop":N+1}. The durable alarm and the
+// Scheduler kick stay as they are: the continuation is best effort, and a
+// duplicate fire (continuation and schedule) is harmless because of the
+// engine's fire claim.
+//
+// The chain is bounded three ways, so a bug cannot loop forever:
+//   - hops: an invocation started by a schedule, the sweep or an operator is
+//     hop 0; a continuation of hop N is N+1, and hop MaxHops continues no
+//     further (the schedule armed by the same alarm takes over). An event
+//     with a hop outside 0..MaxContinuationHops is refused.
+//   - work: only an alarm that delivered or cleaned rows continues, so a
+//     chain is never longer than the rows it moves; a fire that found
+//     nothing to do, a busy fire (another invocation holds the claim) and
+//     an alarm that backed off (the re-armed due time is in the future)
+//     never continue.
+//   - Lambda: with the function's recursive loop detection on (the
+//     default), Lambda itself stops a chain of about 16 invocations;
+//     MaxContinuationHops keeps the chain below that.
+//
 // Scheduler and Lambda async invocation are at-least-once, so the same
 // event may arrive twice, even concurrently. That is safe and cheap: the
 // engine's fire claim (a guarded write of rs) lets one invocation work and
@@ -20,6 +43,7 @@ package fire
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 
 	"github.com/relay-dev/relay/lambda/event"
@@ -31,16 +55,48 @@ type Alarmer interface {
 	Alarm(ctx context.Context, source relaycore.Partition) (relaycore.AlarmResult, error)
 }
 
+// Continuer starts another invocation of the fire function for source, as
+// hop hop of the current chain, without waiting for it;
+// *lambdainvoke.Invoker is one. An error means the continuation may not
+// run; the handler logs it and relies on the Scheduler kick.
+type Continuer interface {
+	Continue(ctx context.Context, source relaycore.Partition, hop int) error
+}
+
+// MaxContinuationHops is the largest hop an event may carry and the
+// largest MaxHops. A chain is at most 1+MaxHops invocations, which keeps
+// it below the ~16 invocations after which Lambda's recursive loop
+// detection stops a chain (and dead-letters its event).
+const MaxContinuationHops = 14
+
+// DefaultMaxHops is the continuation bound the template deploys
+// (ContinuationHops): 13 alarms per kick, 208 targets on the free plan.
+const DefaultMaxHops = 12
+
 // Handler handles fire events. Relay is required; a nil Logger discards.
+// Continue nil or MaxHops 0 turns continuation off (every re-armed alarm
+// then waits for its schedule or the sweep).
 type Handler struct {
 	Relay  Alarmer
 	Logger *slog.Logger
+	// Continue continues a source whose alarm moved rows and is due again.
+	Continue Continuer
+	// MaxHops bounds continuations per kick (0..MaxContinuationHops).
+	MaxHops int
+	// Clock tells whether the re-armed alarm is already due; nil means
+	// relaycore.SystemClock. Use the RelayHandler's clock.
+	Clock relaycore.Clock
 }
 
-// Event is the fire function's input. It is exactly what an alarm
-// schedule sends (infra/scheduler.FireInput); events/fire.json is one.
+// Event is the fire function's input. A schedule sends {"source":...}
+// (infra/scheduler.FireInput; events/fire.json is one); a continuation
+// adds "hop" (infra/lambdainvoke.Input).
 type Event struct {
 	Source string `json:"source"`
+	// Hop is the invocation's place in a continuation chain: 0 (absent)
+	// for a schedule, the sweep or an operator, N+1 for the continuation
+	// of hop N. At most MaxContinuationHops.
+	Hop int `json:"hop,omitempty"`
 }
 
 // Result is the handler's response: what the alarm did. Async invocations
@@ -61,6 +117,10 @@ type Result struct {
 	// Otherwise NextDueMS is the re-armed alarm's due time (0 when Busy).
 	Cleared   bool  `json:"cleared,omitempty"`
 	NextDueMS int64 `json:"next_due_ms,omitempty"`
+	// Hop is the event's hop; Continued means this invocation queued the
+	// next hop (an async invoke Lambda accepted).
+	Hop       int  `json:"hop,omitempty"`
+	Continued bool `json:"continued,omitempty"`
 }
 
 // ParseEvent decodes and validates a fire event.
@@ -73,7 +133,21 @@ func ParseEvent(payload []byte) (Event, relaycore.Partition, error) {
 	if err != nil {
 		return ev, "", &event.InvalidEventError{Function: "fire", Reason: err.Error()}
 	}
+	if ev.Hop < 0 || ev.Hop > MaxContinuationHops {
+		return ev, "", &event.InvalidEventError{Function: "fire", Reason: fmt.Sprintf("hop %d outside 0..%d", ev.Hop, MaxContinuationHops)}
+	}
 	return ev, src, nil
+}
+
+// ShouldContinue is the continuation rule: the alarm moved rows (delivered
+// or cleaned some), re-armed the alarm rather than clearing it or stepping
+// aside as busy, and the re-armed alarm is due at nowMS. The engine
+// re-arms due "now" after a fire that made progress and after a back-off
+// after one that did not, so a backed-off alarm is not due yet and does
+// not continue.
+func ShouldContinue(ar relaycore.AlarmResult, nowMS int64) bool {
+	return !ar.Busy && !ar.Cleared && ar.NextDueMS > 0 && ar.NextDueMS <= nowMS &&
+		(ar.RowsDelivered > 0 || ar.RowsCleaned > 0)
 }
 
 // Handle runs one alarm for the event's source. An invalid event is
@@ -82,7 +156,7 @@ func ParseEvent(payload []byte) (Event, relaycore.Partition, error) {
 // and, failing that, dead-letters it; the durable alarm record stays, so
 // the sweep fires the source again either way.
 func (h *Handler) Handle(ctx context.Context, payload json.RawMessage) (Result, error) {
-	_, src, err := ParseEvent(payload)
+	ev, src, err := ParseEvent(payload)
 	log := event.Logger(ctx, h.Logger)
 	if err != nil {
 		log.Warn("fire event refused", "err", err)
@@ -93,15 +167,30 @@ func (h *Handler) Handle(ctx context.Context, payload json.RawMessage) (Result, 
 		Source: string(src), Fires: ar.Fires, Busy: ar.Busy,
 		RowsDelivered: ar.RowsDelivered, RowsCleaned: ar.RowsCleaned,
 		TargetCalls: ar.TargetCalls, TargetsBlock: ar.TargetsBlock,
-		Cleared: ar.Cleared, NextDueMS: ar.NextDueMS,
+		Cleared: ar.Cleared, NextDueMS: ar.NextDueMS, Hop: ev.Hop,
 	}
-	log = log.With("source", string(src), "fires", res.Fires, "busy", res.Busy,
+	log = log.With("source", string(src), "hop", ev.Hop, "fires", res.Fires, "busy", res.Busy,
 		"rows_delivered", res.RowsDelivered, "target_calls", res.TargetCalls,
 		"cleared", res.Cleared, "next_due_ms", res.NextDueMS)
 	if err != nil {
 		log.Error("relay alarm failed; the durable alarm stays for a retry or the sweep", "err", err)
 		return res, err
 	}
-	log.Info("relay alarm done")
+	if h.Continue != nil && ev.Hop < min(h.MaxHops, MaxContinuationHops) && ShouldContinue(ar, h.nowMS()) {
+		if cerr := h.Continue.Continue(ctx, src, ev.Hop+1); cerr != nil {
+			log.Warn("relay continuation failed; the alarm's schedule or the sweep continues the source", "err", cerr)
+		} else {
+			res.Continued = true
+		}
+	}
+	log.Info("relay alarm done", "continued", res.Continued)
 	return res, nil
+}
+
+func (h *Handler) nowMS() int64 {
+	c := h.Clock
+	if c == nil {
+		c = relaycore.SystemClock{}
+	}
+	return c.Now().UnixMilli()
 }

@@ -254,8 +254,10 @@ func FuzzParseEvent(f *testing.F) {
 		}
 	}
 	f.Add([]byte(`{"source":"_relay/x"}`))
+	f.Add([]byte(`{"source":"orders","hop":3}`))
+	f.Add([]byte(`{"source":"orders","hop":-1}`))
 	f.Fuzz(func(t *testing.T, payload []byte) {
-		_, src, err := fire.ParseEvent(payload)
+		ev, src, err := fire.ParseEvent(payload)
 		if err != nil {
 			if !errors.Is(err, event.ErrInvalidEvent) {
 				t.Fatalf("error %v is not an invalid event error", err)
@@ -264,6 +266,9 @@ func FuzzParseEvent(f *testing.F) {
 		}
 		if src == "" || len(src) > relaycore.MaxPartitionLen || strings.HasPrefix(string(src), relaycore.ReservedPrefix) {
 			t.Fatalf("accepted source %q", src)
+		}
+		if ev.Hop < 0 || ev.Hop > fire.MaxContinuationHops {
+			t.Fatalf("accepted hop %d", ev.Hop)
 		}
 	})
 }
