@@ -476,7 +476,9 @@ func rowProblem(source Partition, r Row, caps, tc Capabilities) string {
 }
 
 // CommitResult reports a commit. On error, the rows with a non-zero seq in
-// Seqs were committed (and will be delivered); the others were not.
+// Seqs were committed (and will be delivered); the others were not, except
+// when the error wraps ErrCommitUnknown: then the rows of the batch being
+// committed may or may not be in the outbox.
 type CommitResult struct {
 	// Seqs holds the seq of each input row, in input order (0: not committed).
 	Seqs []uint64
@@ -579,10 +581,17 @@ func commitBatch(ctx context.Context, st Store, clock Clock, source Partition, b
 		if !MayBeApplied(err) {
 			return false, fmt.Errorf("commit relay rows %s seq %d: %w", source, b.FirstSeq, err)
 		}
+		// Reads are always safe to retry; resolving is worth a few tries
+		// because the alternative is an unknown outcome for the caller.
 		outcome, rerr := resolveCommit(ctx, st, source, b)
+		for try := 1; rerr != nil && try < resolveAttempts && ctx.Err() == nil; try++ {
+			outcome, rerr = resolveCommit(ctx, st, source, b)
+		}
 		switch {
 		case rerr != nil:
-			return false, fmt.Errorf("commit relay rows %s seq %d: resolve %v: %w", source, b.FirstSeq, err, rerr)
+			// The batch may have landed: its rows must not be reported as
+			// uncommitted (a caller retrying them would commit them twice).
+			return false, fmt.Errorf("commit relay rows %s seq %d: %w: %v; resolving it failed: %w", source, b.FirstSeq, ErrCommitUnknown, err, rerr)
 		case outcome == commitLanded:
 			return true, nil
 		case outcome == commitLost:
@@ -599,6 +608,9 @@ func commitBatch(ctx context.Context, st Store, clock Clock, source Partition, b
 }
 
 type commitOutcome int
+
+// resolveAttempts bounds the re-reads that resolve one ambiguous batch.
+const resolveAttempts = 3
 
 const (
 	commitNotApplied commitOutcome = iota // os unchanged: resend
