@@ -141,3 +141,22 @@ func reportFailure(t *testing.T, b backend, cfg sim.Config, res sim.Result) {
 	}
 	t.Errorf("seed %d shrunk (reproduce: %s -simtrace -v):\n%s", cfg.Seed, repro, sim.Report(small, sres, 2000))
 }
+
+// regressionSeeds once found engine bugs; every `go test` replays them on
+// the in-memory store with the step budget they failed under.
+//
+// 468 856 981 1203 1982 2397 12067 12342 12501 14423 16919 17222 17565
+// 18779 18896 19328: an ambiguous enqueue whose resolving read failed
+// reported its committed rows as uncommitted (fixed: ErrCommitUnknown).
+var regressionSeeds = []uint64{468, 856, 981, 1203, 1982, 2397, 12067, 12342, 12501, 14423, 16919, 17222, 17565, 18779, 18896, 19328}
+
+func TestSimulationRegressions(t *testing.T) {
+	b := backends()[0]
+	open := b.setup(t)
+	for _, seed := range regressionSeeds {
+		cfg := sim.Config{Seed: seed, Steps: b.steps, QueryEvery: b.query, Open: open}
+		if res := sim.Run(t.Context(), cfg); res.Failed() {
+			reportFailure(t, b, cfg, res)
+		}
+	}
+}
