@@ -198,3 +198,61 @@ func TestSchedulerRoleInvokesOnlyFire(t *testing.T) {
 		}
 	}
 }
+
+// TestOnlyFireContinuesItself: lambda:InvokeFunction is granted to exactly
+// two principals, the scheduler role (alarm schedules) and the fire
+// function itself (continuations), each on the fire function's ARN and
+// nothing else; the sweep and api functions may invoke no function, and no
+// resource-based permission lets anything else invoke the fire function.
+func TestOnlyFireContinuesItself(t *testing.T) {
+	raw := loadRaw(t)
+	fire := fireARN(t)
+	holders := map[string]bool{}
+	for _, s := range policyStatements(t, raw) {
+		owner, _, _ := strings.Cut(s.where, "#")
+		for _, a := range s.actions {
+			if !strings.HasPrefix(a, "lambda:") {
+				continue
+			}
+			if a != "lambda:InvokeFunction" {
+				t.Errorf("%s: %s; the only Lambda action granted is lambda:InvokeFunction", s.where, a)
+			}
+			holders[owner] = true
+			for _, r := range s.resources {
+				if r != fire {
+					t.Errorf("%s: lambda:InvokeFunction on %q; only the fire function %q", s.where, r, fire)
+				}
+			}
+		}
+	}
+	role := ""
+	for id, r := range at(t, raw, "Resources").(map[string]any) {
+		if r.(map[string]any)["Type"] == "AWS::IAM::Role" && holders[id] {
+			role = id
+		}
+	}
+	want := []string{fireFunctionID}
+	if role != "" {
+		want = append(want, role)
+	}
+	var got []string
+	for h := range holders {
+		got = append(got, h)
+	}
+	sort.Strings(got)
+	sort.Strings(want)
+	if !slices.Equal(got, want) || role != "SchedulerRole" {
+		t.Errorf("lambda:InvokeFunction granted to %v, want exactly FireFunction and SchedulerRole", got)
+	}
+	for id, r := range at(t, raw, "Resources").(map[string]any) {
+		if r.(map[string]any)["Type"] == "AWS::Lambda::Permission" {
+			t.Errorf("%s: a resource-based invoke permission; the fire function is invoked only by the scheduler role and itself", id)
+		}
+	}
+	// Lambda's recursive loop detection is the outer guard on a chain of
+	// continuations; turning it off would leave only the hop counter.
+	props := at(t, raw, "Resources", fireFunctionID, "Properties").(map[string]any)
+	if v, ok := props["RecursiveLoop"]; ok && v != "Terminate" {
+		t.Errorf("FireFunction RecursiveLoop = %v; keep Lambda's loop detection on (Terminate)", v)
+	}
+}

@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"github.com/awslabs/goformation/v7/cloudformation/dynamodb"
+
+	"github.com/relay-dev/relay/lambda/fire"
 )
 
 // functionDirs maps each SAM function to the Go package its build target
@@ -185,6 +187,39 @@ func TestPlanParameter(t *testing.T) {
 		if _, ok := tmpl.Parameters[name]; !ok {
 			t.Errorf("no %s parameter", name)
 		}
+	}
+}
+
+// TestContinuationHopsParameter: the parameter's range is the fire
+// handler's (lambda/fire), its default is the handler's default, and only
+// the fire function receives it.
+func TestContinuationHopsParameter(t *testing.T) {
+	raw := loadRaw(t)
+	p := at(t, raw, "Parameters", "ContinuationHops")
+	for key, want := range map[string]int{"Default": fire.DefaultMaxHops, "MinValue": 0, "MaxValue": fire.MaxContinuationHops} {
+		if got, ok := at(t, p, key).(int); !ok || got != want {
+			t.Errorf("ContinuationHops.%s = %v, want %d", key, at(t, p, key), want)
+		}
+	}
+	if typ := at(t, p, "Type"); typ != "Number" {
+		t.Errorf("ContinuationHops.Type = %v, want Number", typ)
+	}
+	for id := range functionDirs {
+		props := at(t, raw, "Resources", id, "Properties").(map[string]any)
+		var vars map[string]any
+		if e, ok := props["Environment"].(map[string]any); ok {
+			vars, _ = e["Variables"].(map[string]any)
+		}
+		got, has := vars["CONTINUATION_HOPS"]
+		switch {
+		case id == fireFunctionID && got != "${ContinuationHops}":
+			t.Errorf("FireFunction CONTINUATION_HOPS = %v, want !Ref ContinuationHops", got)
+		case id != fireFunctionID && has:
+			t.Errorf("%s sets CONTINUATION_HOPS; only the fire function continues", id)
+		}
+	}
+	if _, ok := at(t, raw, "Globals", "Function", "Environment", "Variables").(map[string]any)["CONTINUATION_HOPS"]; ok {
+		t.Error("CONTINUATION_HOPS is in Globals; only the fire function continues")
 	}
 }
 
