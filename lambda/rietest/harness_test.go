@@ -8,7 +8,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"net"
 	"net/http"
@@ -20,7 +19,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -29,6 +27,7 @@ import (
 
 	"github.com/relay-dev/relay/infra/dynamo"
 	"github.com/relay-dev/relay/infra/dynamotest"
+	"github.com/relay-dev/relay/lambda/invoketest"
 	"github.com/relay-dev/relay/lambda/schedulertest"
 	"github.com/relay-dev/relay/relaycore"
 )
@@ -283,7 +282,9 @@ type txRecord struct {
 }
 
 // rig is one test's world: DynamoDB (two tables) behind a recording proxy,
-// a recording Scheduler, and the functions' environment from env.json.
+// a recording Scheduler, a recording Lambda endpoint per function (async
+// invokes: the fire function's continuations), and the functions'
+// environment from env.json.
 type rig struct {
 	t      *testing.T
 	ddb    *dynamotest.Endpoint
@@ -291,6 +292,7 @@ type rig struct {
 	source *dynamo.Store
 	target *dynamo.Store
 	sched  *schedulertest.Server
+	lam    map[string]*invoketest.Server // by function (logical id)
 
 	mu    sync.Mutex
 	txs   []txRecord
@@ -305,27 +307,14 @@ const (
 func newRig(t *testing.T) *rig {
 	t.Helper()
 	needTools(t)
-	r := &rig{t: t, ddb: dynamotest.Start(t), sched: schedulertest.Start(t), calls: map[grant]bool{}}
+	r := &rig{t: t, ddb: dynamotest.Start(t), sched: schedulertest.Start(t), calls: map[grant]bool{}, lam: map[string]*invoketest.Server{}}
 	upstream, err := url.Parse(r.ddb.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// dynamotest answers with X-Amz-Crc32 like DynamoDB, so the proxy
+	// passes responses through untouched and the SDK's checksum check runs.
 	r.rp = httputil.NewSingleHostReverseProxy(upstream)
-	// DynamoDB signs every response body with X-Amz-Crc32, which the SDK
-	// checks; minidyn sends none, and the SDK then logs a checksum warning
-	// per response. Add it, as the real service would.
-	r.rp.ModifyResponse = func(resp *http.Response) error {
-		body, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if err != nil {
-			return err
-		}
-		resp.Body = io.NopCloser(bytes.NewReader(body))
-		resp.Header.Set("X-Amz-Crc32", strconv.FormatUint(uint64(crc32.ChecksumIEEE(body)), 10))
-		resp.ContentLength = int64(len(body))
-		resp.Header.Set("Content-Length", strconv.Itoa(len(body)))
-		return nil
-	}
 	client := r.ddb.Client(nil)
 	for _, tbl := range []string{sourceTable, targetTable} {
 		if err := dynamo.CreateTable(t.Context(), client, tbl); err != nil {
@@ -364,6 +353,20 @@ func (r *rig) proxy(fn string) string {
 	return srv.URL
 }
 
+// lambda returns the function's recording Lambda endpoint, which accepts
+// async invokes of the fire function (fireARN). Each function gets its own,
+// so checkGrants knows who invoked.
+func (r *rig) lambda(fn, fireARN string) *invoketest.Server {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s, ok := r.lam[fn]; ok {
+		return s
+	}
+	s := invoketest.Start(r.t, fireARN)
+	r.lam[fn] = s
+	return s
+}
+
 type statusRecorder struct {
 	http.ResponseWriter
 	status int
@@ -393,6 +396,7 @@ func (r *rig) env(id string, overrides map[string]string) map[string]string {
 	}
 	env["RELAY_DYNAMODB_ENDPOINT"] = r.proxy(id)
 	env["RELAY_SCHEDULER_ENDPOINT"] = r.sched.URL
+	env["RELAY_LAMBDA_ENDPOINT"] = r.lambda(id, env["FIRE_FUNCTION_ARN"]).URL
 	env["AWS_REGION"] = "us-east-1"
 	env["AWS_ACCESS_KEY_ID"] = "relay"
 	env["AWS_SECRET_ACCESS_KEY"] = "relay"
