@@ -38,7 +38,11 @@ func buildAndRun(m *testing.M) int {
 	defer os.RemoveAll(dir)
 	bin.edged, bin.edgectl = filepath.Join(dir, "edged"), filepath.Join(dir, "edgectl")
 	for out, pkg := range map[string]string{bin.edged: "../../cmd/edged", bin.edgectl: "../../cmd/edgectl"} {
-		cmd := exec.Command("go", "build", "-o", out, pkg)
+		args := []string{"build", "-o", out}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		cmd := exec.Command("go", append(args, pkg)...)
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		if err := cmd.Run(); err != nil {
 			fmt.Fprintf(os.Stderr, "build %s: %v\n", pkg, err)

@@ -22,6 +22,7 @@ import (
 // TestOfferStoreAck: three nodes; a file ingested on a with edgectl is
 // stored on b and c, and a's success condition (all_peers) holds.
 func TestOfferStoreAck(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, "a", "b", "c")
 	for _, id := range []string{"a", "b", "c"} {
 		c.nodes[id].start()
@@ -59,6 +60,7 @@ func TestOfferStoreAck(t *testing.T) {
 // TestPeerDownThenUp: deliveries to a stopped peer fail and back off;
 // once it starts they are acknowledged.
 func TestPeerDownThenUp(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, "a", "b")
 	a, b := c.nodes["a"], c.nodes["b"]
 	a.start()
@@ -78,6 +80,7 @@ func TestPeerDownThenUp(t *testing.T) {
 // TestDeadletterRetry: with b down, max_retries deadletters the record;
 // `edgectl deadletter retry` after b is up delivers it.
 func TestDeadletterRetry(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, "a", "b")
 	a, b := c.nodes["a"], c.nodes["b"]
 	a.relay = "  max_retries: 2\n  backoff: {initial: 20ms, max: 20ms}\n  dial_timeout: 1s\n"
@@ -110,6 +113,7 @@ func TestDeadletterRetry(t *testing.T) {
 // TestQuotaNack: b's quota holds one segment; the second is refused with
 // NACK quota and nothing of it is stored.
 func TestQuotaNack(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, "a", "b")
 	a, b := c.nodes["a"], c.nodes["b"]
 	b.storage = "  quota_bytes: 10KiB\n  max_segment_bytes: 8KiB\n"
@@ -155,6 +159,7 @@ func rawTransport(t *testing.T, pkiDir, id string) *transport.Transport {
 // that do not match its offer: NACK checksum, nothing stored, and the
 // connection still takes a good segment.
 func TestBadDigest(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, "a", "b")
 	b := c.nodes["b"]
 	b.start()
@@ -183,6 +188,7 @@ func TestBadDigest(t *testing.T) {
 // a valid certificate of a node b does not know are all refused, and b
 // keeps serving.
 func TestRefusedClients(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, "a", "b")
 	b := c.nodes["b"]
 	b.start()
@@ -225,6 +231,7 @@ func TestRefusedClients(t *testing.T) {
 // TestCheckConfigAndReload: -check-config accepts a good file and names
 // the bad key of a broken one; SIGHUP reloads certificates.
 func TestCheckConfigAndReload(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, "a")
 	a := c.nodes["a"]
 	a.writeConfig()
