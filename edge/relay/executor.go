@@ -239,17 +239,22 @@ func (e *Executor) worker(ctx, hard context.Context) {
 			continue
 		}
 		if !ok {
-			sleep(ctx, -1, woken)
+			sleep(ctx, forever, woken)
 			continue
 		}
-		sleep(ctx, next.Sub(e.cfg.Now()), woken)
+		// The record may have come due since claimNext looked: a delay
+		// of zero or less just loops at once.
+		sleep(ctx, max(0, next.Sub(e.cfg.Now())), woken)
 	}
 }
 
-// sleep waits for d (forever if d < 0), a wake-up or ctx.
+// forever makes sleep wait for a wake-up or ctx only.
+const forever time.Duration = -1
+
+// sleep waits for d (or, for forever, indefinitely), a wake-up or ctx.
 func sleep(ctx context.Context, d time.Duration, woken <-chan struct{}) {
 	var timer <-chan time.Time
-	if d >= 0 {
+	if d != forever {
 		t := time.NewTimer(d)
 		defer t.Stop()
 		timer = t.C

@@ -400,16 +400,39 @@ func waitEvicted(t *testing.T, n *node, id string) {
 	t.Helper()
 	deadline := time.Now().Add(waitFor)
 	for {
+		// The store frees quota after the file is gone, a moment after the
+		// index entry: wait for both.
 		_, err := n.store.Stat(id)
-		if errors.Is(err, segstore.ErrNotFound) {
-			if u := n.store.Usage(); u.Segments != 0 || u.Bytes != 0 {
-				t.Fatalf("evicted but quota still counts it: %+v", u)
-			}
+		u := n.store.Usage()
+		if errors.Is(err, segstore.ErrNotFound) && u.Segments == 0 && u.Bytes == 0 {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s not evicted (stat err %v)", id, err)
+			t.Fatalf("%s not evicted (stat err %v, usage %+v)", id, err, u)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// TestRecordDueWhileLooking: a failed record that comes due between the
+// claim scan and the computation of the wait must be picked up at once.
+// The clock advances 10ms per reading and the back-off is 15ms, so the
+// worker always sees the record not yet due when it scans and overdue
+// when it computes how long to sleep (a negative wait once meant "sleep
+// until woken", and the record was never retried).
+func TestRecordDueWhileLooking(t *testing.T) {
+	f := newFixture(t, nack(wire.NackInternal), ack)
+	var ticks atomic.Int64
+	base := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	ex := f.executor(t, func(c *Config) {
+		c.Workers = 1
+		c.Peers = map[string]string{"b": f.b.addr()}
+		c.Policy = ledger.Policy{MaxRetries: 3, Initial: 15 * time.Millisecond, Max: 15 * time.Millisecond}
+		c.Now = func() time.Time { return base.Add(time.Duration(ticks.Add(1)) * 10 * time.Millisecond) }
+	})
+	if err := ex.Schedule(f.a.put(t, "seg-1", []byte("payload"))); err != nil {
+		t.Fatal(err)
+	}
+	run(t, ex)
+	f.a.waitRecord(t, "seg-1", "b", inState(ledger.StateDeadletter))
 }
