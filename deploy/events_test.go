@@ -13,7 +13,9 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 
+	"github.com/relay-dev/relay/infra/lambdainvoke"
 	"github.com/relay-dev/relay/infra/scheduler"
+	"github.com/relay-dev/relay/lambda/fire"
 )
 
 func readJSON(t *testing.T, rel string, v any) {
@@ -41,7 +43,7 @@ func TestEventsAreJSON(t *testing.T) {
 			t.Errorf("%s: a Lambda event here is a JSON object, got %T", f, v)
 		}
 	}
-	for _, want := range []string{"fire.json", "sweep.json", "api-enqueue.json", "api-query.json", "api-state.json", "api-watermark.json", "malformed.json"} {
+	for _, want := range []string{"fire.json", "fire-continuation.json", "sweep.json", "api-enqueue.json", "api-query.json", "api-state.json", "api-watermark.json", "malformed.json"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("events/%s missing", want)
 		}
@@ -77,6 +79,25 @@ func TestFireEventIsWhatSchedulerSends(t *testing.T) {
 	var m scheduler.FireInput
 	if err := decodeStrict(bad, &m); err == nil && m.Source != "" {
 		t.Error("events/malformed.json decodes as a valid fire event; it must exercise the error path")
+	}
+}
+
+// TestContinuationEventIsWhatFireSends ties events/fire-continuation.json
+// to the event the fire function sends itself, and to what it accepts.
+func TestContinuationEventIsWhatFireSends(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(repoRoot, "events", "fire-continuation.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var in lambdainvoke.Input
+	if err := decodeStrict(data, &in); err != nil {
+		t.Fatalf("events/fire-continuation.json is not a lambdainvoke.Input: %v", err)
+	}
+	if in.Source == "" || in.Hop < 1 || in.Hop > fire.MaxContinuationHops {
+		t.Errorf("events/fire-continuation.json = %+v, want a source and hop 1..%d", in, fire.MaxContinuationHops)
+	}
+	if _, _, err := fire.ParseEvent(data); err != nil {
+		t.Errorf("the fire function refuses events/fire-continuation.json: %v", err)
 	}
 }
 

@@ -248,7 +248,7 @@ func TestFireReturnsStorageErrors(t *testing.T) {
 // FuzzParseEvent: whatever arrives, the parser either refuses it with an
 // *event.InvalidEventError or yields a source the engine accepts.
 func FuzzParseEvent(f *testing.F) {
-	for _, name := range []string{"fire.json", "malformed.json", "sweep.json"} {
+	for _, name := range []string{"fire.json", "fire-continuation.json", "malformed.json", "sweep.json"} {
 		if data, err := os.ReadFile(filepath.Join("..", "..", "events", name)); err == nil {
 			f.Add(data)
 		}

@@ -166,4 +166,12 @@ func TestContinuationBoundedByHops(t *testing.T) {
 	}
 	r.checkDelivered("orders", rows, seqs)
 	r.checkAppliedOnce(rows, seqs)
+
+	// events/fire-continuation.json on the drained source: a late
+	// continuation finds nothing, clears and does not continue.
+	var late fire.Result
+	fireFn.invokeOK(t, readEvent(t, "fire-continuation.json"), &late)
+	if late.Hop != 1 || !late.Cleared || late.Continued || late.RowsDelivered != 0 {
+		t.Errorf("late continuation %+v, want hop 1, cleared, nothing delivered", late)
+	}
 }
