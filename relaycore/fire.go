@@ -85,6 +85,11 @@ type AlarmResult struct {
 	TargetsBlock int
 	// Cleared: the outbox was empty and the alarm record was deleted.
 	Cleared bool
+	// Progress: the alarm's last fire made progress (delivered or cleaned
+	// rows, or moved its cursor past blocked rows), so the re-armed alarm is
+	// due at once; without it the alarm was re-armed with back-off.
+	// Runtimes use it to decide whether to continue the source right away.
+	Progress bool
 	// NextDueMS is the re-armed alarm's due time (0 when cleared or busy).
 	NextDueMS int64
 }
@@ -174,6 +179,7 @@ func (h *RelayHandler) Alarm(ctx context.Context, source Partition) (AlarmResult
 			return ar, nil
 		}
 		last = fr
+		ar.Progress = fr.Progress
 		if !fr.continues() {
 			break
 		}

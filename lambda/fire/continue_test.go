@@ -287,14 +287,16 @@ func TestShouldContinue(t *testing.T) {
 		ar   relaycore.AlarmResult
 		want bool
 	}{
-		"progress, due now":       {relaycore.AlarmResult{Fires: 2, RowsDelivered: 16, NextDueMS: now}, true},
-		"progress, due earlier":   {relaycore.AlarmResult{Fires: 2, RowsDelivered: 16, NextDueMS: now - 40}, true},
-		"only cleaned rows":       {relaycore.AlarmResult{Fires: 1, RowsCleaned: 3, NextDueMS: now}, true},
+		"progress, due now":       {relaycore.AlarmResult{Fires: 2, RowsDelivered: 16, Progress: true, NextDueMS: now}, true},
+		"progress, due earlier":   {relaycore.AlarmResult{Fires: 2, RowsDelivered: 16, Progress: true, NextDueMS: now - 40}, true},
+		"only cleaned rows":       {relaycore.AlarmResult{Fires: 1, RowsCleaned: 3, Progress: true, NextDueMS: now}, true},
+		"cursor past blocked":     {relaycore.AlarmResult{Fires: 1, Progress: true, NextDueMS: now}, true},
 		"backed off":              {relaycore.AlarmResult{Fires: 2, RowsDelivered: 8, NextDueMS: now + 250}, false},
+		"rows moved, last idle":   {relaycore.AlarmResult{Fires: 2, RowsDelivered: 8, NextDueMS: now}, false},
 		"nothing moved":           {relaycore.AlarmResult{Fires: 1, NextDueMS: now}, false},
 		"busy":                    {relaycore.AlarmResult{Fires: 1, Busy: true}, false},
-		"cleared":                 {relaycore.AlarmResult{Fires: 1, RowsDelivered: 3, Cleared: true}, false},
-		"re-arm left to enqueuer": {relaycore.AlarmResult{Fires: 2, RowsDelivered: 16}, false},
+		"cleared":                 {relaycore.AlarmResult{Fires: 1, RowsDelivered: 3, Progress: true, Cleared: true}, false},
+		"re-arm left to enqueuer": {relaycore.AlarmResult{Fires: 2, RowsDelivered: 16, Progress: true}, false},
 	} {
 		if got := fire.ShouldContinue(tc.ar, now); got != tc.want {
 			t.Errorf("%s: ShouldContinue(%+v) = %v, want %v", name, tc.ar, got, tc.want)

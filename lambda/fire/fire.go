@@ -139,15 +139,14 @@ func ParseEvent(payload []byte) (Event, relaycore.Partition, error) {
 	return ev, src, nil
 }
 
-// ShouldContinue is the continuation rule: the alarm moved rows (delivered
-// or cleaned some), re-armed the alarm rather than clearing it or stepping
-// aside as busy, and the re-armed alarm is due at nowMS. The engine
-// re-arms due "now" after a fire that made progress and after a back-off
-// after one that did not, so a backed-off alarm is not due yet and does
-// not continue.
+// ShouldContinue is the continuation rule: the alarm's last fire made
+// progress (the engine's AlarmResult.Progress: rows delivered or cleaned,
+// or the cursor moved past blocked rows), the alarm was re-armed rather
+// than cleared or skipped as busy, and the re-armed alarm is due at nowMS.
+// The engine re-arms due "now" after progress and with back-off after none,
+// so a backed-off alarm never continues.
 func ShouldContinue(ar relaycore.AlarmResult, nowMS int64) bool {
-	return !ar.Busy && !ar.Cleared && ar.NextDueMS > 0 && ar.NextDueMS <= nowMS &&
-		(ar.RowsDelivered > 0 || ar.RowsCleaned > 0)
+	return ar.Progress && !ar.Busy && !ar.Cleared && ar.NextDueMS > 0 && ar.NextDueMS <= nowMS
 }
 
 // Handle runs one alarm for the event's source. An invalid event is
