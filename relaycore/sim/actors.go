@@ -137,10 +137,22 @@ func (a *actor) drain(h *relaycore.RelayHandler) {
 		}
 		a.sleep(s.now + pause)
 	}
+	// A fire that crashed during the chaos may still hold its claim even
+	// when the outbox is already drained; let every claim lapse first, as
+	// the sweeper's next run would, so the final alarm is not turned away
+	// as busy.
+	a.sleep(s.now + pause)
 	for _, src := range s.sc.Sources {
-		if len(s.chk.src[src].rows) == 0 {
-			_, err := h.Alarm(s.ctx, src)
+		if len(s.chk.src[src].rows) != 0 {
+			continue
+		}
+		for try := 0; try < 3; try++ {
+			ar, err := h.Alarm(s.ctx, src)
 			a.engineError("final alarm", err)
+			if !ar.Busy {
+				break
+			}
+			a.sleep(s.now + pause)
 		}
 	}
 	s.drained = s.chk.drained()
