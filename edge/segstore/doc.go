@@ -46,7 +46,9 @@
 // # Ids and digests
 //
 // A segment id is 1–128 bytes of letters, digits, '.', '-', '_' and does
-// not start with '.': it is a file name, and ids arrive from the network.
+// not start with '.' or '-': it is a file name, ids arrive from the
+// network, and every stored segment must be one OFFER can carry (the rule
+// is wire.CheckSegmentID's).
 // A digest is the SHA-256 of the content as 64 hex digits (stored lower
 // case).
 //

@@ -12,12 +12,14 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/relay-dev/relay/edge/wire"
 )
 
 var indexBucket = []byte("edge.segments")
 
 // MaxIDLen bounds a segment id (it is a file name).
-const MaxIDLen = 128
+const MaxIDLen = wire.MaxSegmentIDLen
 
 const tmpPrefix = ".tmp-"
 
@@ -227,15 +229,11 @@ func (s *Store) reconcile() error {
 }
 
 // ValidID reports whether id can name a segment (wrapping ErrInvalid).
+// The rule is the wire's (wire.CheckSegmentID): a segment stored under an
+// id that OFFER cannot carry could never be relayed.
 func ValidID(id string) error {
-	if id == "" || len(id) > MaxIDLen || id[0] == '.' {
-		return fmt.Errorf("%w: segment id %q: 1-%d bytes, not starting with '.'", ErrInvalid, id, MaxIDLen)
-	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '-' || c == '_') {
-			return fmt.Errorf("%w: segment id %q: byte %q not allowed (letters, digits, '.', '-', '_')", ErrInvalid, id, c)
-		}
+	if err := wire.CheckSegmentID(id); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	return nil
 }

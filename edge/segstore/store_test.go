@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/relay-dev/relay/edge/ledger"
+	"github.com/relay-dev/relay/edge/wire"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -345,4 +346,25 @@ func TestConcurrentWritesAndEvictions(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+}
+
+// TestIDsMatchTheWire: every id the store accepts must be one the wire
+// protocol can carry. A segment ingested under an id that OFFER refuses
+// (a leading '-' passed ValidID but not wire.CheckSegmentID) is stored,
+// scheduled and then fails every relay attempt at encoding until it is
+// deadlettered: it can never leave the node.
+func TestIDsMatchTheWire(t *testing.T) {
+	f := newStore(t, "", testOpts)
+	for _, id := range []string{"-x", "-", "--help", "_x", "x-", "a.b", "0", ".x", "x/y", strings.Repeat("y", MaxIDLen)} {
+		wireErr := wire.CheckSegmentID(id)
+		if err := ValidID(id); (err == nil) != (wireErr == nil) {
+			t.Errorf("ValidID(%q) = %v, wire.CheckSegmentID = %v: they must agree", id, err, wireErr)
+		}
+		if wireErr != nil {
+			body := []byte("z")
+			if _, err := f.s.Write(id, 1, digest(body), bytes.NewReader(body), ""); !errors.Is(err, ErrInvalid) {
+				t.Errorf("Write(%q) = %v, want ErrInvalid (the wire cannot carry it)", id, err)
+			}
+		}
+	}
 }
