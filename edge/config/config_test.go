@@ -120,6 +120,11 @@ func TestValidateRules(t *testing.T) {
 		{"missing node id", "node_id: ''", "node_id", "required"},
 		{"bad node id char", "node_id: 'edge a'", "node_id", "contains ' '"},
 		{"node id too long", "node_id: " + strings.Repeat("x", 65), "node_id", "longer than 64"},
+		// The wire (HELLO, certificates) refuses these, so edged could not
+		// start; the config must say so naming the key.
+		{"node id leading dash", "node_id: '-a'", "node_id", "must not start with"},
+		{"node id leading dot", "node_id: '.a'", "node_id", "must not start with"},
+		{"peer id leading dash", "known_peers: [{id: '-b', address: 'h:1'}]", "known_peers[0].id", "must not start with"},
 		{"listen not host:port", "listen: 7400", "listen", "not host:port"},
 		{"listen bad port", "listen: ':0'", "listen", "port must be"},
 		{"listen empty", "listen: ''", "listen", "required"},

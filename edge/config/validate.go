@@ -5,6 +5,8 @@ import (
 	"net"
 	"strconv"
 	"strings"
+
+	"github.com/relay-dev/relay/edge/wire"
 )
 
 // Problem is one invalid setting: the key's dotted path (known_peers[2].id)
@@ -184,6 +186,14 @@ func checkID(id string) string {
 		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '-' || r == '_') {
 			return fmt.Sprintf("%q contains %q; use letters, digits, '.', '-', '_'", id, r)
 		}
+	}
+	if id[0] == '.' || id[0] == '-' {
+		return fmt.Sprintf("%q must not start with '.' or '-'", id)
+	}
+	// The wire's rule is the authority (HELLO and certificates carry the
+	// id); the checks above only word its failures for a config file.
+	if err := wire.CheckNodeID(id); err != nil {
+		return err.Error()
 	}
 	return ""
 }
