@@ -134,9 +134,13 @@ func (b backend) Records(_ context.Context, state string) (rpc.Records, error) {
 	return out, nil
 }
 
-// Assurance judges the condition over the segment's required peers. A
-// segment no longer stored (evicted) is judged over all known peers, its
-// source being unknown by then.
+// Assurance judges the condition over the segment's required peers. For a
+// segment no longer stored (evicted) the index entry, and with it the
+// source, is gone; its required peers are then the known peers that have a
+// ledger record for it, since the scheduler creates records for exactly
+// the required peers. (Counting every known peer would count the source,
+// which is never owed the segment, and report every segment a forwarder
+// evicted as not assured.)
 func (b backend) Assurance(_ context.Context, seg string) (rpc.Assurance, error) {
 	d := b.d
 	if err := segstore.ValidID(seg); err != nil {
@@ -149,13 +153,20 @@ func (b backend) Assurance(_ context.Context, seg string) (rpc.Assurance, error)
 		out.Stored, out.Relayed = true, e.Relayed
 		out.RequiredPeers = d.ex.RequiredPeers(e)
 	case errors.Is(err, segstore.ErrNotFound):
-		out.RequiredPeers = d.ex.PeerIDs()
 	default:
 		return rpc.Assurance{}, err
 	}
 	recs, err := d.led.ListBySegment(seg)
 	if err != nil {
 		return rpc.Assurance{}, err
+	}
+	if !out.Stored {
+		out.RequiredPeers = []string{}
+		for _, r := range recs { // ordered by peer id
+			if _, known := d.cfg.Peer(r.PeerID); known {
+				out.RequiredPeers = append(out.RequiredPeers, r.PeerID)
+			}
+		}
 	}
 	if !out.Stored && len(recs) == 0 {
 		return rpc.Assurance{}, fmt.Errorf("assurance %s: %w", seg, segstore.ErrNotFound)

@@ -369,3 +369,40 @@ func TestIngestErrors(t *testing.T) {
 		t.Fatalf("retry of an absent record: %v", err)
 	}
 }
+
+// TestAssuranceAfterEviction: a forwarder (b, evict_on_relay, all_peers)
+// in the chain a–b–c receives a segment from a, relays it to c, and
+// evicts it. Its assurance must still say the condition was met over the
+// segment's required peers ({c}); judging an evicted segment over every
+// known peer counted the source a, which is never owed the segment, and
+// reported "not met" for every segment a forwarder ever evicted.
+func TestAssuranceAfterEviction(t *testing.T) {
+	dir := newPKI(t, "a", "b", "c")
+	nodes := startCluster(t, dir, []string{"a", "b", "c"}, func(c *config.Config) {
+		if c.NodeID == "a" || c.NodeID == "c" {
+			c.KnownPeers = slices.DeleteFunc(c.KnownPeers, func(p config.Peer) bool { return p.ID != "b" })
+		}
+		if c.NodeID == "b" {
+			c.Relay.EvictOnRelay = true
+		}
+	})
+	b, c := nodes["b"], nodes["c"]
+	put(t, nodes["a"], "fwd-1", []byte("forwarded once"))
+	waitUntil(t, "c stores fwd-1", func() bool { return stored(c, "fwd-1") })
+	waitUntil(t, "b evicts fwd-1", func() bool {
+		ix, err := b.client.Index(context.Background())
+		return err == nil && len(ix.Segments) == 0 && testMetric(b, "edged_evicted_segments_total 1")
+	})
+	a, err := b.client.Assurance(context.Background(), "fwd-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Stored || !a.Met || !slices.Equal(a.RequiredPeers, []string{"c"}) || !slices.Equal(a.AckedPeers, []string{"c"}) {
+		t.Fatalf("assurance of an evicted, fully relayed segment: %+v; want met over required [c]", a)
+	}
+}
+
+func testMetric(n *testNode, line string) bool {
+	m, err := n.client.Metrics(context.Background())
+	return err == nil && strings.Contains(m, line)
+}

@@ -106,10 +106,13 @@ type Records struct {
 
 // Assurance is GET /v1/assurance.
 type Assurance struct {
-	Segment       string   `json:"segment"`
-	Stored        bool     `json:"stored"`
-	Relayed       bool     `json:"relayed"`
-	Condition     string   `json:"condition"`
+	Segment   string `json:"segment"`
+	Stored    bool   `json:"stored"`
+	Relayed   bool   `json:"relayed"`
+	Condition string `json:"condition"`
+	// RequiredPeers are the known peers the segment is owed to (all but
+	// its source). Once it is evicted the source is no longer known, and
+	// they are the known peers that have a ledger record for it.
 	RequiredPeers []string `json:"required_peers"`
 	AckedPeers    []string `json:"acked_peers"`
 	Met           bool     `json:"met"`
