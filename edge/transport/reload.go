@@ -4,7 +4,9 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"sync"
 	"time"
@@ -55,6 +57,9 @@ type Reloader struct {
 	racy    bool              // seen was too close to the look to trust
 	seenSum [sha256.Size]byte // content hash at the last look, loaded or not
 	lastErr error
+	// ioReported is the text of the last stat or read failure reported by
+	// Current, so a file that stays missing is reported once.
+	ioReported string
 }
 
 // racyMargin exceeds the coarsest common timestamp granularity (FAT: 2 s).
@@ -97,6 +102,20 @@ func (r *Reloader) Current() *Material {
 	}
 	if err == nil {
 		err = r.reloadLocked(false)
+	} else {
+		r.lastErr = err
+		r.seen = [3]fileStamp{} // read them again once they are back
+	}
+	// A file that cannot be stat'ed or read (removed mid-rotation,
+	// unreadable) fails every look until it changes; report it once, as a
+	// bad file is reported once, not on every handshake.
+	if pe := new(fs.PathError); errors.As(err, &pe) {
+		if err.Error() == r.ioReported {
+			return r.cur
+		}
+		r.ioReported = err.Error()
+	} else {
+		r.ioReported = ""
 	}
 	if err != nil && r.onError != nil {
 		r.onError(err)

@@ -234,3 +234,49 @@ func TestReloadUnchangedContentIsNoop(t *testing.T) {
 		t.Fatalf("Reload of identical content: %v", err)
 	}
 }
+
+// TestReloadMissingFileReportedOnce: a certificate file that disappears
+// (a rotation script between its rm and its mv) keeps the old material
+// and is reported once per change, like a bad file, not once per
+// handshake: every inbound and outbound handshake would otherwise log an
+// error and count a reload failure.
+func TestReloadMissingFileReportedOnce(t *testing.T) {
+	dir := newPKI(t, "a")
+	var reported []error
+	rl, err := NewReloader("a", filepath.Join(dir, "a.crt"), filepath.Join(dir, "a.key"), filepath.Join(dir, pki.CACertFile),
+		func(err error) { reported = append(reported, err) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := rl.Current()
+	key := filepath.Join(dir, "a.key")
+	keyPEM, err := os.ReadFile(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := 1; round <= 2; round++ {
+		if err := os.Remove(key); err != nil {
+			t.Fatal(err)
+		}
+		for range 3 {
+			if m := rl.Current(); m != old {
+				t.Fatal("material changed while the key file is missing")
+			}
+		}
+		if len(reported) != round {
+			t.Fatalf("round %d: %d reports, want %d (once per change): %v", round, len(reported), round, reported)
+		}
+		if rl.Err() == nil {
+			t.Fatal("Err() is nil while the key file is missing")
+		}
+		if err := os.WriteFile(key, keyPEM, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if m := rl.Current(); m != old {
+			t.Fatal("restored files changed the material")
+		}
+		if err := rl.Err(); err != nil {
+			t.Fatalf("Err() after the file came back: %v", err)
+		}
+	}
+}
