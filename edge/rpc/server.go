@@ -98,8 +98,42 @@ func NewServer(b Backend, g prometheus.Gatherer, log *slog.Logger) *Server {
 	if g != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelError)}))
 	}
-	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	s.srv = &http.Server{Handler: localOnly(mux), ReadHeaderTimeout: 10 * time.Second}
 	return s
+}
+
+// localOnly refuses what a web browser on the same device could send on
+// behalf of some web page, since loopback keeps out other machines but
+// not browsers: a cross-origin POST (a "simple" text/plain one needs no
+// CORS preflight, and would purge or ingest), and any request whose Host
+// is not a loopback name (DNS rebinding, which makes a page's requests
+// same-origin). edgectl sends no Origin and a loopback Host; a unix socket
+// is out of a browser's reach, so its Host is not checked.
+func localOnly(next http.Handler) http.Handler {
+	cop := http.NewCrossOriginProtection()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, tcp := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr); tcp {
+			host, _, err := net.SplitHostPort(r.Host)
+			if err != nil {
+				host = r.Host
+			}
+			if !loopbackHost(strings.Trim(host, "[]")) {
+				forbidden(w, fmt.Sprintf("Host %q is not a loopback name", r.Host))
+				return
+			}
+		}
+		if err := cop.Check(r); err != nil {
+			forbidden(w, err.Error())
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func forbidden(w http.ResponseWriter, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusForbidden)
+	json.NewEncoder(w).Encode(ErrorBody{Error: "forbidden: " + msg})
 }
 
 // Handler is the server's HTTP handler (for tests with httptest).

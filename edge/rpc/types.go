@@ -1,7 +1,10 @@
 // Package rpc is edged's local operator interface: JSON over HTTP on a
 // loopback address or a unix socket, never a public address, because it
 // has no authentication (whoever can reach it can retry, purge and ingest).
-// Listen enforces that, in addition to edge/config's validation.
+// Listen enforces that, in addition to edge/config's validation. Because a
+// web browser on the device can reach loopback too, the server refuses
+// (403) cross-origin POSTs and, over TCP, any Host that is not a loopback
+// name (DNS rebinding).
 //
 // Endpoints (all JSON unless noted; errors are {"error": "..."} with a
 // status from the failure's sentinel, see statusOf):
