@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -435,4 +436,45 @@ func TestRecordDueWhileLooking(t *testing.T) {
 	}
 	run(t, ex)
 	f.a.waitRecord(t, "seg-1", "b", inState(ledger.StateDeadletter))
+}
+
+// TestSuccessReportedOnce: when the acks of several peers finish at once,
+// several workers evaluate the condition concurrently. The "relay
+// success" line and edged_relay_success_total must still count the
+// segment once: each caller read the entry before any of them marked it,
+// so every one of them used to report the success.
+func TestSuccessReportedOnce(t *testing.T) {
+	f := newFixture(t, ack, ack)
+	var relayed atomic.Int32
+	ex := f.executor(t, func(c *Config) { c.Observer.Relayed = func(string) { relayed.Add(1) } })
+	if err := ex.Schedule(f.a.put(t, "seg", []byte("content"))); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for _, p := range []string{"b", "c"} {
+		if _, ok, err := f.a.led.TryTransitionInflight("seg", p, now); !ok || err != nil {
+			t.Fatalf("claim %s: %v %v", p, ok, err)
+		}
+		if _, err := f.a.led.TransitionAcked("seg", p, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			ex.checkSuccessCondition("seg")
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if n := relayed.Load(); n != 1 {
+		t.Fatalf("success reported %d times for one segment", n)
+	}
+	if e, err := f.a.store.Stat("seg"); err != nil || !e.Relayed {
+		t.Fatalf("entry %+v, err %v: want relayed", e, err)
+	}
 }

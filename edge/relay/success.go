@@ -32,14 +32,19 @@ func (e *Executor) checkSuccessCondition(segmentID string) {
 		return
 	}
 	if !entry.Relayed {
-		if entry, err = e.store.MarkRelayed(segmentID); err != nil {
+		var marked bool
+		if entry, marked, err = e.store.MarkRelayed(segmentID); err != nil {
 			log.Error("success check: marking relayed failed", "err", err)
 			return
 		}
-		log.Info("relay success", "condition", string(e.cfg.Condition), "acks", len(a.AckedPeers),
-			"acked_peers", a.AckedPeers, "required", len(required))
-		if f := e.cfg.Observer.Relayed; f != nil {
-			f(segmentID)
+		// Workers finishing acks of one segment at once all get here;
+		// only the one whose call set the marker reports the success.
+		if marked {
+			log.Info("relay success", "condition", string(e.cfg.Condition), "acks", len(a.AckedPeers),
+				"acked_peers", a.AckedPeers, "required", len(required))
+			if f := e.cfg.Observer.Relayed; f != nil {
+				f(segmentID)
+			}
 		}
 	}
 	if !e.cfg.EvictOnRelay {

@@ -295,10 +295,11 @@ func (s *Store) Open(id string) (*os.File, Entry, error) {
 }
 
 // MarkRelayed sets the entry's relayed marker (and RelayedAt, the first
-// time). Idempotent; ErrNotFound if the segment is not stored.
-func (s *Store) MarkRelayed(id string) (Entry, error) {
-	var e Entry
-	err := s.db.Update(func(tx *bolt.Tx) error {
+// time). Idempotent; ErrNotFound if the segment is not stored. marked is
+// true only for the call that set it, so concurrent callers can tell
+// which one reports the success.
+func (s *Store) MarkRelayed(id string) (e Entry, marked bool, err error) {
+	err = s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(indexBucket)
 		v := b.Get([]byte(id))
 		if v == nil {
@@ -313,12 +314,13 @@ func (s *Store) MarkRelayed(id string) (Entry, error) {
 		if err != nil {
 			return err
 		}
+		marked = true
 		return b.Put([]byte(id), nv)
 	})
 	if err != nil {
-		return Entry{}, fmt.Errorf("mark relayed %s: %w", id, err)
+		return Entry{}, false, fmt.Errorf("mark relayed %s: %w", id, err)
 	}
-	return e, nil
+	return e, marked, nil
 }
 
 // Usage returns the current quota state.

@@ -46,16 +46,16 @@ func TestWriteReadRoundTrip(t *testing.T) {
 	// Empty segments are legal.
 	put(t, f.s, "empty", nil)
 
-	first, err := f.s.MarkRelayed("seg-1")
-	if err != nil || !first.Relayed || !first.RelayedAt.Equal(now) {
-		t.Fatalf("MarkRelayed = %+v %v", first, err)
+	first, marked, err := f.s.MarkRelayed("seg-1")
+	if err != nil || !marked || !first.Relayed || !first.RelayedAt.Equal(now) {
+		t.Fatalf("MarkRelayed = %+v %v %v", first, marked, err)
 	}
 	now = now.Add(time.Hour)
-	again, err := f.s.MarkRelayed("seg-1")
-	if err != nil || !again.RelayedAt.Equal(first.RelayedAt) {
-		t.Fatalf("MarkRelayed not idempotent: %+v %v", again, err)
+	again, marked, err := f.s.MarkRelayed("seg-1")
+	if err != nil || marked || !again.RelayedAt.Equal(first.RelayedAt) {
+		t.Fatalf("MarkRelayed not idempotent: %+v %v %v", again, marked, err)
 	}
-	if _, err := f.s.MarkRelayed("nope"); !errors.Is(err, ErrNotFound) {
+	if _, _, err := f.s.MarkRelayed("nope"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("MarkRelayed(nope) = %v", err)
 	}
 	if _, err := f.s.Stat("nope"); !errors.Is(err, ErrNotFound) {
