@@ -37,8 +37,10 @@
 //
 // # Success and eviction
 //
-// After every terminal transition (Acked, Deadletter) checkSuccessCondition
-// evaluates the segment's assurance. When the condition is met it sets the
+// After every terminal transition (Acked, Deadletter), and whenever a
+// segment is stored (Schedule: a copy received again after its eviction
+// finds every record already Acked), checkSuccessCondition evaluates the
+// segment's assurance. When the condition is met it sets the
 // index's relayed marker (durably, before anything else) and logs
 // "relay success" with the condition and ack count. With evict_on_relay
 // it then evicts the segment through segstore.EvictIf with the ledger's

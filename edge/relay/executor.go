@@ -156,7 +156,10 @@ func (e *Executor) Condition() ledger.Condition { return e.cfg.Condition }
 
 // Schedule makes sure every required peer of entry has a ledger record
 // (insert-if-absent, so it is idempotent and never resets a record), and
-// wakes the workers if any record was created.
+// wakes the workers if any record was created. Then it judges the success
+// condition: a segment stored again after it was relayed and evicted (a
+// sender resent it because our ACK was late) finds its records already
+// Acked, so no terminal transition would ever mark or evict this copy.
 func (e *Executor) Schedule(entry segstore.Entry) error {
 	created, err := e.led.EnsureScheduled(entry.ID, e.RequiredPeers(entry), e.cfg.Now())
 	if err != nil {
@@ -166,6 +169,7 @@ func (e *Executor) Schedule(entry segstore.Entry) error {
 		e.log.Debug("relay scheduled", "segment", entry.ID, "peers", created)
 		e.Kick()
 	}
+	e.checkSuccessCondition(entry.ID)
 	return nil
 }
 

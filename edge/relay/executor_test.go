@@ -478,3 +478,28 @@ func TestSuccessReportedOnce(t *testing.T) {
 		t.Fatalf("entry %+v, err %v: want relayed", e, err)
 	}
 }
+
+// TestEvictOnRelayAgainAfterReceivedAgain: a forwarder may receive a
+// segment it already relayed and evicted (the sender's ACK was late, so
+// it resent after the eviction). Its ledger records are all Acked, so
+// nothing is scheduled and no terminal transition ever happens again;
+// Schedule must still judge the success condition, or the second copy
+// stays stored, never marked relayed, holding quota until a restart.
+func TestEvictOnRelayAgainAfterReceivedAgain(t *testing.T) {
+	f := newFixture(t, ack, ack)
+	ex := f.executor(t, func(c *Config) { c.EvictOnRelay = true })
+	if err := ex.Schedule(f.a.put(t, "seg", []byte("content"))); err != nil {
+		t.Fatal(err)
+	}
+	run(t, ex)
+	waitEvicted(t, f.a, "seg")
+	if err := ex.Schedule(f.a.put(t, "seg", []byte("content"))); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := f.a.store.Stat("seg"); !errors.Is(err, segstore.ErrNotFound) {
+		t.Fatalf("second copy of a segment every peer acked: entry %+v, err %v; want evicted", e, err)
+	}
+	if u := f.a.store.Usage(); u.Bytes != 0 || u.Segments != 0 {
+		t.Fatalf("quota still held: %+v", u)
+	}
+}

@@ -10,7 +10,8 @@ import (
 // checkSuccessCondition evaluates segmentID's success condition and acts
 // on it: the relayed marker first (durable), then, with evict_on_relay,
 // the gated eviction. It is called after every terminal transition of one
-// of the segment's records and at start-up; it is idempotent. Errors are
+// of the segment's records, when the segment is stored (Schedule) and at
+// start-up; it is idempotent. Errors are
 // logged, not returned: the next call repeats whatever did not happen.
 func (e *Executor) checkSuccessCondition(segmentID string) {
 	entry, err := e.store.Stat(segmentID)
