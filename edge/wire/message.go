@@ -9,6 +9,7 @@ import (
 	"maps"
 	"regexp"
 	"slices"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -145,8 +146,12 @@ func (n Nack) Validate() error {
 }
 
 // TruncateMessage shortens s to at most MaxNackMessage bytes on a rune
-// boundary, so a sender can put any error text in a NACK.
+// boundary, so a sender can put any error text in a NACK. Invalid UTF-8
+// is replaced first: JSON would turn each bad byte into U+FFFD (three
+// bytes), and the decoded message could then exceed the limit and make
+// the peer refuse the whole NACK.
 func TruncateMessage(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
 	if len(s) <= MaxNackMessage {
 		return s
 	}

@@ -200,3 +200,30 @@ func TestTruncateMessage(t *testing.T) {
 		t.Fatalf("worst-case NACK: %d bytes, %v; limit %d", len(p), err, MaxControlPayload)
 	}
 }
+
+// TestTruncatedMessageSurvivesTheWire: SendNack promises that any error
+// text can be sent. JSON encodes each invalid UTF-8 byte as U+FFFD, three
+// bytes once decoded, so a message of at most MaxNackMessage bytes could
+// decode to more and the sender refused the whole NACK (ErrBadMessage),
+// losing its code: TruncateMessage must yield text that round-trips.
+func TestTruncatedMessageSurvivesTheWire(t *testing.T) {
+	for _, msg := range []string{
+		strings.Repeat("\xff", MaxNackMessage),
+		strings.Repeat("\xff", 3*MaxNackMessage),
+		"open /var/lib/edged/\xc3(: permission denied",
+		strings.Repeat("é", MaxNackMessage) + "\xff",
+	} {
+		n := Nack{SegmentID: "s", Code: NackQuota, Message: TruncateMessage(msg)}
+		p, err := EncodeNack(n)
+		if err != nil {
+			t.Fatalf("encode: %v", err)
+		}
+		got, err := DecodeNack(p)
+		if err != nil {
+			t.Fatalf("NACK with message from %q... does not decode: %v", msg[:min(len(msg), 16)], err)
+		}
+		if got.Code != NackQuota || got.Message != n.Message {
+			t.Fatalf("round trip changed the NACK: %+v", got)
+		}
+	}
+}
