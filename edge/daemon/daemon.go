@@ -47,6 +47,11 @@ type Options struct {
 	Version string
 	// Now is the ledger clock; default time.Now.
 	Now func() time.Time
+	// MaxConnsPerPeer bounds the inbound connections one peer may hold
+	// open at once; more are closed right after the handshake. Default
+	// config.MaxWorkers: an edged sender holds at most relay.workers
+	// connections to a peer, so only a misbehaving peer reaches it.
+	MaxConnsPerPeer int
 }
 
 // Daemon is one running edge agent.
@@ -78,6 +83,9 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 	}
 	if opt.Now == nil {
 		opt.Now = time.Now
+	}
+	if opt.MaxConnsPerPeer <= 0 {
+		opt.MaxConnsPerPeer = config.MaxWorkers
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err

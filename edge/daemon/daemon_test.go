@@ -102,13 +102,17 @@ func nodeConfig(t testing.TB, pkiDir, id, listen, rpcListen string, peers []conf
 	return cfg
 }
 
-func startNode(t testing.TB, cfg *config.Config, relayLn, rpcLn net.Listener) *testNode {
+func startNode(t testing.TB, cfg *config.Config, relayLn, rpcLn net.Listener, mods ...func(*Options)) *testNode {
 	t.Helper()
 	log := slog.New(slog.DiscardHandler)
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	d, err := New(cfg, Options{Log: log, Version: "test"})
+	opt := Options{Log: log, Version: "test"}
+	for _, m := range mods {
+		m(&opt)
+	}
+	d, err := New(cfg, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -405,4 +409,43 @@ func TestAssuranceAfterEviction(t *testing.T) {
 func testMetric(n *testNode, line string) bool {
 	m, err := n.client.Metrics(context.Background())
 	return err == nil && strings.Contains(m, line)
+}
+
+// TestInboundConnectionsPerPeerBounded: every inbound connection costs a
+// goroutine, TLS buffers and, while receiving, copy buffers and a file.
+// A configured peer (compromised, or buggy) must not be able to open them
+// without bound; edged itself never holds more than relay.workers
+// connections to one peer. Connections over the limit are closed at once
+// and counted as rejected; a freed slot is usable again.
+func TestInboundConnectionsPerPeerBounded(t *testing.T) {
+	dir := newPKI(t, "a", "b")
+	relayLn, rpcLn := listen(t), listen(t)
+	cfg := nodeConfig(t, dir, "b", relayLn.Addr().String(), rpcLn.Addr().String(), []config.Peer{{ID: "a", Address: "127.0.0.1:1"}})
+	b := startNode(t, cfg, relayLn, rpcLn, func(o *Options) { o.MaxConnsPerPeer = 2 })
+	ctx := context.Background()
+	deliver := func(c *wire.Conn, id string) error {
+		content := []byte(id)
+		return c.Deliver(ctx, offer(id, content), bytes.NewReader(content))
+	}
+	c1, c2 := rawSender(t, dir, b), rawSender(t, dir, b)
+	if err := deliver(c1, "s1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := deliver(c2, "s2"); err != nil {
+		t.Fatal(err)
+	}
+	c3 := rawSender(t, dir, b)
+	if err := deliver(c3, "s3"); err == nil {
+		t.Fatal("a third concurrent connection from one peer was served")
+	}
+	waitUntil(t, "rejection counted", func() bool { return testMetric(b, "edged_inbound_connections_rejected_total 1") })
+	c1.Close()
+	waitUntil(t, "slot freed", func() bool {
+		c := rawSender(t, dir, b)
+		defer c.Close()
+		return deliver(c, "s4") == nil
+	})
+	if err := deliver(c2, "s5"); err != nil {
+		t.Fatalf("connection within the limit stopped serving: %v", err)
+	}
 }

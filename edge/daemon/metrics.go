@@ -36,7 +36,7 @@ func newMetrics(d *Daemon) *metrics {
 			Name: "edged_nacks_sent_total", Help: "NACKs sent, by code.",
 		}, []string{"code"}),
 		rejected: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "edged_inbound_connections_rejected_total", Help: "Inbound connections refused during TLS or HELLO (bad certificate, unknown node).",
+			Name: "edged_inbound_connections_rejected_total", Help: "Inbound connections refused: during TLS or HELLO (bad certificate, unknown node), or over the per-peer connection limit.",
 		}),
 		reloadErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "edged_certificate_reload_errors_total", Help: "Certificate reloads that failed (the previous certificate stays in use).",

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -12,18 +13,43 @@ import (
 )
 
 // acceptLoop hands every authenticated inbound connection to
-// handleRelayConn until ctx ends, then waits for the handlers.
+// handleRelayConn until ctx ends, then waits for the handlers. A peer
+// holding Options.MaxConnsPerPeer connections already has the next one
+// closed at once: each costs a goroutine and buffers, and a configured
+// peer is trusted with segments, not with this daemon's memory.
 func (d *Daemon) acceptLoop(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	var mu sync.Mutex
+	open := map[string]int{}
 	for {
 		c, peer, err := d.relayLn.Accept()
 		if err != nil {
 			return // closed: the daemon is stopping
 		}
+		mu.Lock()
+		full := open[peer] >= d.opt.MaxConnsPerPeer
+		if !full {
+			open[peer]++
+		}
+		mu.Unlock()
+		if full {
+			c.Close()
+			d.met.rejected.Inc()
+			d.log.Warn("inbound connection refused", "peer", peer, "remote", addrString(c.RemoteAddr()),
+				"err", fmt.Sprintf("peer already holds %d connections", d.opt.MaxConnsPerPeer))
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer func() {
+				mu.Lock()
+				defer mu.Unlock()
+				if open[peer]--; open[peer] == 0 {
+					delete(open, peer)
+				}
+			}()
 			stop := context.AfterFunc(ctx, func() { c.Close() })
 			defer stop()
 			d.handleRelayConn(ctx, c, peer)
