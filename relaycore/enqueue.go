@@ -334,7 +334,8 @@ func planPages(source Partition, seq uint64, rows []Row, caps Capabilities, cfg 
 // prefixes that
 //   - with full keys and no compression (rowEncodedLen) fit the store's item
 //     limit, so any later rewrite of the page's remaining rows fits too, and
-//   - have a row section of at most maxPageRawBytes.
+//   - have a row section of at most maxPageRawBytes, and
+//   - have keys summing to at most maxPageKeyBytes (what a decoder accepts).
 //
 // The longest prefix that fits uncompressed is a lower bound; when the next
 // row does not fit uncompressed, the page is grown by compressing candidate
@@ -352,15 +353,15 @@ func packPage(codec *pageCodec, source, target Partition, first uint64, rows []R
 	// Longest prefix within the rewrite and raw-section bounds (maxN), and
 	// within limit uncompressed (n0).
 	n0, maxN := 0, 0
-	full, raw, prev := 0, 0, ""
+	full, raw, keys, prev := 0, 0, 0, ""
 	for maxN < len(idx) {
 		r := rows[idx[maxN]]
 		l, last := rowSectionLen(r, prev)
-		f := full + rowEncodedLen(r)
-		if maxN > 0 && (itemSize(f) > itemLimit || uvarintLen(uint64(maxN+1))+raw+l > maxPageRawBytes) {
+		f, kb := full+rowEncodedLen(r), keys+rowKeyBytes(r)
+		if maxN > 0 && (itemSize(f) > itemLimit || uvarintLen(uint64(maxN+1))+raw+l > maxPageRawBytes || kb > maxPageKeyBytes) {
 			break
 		}
-		full, raw, prev = f, raw+l, last
+		full, raw, keys, prev = f, raw+l, kb, last
 		maxN++
 		if maxN == 1 || itemSize(uvarintLen(uint64(maxN))+raw) <= limit {
 			n0 = maxN
@@ -467,6 +468,9 @@ func rowProblem(source Partition, r Row, caps, tc Capabilities) string {
 	}
 	if tc.MaxBatchBytes > 0 && rowBytes > tc.MaxBatchBytes {
 		return fmt.Sprintf("row is %d bytes as a target batch, limit %d", rowBytes, tc.MaxBatchBytes)
+	}
+	if kb := rowKeyBytes(r); kb > maxPageKeyBytes {
+		return fmt.Sprintf("keys sum to %d bytes, page limit %d", kb, maxPageKeyBytes)
 	}
 	ps := caps.ItemSize(source, PageKey(0), pageHeaderMax(strings.Repeat("x", maxTagLen), r.Target)+rowEncodedLen(r))
 	if caps.MaxItemBytes > 0 && ps > caps.MaxItemBytes {

@@ -309,8 +309,9 @@ const maxFireAttempts = 3
 // next fire of the same alarm when it continues.
 func (h *RelayHandler) fire(ctx context.Context, source Partition, token string, keep bool) (FireResult, error) {
 	var total FireResult
+	spent := fireSpend{calls: map[Partition]int{}}
 	for attempt := 0; ; attempt++ {
-		res, retry, err := h.fireOnce(ctx, source, token, keep)
+		res, retry, err := h.fireOnce(ctx, source, token, keep, &spent)
 		res.Retries = attempt
 		res.RowsDelivered += total.RowsDelivered
 		res.TargetCalls += total.TargetCalls
@@ -326,10 +327,30 @@ func (h *RelayHandler) fire(ctx context.Context, source Partition, token string,
 	}
 }
 
+// fireSpend is the budget a fire's attempts have used so far. An attempt
+// that starts over after a checkpoint conflict continues with what is left,
+// so a fire never makes more than TargetsPerFire×CallsPerTarget target
+// calls (nor more than CallsPerTarget per target) or inspects more than
+// 4×RowsPerFire rows, however often it starts over: the per-alarm call cap
+// holds.
+type fireSpend struct {
+	calls     map[Partition]int // target apply calls per target
+	total     int               // target apply calls
+	inspected int               // rows inspected
+	// delivered counts rows applied at targets, so that an attempt left with
+	// little budget still reports its predecessors' deliveries as progress.
+	delivered int
+}
+
+// callsLeft is how many more apply calls target may get in this fire.
+func (s *fireSpend) callsLeft(b RelayBudget, target Partition) int {
+	return max(0, min(b.CallsPerTarget-s.calls[target], b.TargetsPerFire*b.CallsPerTarget-s.total))
+}
+
 // fireOnce is one attempt; retry reports an rs conflict at checkpoint with
 // no live competing claim (the target side is idempotent, so starting over
-// is safe).
-func (h *RelayHandler) fireOnce(ctx context.Context, source Partition, token string, keep bool) (res FireResult, retry bool, err error) {
+// is safe). spent carries the budget used by earlier attempts.
+func (h *RelayHandler) fireOnce(ctx context.Context, source Partition, token string, keep bool, spent *fireSpend) (res FireResult, retry bool, err error) {
 	b := h.budget()
 	now := unixMS(h.clock().Now())
 	rs, rsRaw, os, busy, err := h.claim(ctx, source, token, now)
@@ -355,7 +376,7 @@ func (h *RelayHandler) fireOnce(ctx context.Context, source Partition, token str
 	}
 	var sel []*targetWork
 	byTarget := map[Partition]*targetWork{}
-	inspectLeft, rowsLeft := 4*b.RowsPerFire, b.RowsPerFire
+	inspectLeft, rowsLeft := max(0, 4*b.RowsPerFire-spent.inspected), b.RowsPerFire
 	stop, stopFrom := cur.CycleEnd, ""
 	start := cur.From
 	if start < PagePrefix {
@@ -383,6 +404,7 @@ scan:
 			if blocked[page.Target] {
 				n := min(len(rows), inspectLeft)
 				inspectLeft -= n
+				spent.inspected += n
 				res.RowsInspected += n
 				if n < len(rows) {
 					stopAt(rows[0].Seq+uint64(n)-1, page.Key)
@@ -415,6 +437,7 @@ scan:
 			pagesRoom--
 			bytesRoom -= size
 			inspectLeft -= n
+			spent.inspected += n
 			rowsLeft -= n
 			res.RowsInspected += n
 			if n < len(rows) {
@@ -431,7 +454,7 @@ scan:
 	// Deliver, one target at a time.
 	for _, tw := range sel {
 		res.TargetsAttempted++
-		h.deliver(ctx, source, tw, &res, b)
+		h.deliver(ctx, source, tw, &res, b, spent)
 	}
 
 	// New rs.
@@ -486,9 +509,10 @@ scan:
 		}
 	}
 
-	res.Progress = res.RowsDelivered > 0 || res.RowsCleaned > 0 ||
+	// spent.delivered includes this fire's earlier attempts.
+	res.Progress = spent.delivered > 0 || res.RowsCleaned > 0 ||
 		(!res.NewCycle && next.Cursor > cur.Cursor && res.TargetsBlocked == 0)
-	if res.Progress && (res.RowsDelivered > 0 || res.RowsCleaned > 0) {
+	if res.Progress && (spent.delivered > 0 || res.RowsCleaned > 0) {
 		next.Idle = 0
 	} else if !res.Progress {
 		next.Idle++
@@ -535,9 +559,9 @@ scan:
 	return res, true, nil
 }
 
-// rsMaxBytes bounds an encoded rs: a full blocked set of longest names plus
-// the scalar fields.
-const rsMaxBytes = 512 + (MaxBlockedTargets+1)*(MaxPartitionLen+8)
+// rsMaxBytes bounds an encoded rs: a full blocked set of longest names, each
+// at its worst encoding (blockedNameMaxJSON), plus the scalar fields.
+const rsMaxBytes = 512 + (MaxBlockedTargets+1)*blockedNameMaxJSON
 
 type claimedRS struct {
 	RelayState
@@ -614,7 +638,7 @@ func cmpU64(a, b uint64) int {
 // deliver applies tw's rows newer than the target's rh, in ascending seq,
 // in as many target batches as the limits and CallsPerTarget allow. It sets
 // tw.dt to the rh it last knew and tw.failed on a delivery or hook failure.
-func (h *RelayHandler) deliver(ctx context.Context, source Partition, tw *targetWork, res *FireResult, b RelayBudget) {
+func (h *RelayHandler) deliver(ctx context.Context, source Partition, tw *targetWork, res *FireResult, b RelayBudget, spent *fireSpend) {
 	log := loggerOr(h.Logger).With("source", string(source), "target", string(tw.target))
 	fail := func(msg string, err error) {
 		log.Warn("relay target blocked: "+msg, "err", err)
@@ -642,13 +666,20 @@ func (h *RelayHandler) deliver(ctx context.Context, source Partition, tw *target
 	}
 	pending := newer(tw.rows)
 	tc := h.Target.Capabilities()
-	calls, attempt := 0, 0
+	attempt := 0
 	for len(pending) > 0 {
-		if calls >= b.CallsPerTarget {
+		if spent.callsLeft(b, tw.target) == 0 {
 			return // budget spent; not a failure: the cursor pauses before these rows
 		}
 		attempt++
 		n := fitRows(source, tw.target, pending, tc, 0, 0)
+		if n == 0 {
+			// Enqueue validation keeps every row within one target batch
+			// of the limits it was given; a target store with smaller
+			// limits (or a hostile page) can still hold one that is not.
+			fail("row does not fit one target batch", fmt.Errorf("row %d: %w", pending[0].Seq, ErrBatchTooLarge))
+			return
+		}
 		var hookWrites []Write
 		for {
 			items, size := targetLoad(source, tw.target, pending[:n], tc)
@@ -683,11 +714,13 @@ func (h *RelayHandler) deliver(ctx context.Context, source Partition, tw *target
 			fail("plan target batch", err)
 			return
 		}
-		calls++
+		spent.calls[tw.target]++
+		spent.total++
 		res.TargetCalls++
 		err := h.Target.Apply(ctx, tw.target, batch)
 		if err == nil {
 			res.RowsDelivered += n
+			spent.delivered += n
 			tw.dt, raw, found = last, encodeRH(last), true
 			pending = pending[n:]
 			continue
@@ -707,6 +740,7 @@ func (h *RelayHandler) deliver(ctx context.Context, source Partition, tw *target
 		}
 		if rh >= last && MayBeApplied(err) {
 			res.RowsDelivered += n
+			spent.delivered += n
 		}
 		tw.dt = max(tw.dt, rh)
 		pending = newer(pending)

@@ -1,10 +1,12 @@
 package relaycore
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Source partition keys (docs/layout.md describes every key and encoding).
@@ -115,6 +117,79 @@ type RelayState struct {
 
 // Completed reports whether rs is the completed marker (or no cycle ran yet).
 func (rs RelayState) Completed() bool { return rs.Cursor >= rs.CycleEnd }
+
+// Blocked names are target partition names: any bytes. encoding/json would
+// replace invalid UTF-8 with U+FFFD (a blocked target would then look healthy
+// to the next fire, and its later rows would overtake an older one) and
+// writes control bytes, <, > and & as six bytes each. So rs stores a name
+// as itself when JSON keeps it byte for byte at its own length, and
+// otherwise as blockedEscape followed by its unpadded base64url encoding.
+// A literal name never contains blockedEscape (a control byte), so the two
+// forms cannot be confused, and names written before this encoding decode
+// as themselves.
+const blockedEscape = "\x00"
+
+// blockedNameMaxJSON bounds one encoded blocked name in rs: the escape
+// (written by JSON as \u0000), base64 of MaxPartitionLen bytes, the quotes
+// and a comma.
+const blockedNameMaxJSON = len(`"\u0000",`) + (MaxPartitionLen*4+2)/3
+
+func encodeBlockedName(t Partition) string {
+	s := string(t)
+	if !utf8.ValidString(s) {
+		return blockedEscape + base64.RawURLEncoding.EncodeToString([]byte(s))
+	}
+	for _, c := range s {
+		if c < 0x20 || c == 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' || c == '\u2028' || c == '\u2029' {
+			return blockedEscape + base64.RawURLEncoding.EncodeToString([]byte(s))
+		}
+	}
+	return s
+}
+
+func decodeBlockedName(s string) (Partition, error) {
+	rest, ok := strings.CutPrefix(s, blockedEscape)
+	if !ok {
+		return Partition(s), nil
+	}
+	b, err := base64.RawURLEncoding.DecodeString(rest)
+	if err != nil {
+		return "", fmt.Errorf("blocked name %q: %w", s, err)
+	}
+	return Partition(b), nil
+}
+
+// MarshalJSON writes rs with its blocked names encoded losslessly (see
+// blockedEscape).
+func (rs RelayState) MarshalJSON() ([]byte, error) {
+	type plain RelayState // no methods: no recursion
+	p := plain(rs)
+	if len(rs.Blocked) > 0 {
+		p.Blocked = make([]Partition, len(rs.Blocked))
+		for i, t := range rs.Blocked {
+			p.Blocked[i] = Partition(encodeBlockedName(t))
+		}
+	}
+	return json.Marshal(p)
+}
+
+// UnmarshalJSON reads what MarshalJSON writes.
+func (rs *RelayState) UnmarshalJSON(raw []byte) error {
+	type plain RelayState
+	var p plain
+	if err := json.Unmarshal(raw, &p); err != nil {
+		return err
+	}
+	for i, t := range p.Blocked {
+		name, err := decodeBlockedName(string(t))
+		if err != nil {
+			return err
+		}
+		p.Blocked[i] = name
+	}
+	*rs = RelayState(p)
+	return nil
+}
 
 func decodeRS(raw []byte) (RelayState, error) {
 	var rs RelayState

@@ -31,3 +31,24 @@ func TestTransactWriteUnits(t *testing.T) {
 		t.Fatalf("units = %d, want %d", got, want)
 	}
 }
+
+// The checkpoint reserves rsMaxBytes for rs: a full blocked set of the
+// longest names at their worst encoding, with every scalar field at its
+// widest, must fit it.
+func TestRSMaxBytesBoundsWorstRS(t *testing.T) {
+	for _, fill := range []byte{0x01, 0xff, '<', 'a'} {
+		rs := RelayState{Version: ^uint64(0), CycleEnd: ^uint64(0), Cursor: ^uint64(0) - 1, From: PageKey(^uint64(0)),
+			Idle: int(^uint(0) >> 1), Claim: &Claim{Owner: "0123456789ab", UntilMS: -1 << 63}}
+		for i := 0; i < MaxBlockedTargets; i++ {
+			name := make([]byte, MaxPartitionLen)
+			for j := range name {
+				name[j] = fill
+			}
+			name[0] = byte(i)
+			rs.Blocked = append(rs.Blocked, Partition(name))
+		}
+		if n := len(encodeJSON(rs)); n > rsMaxBytes {
+			t.Fatalf("rs of %#x names is %d bytes, rsMaxBytes %d", fill, n, rsMaxBytes)
+		}
+	}
+}

@@ -48,6 +48,15 @@ const (
 // Encoders never compress a longer section (it is stored as is).
 const maxPageRawBytes = 1 << 20
 
+// maxPageKeyBytes bounds the summed length of a page's decoded keys. Format 2
+// stores a key as the length it shares with the previous key plus the rest,
+// so a few bytes of page can stand for a key of MaxKeyLen bytes: without a
+// bound, a hostile page of a few hundred bytes decodes into gigabytes of
+// keys. Encoders never write a page of several rows beyond it (packPage) and
+// validation refuses a row beyond it; with the stores' 400 KB item limit no
+// page comes near it.
+const maxPageKeyBytes = 4 << 20
+
 // maxDeflateRatio is DEFLATE's best possible ratio (a 258-byte match in
 // about two bits): a declared length beyond it is corrupt without inflating.
 const maxDeflateRatio = 1032
@@ -227,6 +236,18 @@ func rowEncodedLen(r Row) int {
 	return n
 }
 
+// rowKeyBytes is the summed length of r's keys, as a decoder builds them.
+func rowKeyBytes(r Row) int {
+	n := 0
+	for _, kv := range r.Puts {
+		n += len(kv.Key)
+	}
+	for _, k := range r.Deletes {
+		n += len(k)
+	}
+	return n
+}
+
 // pageRewriteBound bounds the encoding of any suffix of p's rows under p's
 // header: a codec never writes more than the rows with full keys
 // uncompressed.
@@ -241,6 +262,22 @@ func pageRewriteBound(p Page) int {
 type pageReader struct {
 	b   []byte
 	err bool
+	// keyBudget is what decoded keys may still add up to
+	// (maxPageKeyBytes at the start); overKeys records that a key would
+	// have overrun it.
+	keyBudget int
+	overKeys  bool
+}
+
+// chargeKey takes n bytes of key from the budget, failing the read when
+// the budget cannot pay for them.
+func (r *pageReader) chargeKey(n int) bool {
+	if n > r.keyBudget {
+		r.err, r.overKeys = true, true
+		return false
+	}
+	r.keyBudget -= n
+	return true
 }
 
 func (r *pageReader) byte() byte {
@@ -297,19 +334,24 @@ func (r *pageReader) count() int {
 }
 
 // key reads a format-2 key: shared prefix length with prev, then the rest.
+// It charges the key's length to the key budget before building it.
 func (r *pageReader) key(prev string) string {
 	shared := r.uvarint()
 	if r.err || shared > uint64(len(prev)) {
 		r.err = true
 		return ""
 	}
-	return prev[:shared] + string(r.bytes())
+	rest := r.bytes()
+	if r.err || !r.chargeKey(int(shared)+len(rest)) {
+		return ""
+	}
+	return prev[:shared] + string(rest)
 }
 
 // DecodePage decodes a row page (format 1 or 2) stored under key. It never
 // panics on malformed input and bounds what it allocates by the page's
-// size (a compressed section by maxPageRawBytes); errors wrap
-// ErrCorruptRecord.
+// size (a compressed section by maxPageRawBytes, decoded keys by
+// maxPageKeyBytes); errors wrap ErrCorruptRecord.
 func DecodePage(key string, raw []byte) (Page, error) {
 	bad := func(why string) (Page, error) {
 		return Page{}, fmt.Errorf("%w: page %s: %s", ErrCorruptRecord, key, why)
@@ -353,9 +395,14 @@ func DecodePage(key string, raw []byte) (Page, error) {
 	}
 	p.Rows = make([]Row, 0, n)
 	prev := ""
+	r.keyBudget = maxPageKeyBytes
 	readKey := func() string {
 		if format == pageFormat1 {
-			return string(r.bytes())
+			k := r.bytes()
+			if r.err || !r.chargeKey(len(k)) {
+				return ""
+			}
+			return string(k)
 		}
 		prev = r.key(prev)
 		return prev
@@ -373,6 +420,9 @@ func DecodePage(key string, raw []byte) (Page, error) {
 			row.Deletes = append(row.Deletes, readKey())
 		}
 		p.Rows = append(p.Rows, row)
+	}
+	if r.overKeys {
+		return bad(fmt.Sprintf("keys sum to more than %d bytes", maxPageKeyBytes))
 	}
 	if r.err {
 		return bad("truncated row")

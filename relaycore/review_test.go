@@ -1,0 +1,311 @@
+package relaycore_test
+
+import (
+	"bytes"
+	"compress/flate"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"runtime"
+	"testing"
+
+	"github.com/relay-dev/relay/infra/mem"
+	"github.com/relay-dev/relay/relaycore"
+)
+
+// Regression tests for defects found by the adversarial review of the
+// engine (issue 2). Each failed before its fix.
+
+// A target name is any byte string (infra/dynamo round-trips arbitrary
+// bytes). rs used to keep the blocked set as plain JSON strings, which
+// replace invalid UTF-8 with U+FFFD: the blocked target then looked healthy
+// to the next fire, its later row was applied first and rh skipped the
+// older row for good.
+func TestReviewBlockedTargetNameSurvivesRS(t *testing.T) {
+	for _, bad := range []relaycore.Partition{"t\xff", "t\xc3", "t<\"\\\x01>&\u2028"} {
+		t.Run(string(bad), func(t *testing.T) {
+			e := newEnv(t, "free")
+			e.h.Budget.TargetsPerFire = 1
+			failing := true
+			e.failTargets(string(bad), &failing)
+			e.enqueue(put(bad, "k1", "old"))
+			e.enqueue(put("good", "k", "v"))
+			e.enqueue(put(bad, "k2", "new"))
+
+			r := e.fire(e.source) // bad fails: blocked, cursor 1
+			if r.TargetsBlocked != 1 {
+				t.Fatalf("first fire %+v: want bad blocked", r)
+			}
+			v := e.inspect(e.source)
+			checkBlockedInvariant(t, v)
+			if len(v.RS.Blocked) != 1 || v.RS.Blocked[0] != bad {
+				t.Fatalf("blocked = %q, want [%q]", v.RS.Blocked, bad)
+			}
+			failing = false
+			e.drain(e.source, 20)
+			if got, ok := e.target(bad, "k1"); !ok || got != "old" {
+				t.Fatalf("older row of %q lost: k1 = %q, %v", bad, got, ok)
+			}
+			if got, _ := e.target(bad, "k2"); got != "new" {
+				t.Fatalf("k2 = %q", got)
+			}
+		})
+	}
+}
+
+// A target store with smaller limits than the enqueuer assumed (or a
+// hostile stored page) can hold a row that fits no target batch. The fire
+// used to index pending[-1] and panic; it must block that target only.
+func TestReviewRowTooLargeForTargetBlocksNotPanics(t *testing.T) {
+	e := newEnv(t, "free")
+	e.tgt = mem.New(relaycore.Capabilities{MaxBatchItems: 3, MaxBatchBytes: 1 << 20, MaxItemBytes: 1 << 10, ItemOverhead: 32})
+	e.tgtF = &faultStore{Store: e.tgt}
+	e.h.Target = e.tgtF
+	e.enqueue(put("wide", "a", "1", "b", "2", "c", "3"), put("ok", "k", "v"))
+	var r relaycore.FireResult
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				t.Fatalf("fire panicked: %v", p)
+			}
+		}()
+		r = e.fire(e.source)
+	}()
+	if r.TargetsBlocked != 1 {
+		t.Fatalf("fire %+v: want the wide row's target blocked", r)
+	}
+	if v, _ := e.target("ok", "k"); v != "v" {
+		t.Fatal("the healthy target was not delivered")
+	}
+	checkBlockedInvariant(t, e.inspect(e.source))
+}
+
+// A fire that starts over after an ambiguous checkpoint used to get a fresh
+// budget each time, so one fire could make 3× TargetsPerFire×CallsPerTarget
+// target calls and an alarm exceed its per-alarm call cap (Free: 32, below
+// Cloudflare Free's 50 subrequests).
+func TestReviewFireRetryKeepsTargetCallBudget(t *testing.T) {
+	e := newEnv(t, "free")
+	b := e.h.Budget
+	var rows []relaycore.Row
+	for i := 0; i < b.TargetsPerFire; i++ {
+		rows = append(rows, put(relaycore.Partition("bad"+string(rune('a'+i))), "k", "v"))
+	}
+	e.enqueue(rows...)
+	calls := 0
+	e.tgtF.set(func(c call) error {
+		if c.Op == "apply" {
+			calls++
+			return errInjected
+		}
+		return nil
+	}, nil)
+	lost := 0
+	e.srcF.set(func(c call) error {
+		// The checkpoint: an rs write that releases the claim. Lose its
+		// response twice, unapplied.
+		if c.Op == "apply" && c.Key == relaycore.KeyRS && !bytes.Contains(c.Batch.Writes[0].Value, []byte(`"claim"`)) && lost < 2 {
+			lost++
+			return maybeApplied()
+		}
+		return nil
+	}, nil)
+	r, err := e.h.Fire(e.ctx, e.source)
+	if err != nil {
+		t.Fatalf("fire: %v", err)
+	}
+	if lost != 2 || r.Retries != 2 {
+		t.Fatalf("lost %d checkpoints, %d retries: the test did not exercise the retry", lost, r.Retries)
+	}
+	if limit := b.TargetsPerFire * b.CallsPerTarget; calls > limit || r.TargetCalls > limit {
+		t.Fatalf("one fire made %d target calls (reported %d), budget %d", calls, r.TargetCalls, limit)
+	}
+}
+
+// hostilePage is a format-2 page whose rows each put a MaxKeyLen-byte key
+// stored as "shares all but one byte with the previous key": a few bytes of
+// input per key, MaxKeyLen bytes of decoded key.
+func hostilePage(rows int) []byte {
+	var sec []byte
+	sec = binary.AppendUvarint(sec, uint64(rows))
+	key := bytes.Repeat([]byte("k"), relaycore.MaxKeyLen)
+	for i := 0; i < rows; i++ {
+		sec = binary.AppendUvarint(sec, 1) // one put
+		if i == 0 {
+			sec = binary.AppendUvarint(sec, 0)
+			sec = binary.AppendUvarint(sec, uint64(len(key)))
+			sec = append(sec, key...)
+		} else {
+			// Share all but the last byte, which alternates, so every key
+			// is a distinct MaxKeyLen-byte string.
+			sec = binary.AppendUvarint(sec, uint64(len(key)-1))
+			sec = binary.AppendUvarint(sec, 1)
+			sec = append(sec, "ab"[i%2])
+		}
+		sec = binary.AppendUvarint(sec, 0) // empty value
+		sec = binary.AppendUvarint(sec, 0) // no deletes
+	}
+	var z bytes.Buffer
+	zw, _ := flate.NewWriter(&z, flate.BestCompression)
+	_, _ = zw.Write(sec)
+	_ = zw.Close()
+	page := []byte{2, 1}
+	page = binary.AppendUvarint(page, 1) // first seq
+	page = binary.AppendVarint(page, 0)  // commit ms
+	page = binary.AppendUvarint(page, 0) // tag
+	page = binary.AppendUvarint(page, 1) // target
+	page = append(page, 't')             //
+	page = binary.AppendUvarint(page, uint64(len(sec)))
+	return append(page, z.Bytes()...)
+}
+
+// DecodePage promises to bound what it allocates by the page's size (a
+// compressed section by maxPageRawBytes). Shared key prefixes used to let a
+// small stored page expand into gigabytes of keys.
+func TestReviewDecodePageBoundsKeyExpansion(t *testing.T) {
+	raw := hostilePage(30000) // ~30 MB of keys from a page of a few hundred bytes
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	p, err := relaycore.DecodePage(relaycore.PageKey(1), raw)
+	runtime.ReadMemStats(&after)
+	alloc := after.TotalAlloc - before.TotalAlloc
+	t.Logf("stored page %d bytes, decode allocated %d bytes, err %v", len(raw), alloc, err)
+	if err == nil {
+		t.Fatalf("decoded %d rows of %d-byte keys from a %d-byte page", len(p.Rows), relaycore.MaxKeyLen, len(raw))
+	}
+	if !errors.Is(err, relaycore.ErrCorruptRecord) {
+		t.Fatalf("err = %v, want ErrCorruptRecord", err)
+	}
+	if alloc > 16<<20 {
+		t.Fatalf("decoding a %d-byte page allocated %d bytes", len(raw), alloc)
+	}
+}
+
+// The checkpoint reserves room for rs assuming each blocked name takes at
+// most its length in JSON, but encoding/json writes a control byte or <, >
+// and & as six bytes. With 32 such names blocked, a fire that collects pages
+// up to that reservation built a checkpoint over the store's batch limit,
+// which fails (surely not applied) on every fire: the source was stuck.
+func TestReviewCheckpointReservesBlockedNames(t *testing.T) {
+	e := newEnv(t, "free")
+	e.src = mem.New(relaycore.Capabilities{MaxBatchItems: 100, MaxBatchBytes: 52 << 10, MaxItemBytes: 400 << 10, ItemOverhead: 32})
+	e.srcF = &faultStore{Store: e.src}
+	e.h.Source = e.srcF
+	e.h.Budget.RowsPerFire = 9 // the second page of good is rewritten
+	failing := true
+	e.failTargets("\x01", &failing)
+	var rows []relaycore.Row
+	for i := 0; i < relaycore.MaxBlockedTargets; i++ {
+		name := string(bytes.Repeat([]byte{1}, relaycore.MaxPartitionLen-1)) + string(rune('A'+i))
+		rows = append(rows, put(relaycore.Partition(name), "k", "v"))
+	}
+	e.enqueue(rows...)
+	rows = rows[:0]
+	for i := 0; i < 48; i++ {
+		// Incompressible 1 KB values: pages stay near their full size.
+		v := make([]byte, 1000)
+		for j := range v {
+			v[j] = byte((i*7919 + j*j*31 + j>>3) % 251)
+		}
+		rows = append(rows, relaycore.Row{Target: "good", Puts: []relaycore.KV{{Key: string(rune('a'+i%26)) + string(rune('a'+i/26)), Value: v}}})
+	}
+	e.enqueue(rows...)
+	for f := 0; f < 8; f++ {
+		if _, err := e.h.Fire(e.ctx, e.source); err != nil {
+			t.Fatalf("fire %d: %v", f, err)
+		}
+		checkBlockedInvariant(t, e.inspect(e.source))
+	}
+	if _, ok := e.target("good", "bb"); !ok {
+		t.Fatal("the healthy target behind 32 blocked targets was not delivered")
+	}
+}
+
+// The encoder must never write a page its own decoder refuses: on a store
+// with a large item limit, rows of long keys that share their prefixes
+// compress into one small page whose keys sum past maxPageKeyBytes.
+func TestReviewPagesStayDecodable(t *testing.T) {
+	e := newEnv(t, "free")
+	e.src = mem.New(relaycore.Capabilities{MaxBatchItems: 100, MaxBatchBytes: 64 << 20, MaxItemBytes: 32 << 20, ItemOverhead: 32})
+	prefix := string(bytes.Repeat([]byte("k"), relaycore.MaxKeyLen-8))
+	var rows []relaycore.Row
+	for i := 0; i < 6000; i++ {
+		rows = append(rows, put("t", prefix+string(rune('a'+i%26))+string(rune('a'+i/26%26))+string(rune('a'+i/676)), "v"))
+	}
+	e.enqueue(rows...)
+	v, err := relaycore.InspectSource(e.ctx, e.src, e.source)
+	if err != nil {
+		t.Fatalf("enqueue wrote a page the decoder refuses: %v", err)
+	}
+	if n := len(v.Rows()); n != len(rows) {
+		t.Fatalf("%d rows in the outbox, want %d", n, len(rows))
+	}
+}
+
+// FuzzRelayStateBlockedNames: any target name survives rs byte for byte,
+// and a full blocked set of such names keeps rs within the size the
+// checkpoint reserves for it (rsMaxBytes, checked in package tests).
+func FuzzRelayStateBlockedNames(f *testing.F) {
+	for _, s := range []string{"tenant-3", "t\xff", "\x00", "\x00AAA", "<&>", "\u2028", "\"\\", "é", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, name string) {
+		if len(name) > relaycore.MaxPartitionLen {
+			name = name[:relaycore.MaxPartitionLen]
+		}
+		rs := relaycore.RelayState{Version: 1, CycleEnd: 9, Cursor: 3, Blocked: []relaycore.Partition{relaycore.Partition(name), "x"}}
+		raw, err := json.Marshal(rs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back relaycore.RelayState
+		if err := json.Unmarshal(raw, &back); err != nil {
+			t.Fatalf("%q: %v", raw, err)
+		}
+		if len(back.Blocked) != 2 || back.Blocked[0] != relaycore.Partition(name) || back.Blocked[1] != "x" {
+			t.Fatalf("blocked %q came back as %q (stored %s)", name, back.Blocked, raw)
+		}
+	})
+}
+
+// A fire that starts over continues with the inspect budget its first
+// attempt left; when that is spent the retry collects nothing, but the
+// first attempt's deliveries still count as progress (no back-off).
+func TestReviewFireRetryCreditsEarlierDeliveries(t *testing.T) {
+	e := newEnv(t, "free")
+	e.h.Budget.RowsPerFire = 1 // inspects at most 4 rows
+	failing := true
+	e.failTargets("bad", &failing)
+	e.enqueue(put("bad", "a", "1"), put("bad", "b", "1"), put("bad", "c", "1"), put("bad", "d", "1"))
+	e.enqueue(put("good", "k", "v"))
+	if r := e.fire(e.source); r.TargetsBlocked != 1 || r.Cursor != 1 {
+		t.Fatalf("first fire %+v: want bad blocked at cursor 1", r)
+	}
+	lost := false
+	e.srcF.set(func(c call) error {
+		if c.Op == "apply" && c.Key == relaycore.KeyRS && !bytes.Contains(c.Batch.Writes[0].Value, []byte(`"claim"`)) && !lost {
+			lost = true
+			return maybeApplied()
+		}
+		return nil
+	}, nil)
+	r := e.fire(e.source)
+	if r.Retries != 1 || r.RowsDelivered != 1 {
+		t.Fatalf("fire %+v: want good delivered, then one retry", r)
+	}
+	if r.RowsInspected > 4*e.h.Budget.RowsPerFire {
+		t.Fatalf("fire inspected %d rows, limit %d", r.RowsInspected, 4*e.h.Budget.RowsPerFire)
+	}
+	if !r.Progress || r.NextDueMS != e.clock.Now().UnixMilli() {
+		t.Fatalf("fire %+v delivered a row but reports no progress", r)
+	}
+	if v, _ := e.target("good", "k"); v != "v" {
+		t.Fatal("good not delivered")
+	}
+	failing = false
+	e.drain(e.source, 50)
+	if v, _ := e.target("bad", "d"); v != "1" {
+		t.Fatal("bad not delivered after recovery")
+	}
+}
