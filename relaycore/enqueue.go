@@ -346,10 +346,7 @@ func planPages(source Partition, seq uint64, rows []Row, caps Capabilities, cfg 
 func packPage(codec *pageCodec, source, target Partition, first uint64, rows []Row, idx []int, caps Capabilities, limit int) plannedPage {
 	hdr := pageHeaderMax(strings.Repeat("x", maxTagLen), target)
 	itemSize := func(bodyLen int) int { return caps.ItemSize(source, PageKey(first), hdr+bodyLen) }
-	itemLimit := caps.MaxItemBytes
-	if itemLimit <= 0 {
-		itemLimit = math.MaxInt
-	}
+	itemLimit := pageItemLimit(source, caps)
 	// Longest prefix within the rewrite and raw-section bounds (maxN), and
 	// within limit uncompressed (n0).
 	n0, maxN := 0, 0
@@ -401,6 +398,23 @@ func packPage(codec *pageCodec, source, target Partition, first uint64, rows []R
 	}
 	best.size = hdr + len(best.body)
 	return best
+}
+
+// pageItemLimit bounds a page's rewrite size (its rows with full keys,
+// uncompressed, as the store's item size): the store's item limit, and the
+// room a fire's checkpoint has beside rs, because the fire that collects a
+// page reserves that size in its checkpoint in case it must rewrite the
+// page's remaining rows. A page beyond it could never be collected and
+// would stall its source for good.
+func pageItemLimit(source Partition, caps Capabilities) int {
+	limit := math.MaxInt
+	if caps.MaxItemBytes > 0 {
+		limit = caps.MaxItemBytes
+	}
+	if caps.MaxBatchBytes > 0 {
+		limit = min(limit, caps.MaxBatchBytes-caps.ItemSize(source, KeyRS, rsMaxBytes))
+	}
+	return limit
 }
 
 // validateRows refuses rows that could never be committed or delivered.
@@ -473,8 +487,8 @@ func rowProblem(source Partition, r Row, caps, tc Capabilities) string {
 		return fmt.Sprintf("keys sum to %d bytes, page limit %d", kb, maxPageKeyBytes)
 	}
 	ps := caps.ItemSize(source, PageKey(0), pageHeaderMax(strings.Repeat("x", maxTagLen), r.Target)+rowEncodedLen(r))
-	if caps.MaxItemBytes > 0 && ps > caps.MaxItemBytes {
-		return fmt.Sprintf("row needs a %d-byte page, source item limit %d", ps, caps.MaxItemBytes)
+	if limit := pageItemLimit(source, caps); ps > limit {
+		return fmt.Sprintf("row needs a %d-byte page, source limit %d (its item limit, and room beside rs in a fire's checkpoint)", ps, limit)
 	}
 	return ""
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/relay-dev/relay/infra/mem"
 	"github.com/relay-dev/relay/relaycore"
@@ -307,5 +308,47 @@ func TestReviewFireRetryCreditsEarlierDeliveries(t *testing.T) {
 	e.drain(e.source, 50)
 	if v, _ := e.target("bad", "d"); v != "1" {
 		t.Fatal("bad not delivered after recovery")
+	}
+}
+
+// A page must fit a checkpoint beside rs, or no fire can ever collect it
+// (the checkpoint may have to rewrite it) and the source is stuck for good.
+// With an item limit close to the batch limit, enqueue used to accept a row
+// whose page could never be delivered; it must refuse it, or deliver it.
+func TestReviewEveryAcceptedPageFitsACheckpoint(t *testing.T) {
+	e := newEnv(t, "free")
+	caps := relaycore.Capabilities{MaxBatchItems: 100, MaxBatchBytes: 64 << 10, MaxItemBytes: 64 << 10, ItemOverhead: 32}
+	e.src = mem.New(caps)
+	e.srcF = &faultStore{Store: e.src}
+	e.h.Source = e.srcF
+	noise := func(n, seed int) []byte {
+		v := make([]byte, n)
+		x := uint32(seed*2654435761 + 1)
+		for i := range v {
+			x ^= x << 13
+			x ^= x >> 17
+			x ^= x << 5
+			v[i] = byte(x)
+		}
+		return v
+	}
+	for _, size := range []int{56 << 10, 10 << 10} {
+		var rows []relaycore.Row
+		for i := 0; i < 6; i++ {
+			rows = append(rows, relaycore.Row{Target: "t", Puts: []relaycore.KV{{Key: string(rune('a' + i)), Value: noise(size, size+i)}}})
+		}
+		// Pages of several rows are bounded by the same rule.
+		_, err := relaycore.CommitRelayRows(e.ctx, e.src, e.clock, e.source, nil, time.Time{}, rows, relaycore.EnqueueConfig{PageBytes: 64 << 10})
+		if err != nil {
+			if !errors.Is(err, relaycore.ErrInvalidRow) {
+				t.Fatalf("enqueue %d-byte rows: %v", size, err)
+			}
+			t.Logf("enqueue refused %d-byte rows: %v", size, err)
+			continue
+		}
+		e.drain(e.source, 40)
+		if _, ok := e.target("t", "f"); !ok {
+			t.Fatalf("%d-byte rows not delivered", size)
+		}
 	}
 }
