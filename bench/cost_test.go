@@ -35,6 +35,7 @@ var workloads = []workload{
 	{name: "interleaved/batch100/targets4", rows: 2000, batchRows: 100, targets: 4, interleaved: true, plan: "paid"},
 	{name: "interleaved/batch20/targets4", rows: 2000, batchRows: 20, targets: 4, interleaved: true, plan: "free"},
 	{name: "backlog/batch100/targets4/random-bytes", rows: 2000, batchRows: 100, targets: 4, plan: "paid", payload: "random"},
+	{name: "backlog/batch400/targets4/random-bytes", rows: 4000, batchRows: 400, targets: 4, plan: "paid", payload: "random"},
 }
 
 func dynamoStores(b *testing.B) (*Meter, *Meter) {
