@@ -2,6 +2,7 @@ package relaycore
 
 import (
 	"fmt"
+	"math"
 	"strings"
 )
 
@@ -84,5 +85,20 @@ func (b RelayBudget) orFree() RelayBudget {
 
 // TargetCallsPerAlarm is the most target apply calls one alarm may make.
 func (b RelayBudget) TargetCallsPerAlarm() int {
-	return b.FiresPerAlarm * b.TargetsPerFire * b.CallsPerTarget
+	return satMul(b.FiresPerAlarm, satMul(b.TargetsPerFire, b.CallsPerTarget))
+}
+
+// targetCallsPerFire is the most target apply calls one fire may make.
+func (b RelayBudget) targetCallsPerFire() int { return satMul(b.TargetsPerFire, b.CallsPerTarget) }
+
+// inspectPerFire is the most rows one fire may inspect: 4×RowsPerFire.
+func (b RelayBudget) inspectPerFire() int { return satMul(4, b.RowsPerFire) }
+
+// satMul multiplies non-negative budget figures, saturating instead of
+// wrapping, so a huge configured budget means "unbounded", never negative.
+func satMul(a, b int) int {
+	if a > 0 && b > math.MaxInt/a {
+		return math.MaxInt
+	}
+	return a * b
 }

@@ -344,7 +344,7 @@ type fireSpend struct {
 
 // callsLeft is how many more apply calls target may get in this fire.
 func (s *fireSpend) callsLeft(b RelayBudget, target Partition) int {
-	return max(0, min(b.CallsPerTarget-s.calls[target], b.TargetsPerFire*b.CallsPerTarget-s.total))
+	return max(0, min(b.CallsPerTarget-s.calls[target], b.targetCallsPerFire()-s.total))
 }
 
 // fireOnce is one attempt; retry reports an rs conflict at checkpoint with
@@ -376,7 +376,7 @@ func (h *RelayHandler) fireOnce(ctx context.Context, source Partition, token str
 	}
 	var sel []*targetWork
 	byTarget := map[Partition]*targetWork{}
-	inspectLeft, rowsLeft := max(0, 4*b.RowsPerFire-spent.inspected), b.RowsPerFire
+	inspectLeft, rowsLeft := max(0, b.inspectPerFire()-spent.inspected), b.RowsPerFire
 	stop, stopFrom := cur.CycleEnd, ""
 	start := cur.From
 	if start < PagePrefix {

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"math"
 	"runtime"
 	"testing"
 	"time"
@@ -350,5 +351,19 @@ func TestReviewEveryAcceptedPageFitsACheckpoint(t *testing.T) {
 		if _, ok := e.target("t", "f"); !ok {
 			t.Fatalf("%d-byte rows not delivered", size)
 		}
+	}
+}
+
+// Budget products saturate: a huge configured budget means "unbounded",
+// never a negative (wrapped) one that stops delivery.
+func TestReviewHugeBudgetDoesNotWrap(t *testing.T) {
+	e := newEnv(t, "free")
+	e.h.Budget = relaycore.RelayBudget{FiresPerAlarm: 2, TargetsPerFire: math.MaxInt / 2, CallsPerTarget: 4, RowsPerFire: math.MaxInt/4 + 1}
+	if got := e.h.Budget.TargetCallsPerAlarm(); got <= 0 {
+		t.Fatalf("TargetCallsPerAlarm = %d", got)
+	}
+	e.enqueue(put("t", "k", "v"))
+	if r := e.fire(e.source); r.RowsDelivered != 1 {
+		t.Fatalf("fire %+v: want the row delivered", r)
 	}
 }
