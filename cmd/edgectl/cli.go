@@ -120,7 +120,7 @@ func statusCmd(g *globals) *cobra.Command {
 				fmt.Fprintf(w, "up since\t%s\n", s.StartedAt.Format(time.RFC3339))
 				fmt.Fprintf(w, "condition\t%s (evict_on_relay %t)\n", s.SuccessCondition, s.EvictOnRelay)
 				for _, p := range s.Peers {
-					fmt.Fprintf(w, "peer\t%s at %s\n", p.ID, p.Address)
+					fmt.Fprintf(w, "peer\t%s at %s, %s\n", p.ID, p.Address, circuitLine(p))
 				}
 				fmt.Fprintf(w, "segments\t%d stored, %d relayed\n", s.Segments, s.Relayed)
 				fmt.Fprintf(w, "storage\t%s\n", usageLine(s.Usage))
@@ -378,4 +378,18 @@ func pkiCmd(stdout io.Writer) *cobra.Command {
 	issue.Flags().BoolVar(&force, "force", false, "overwrite existing files")
 	cmd.AddCommand(initCmd, issue)
 	return cmd
+}
+
+// circuitLine describes a peer's dial circuit in a few words.
+func circuitLine(p rpc.Peer) string {
+	switch {
+	case p.Circuit == "" || p.Circuit == "closed":
+		return "reachable"
+	case p.Probing:
+		return fmt.Sprintf("unreachable (%d failed dial rounds), probing now; last: %s", p.DialFailures, oneLine(p.LastDialError))
+	case p.ReopenAt != nil && p.Circuit == "open":
+		return fmt.Sprintf("unreachable (%d failed dial rounds), next dial at %s; last: %s",
+			p.DialFailures, p.ReopenAt.Format(time.RFC3339), oneLine(p.LastDialError))
+	}
+	return fmt.Sprintf("unreachable (%d failed dial rounds), next due record probes; last: %s", p.DialFailures, oneLine(p.LastDialError))
 }

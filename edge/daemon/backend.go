@@ -40,9 +40,15 @@ func (b backend) Status(context.Context) (rpc.Status, error) {
 	for _, s := range ledger.States() {
 		st.Ledger[s.String()] = counts[s]
 	}
-	for _, id := range d.ex.PeerIDs() {
-		p, _ := d.cfg.Peer(id)
-		st.Peers = append(st.Peers, rpc.Peer{ID: p.ID, Address: p.Address})
+	for _, c := range d.ex.Circuits() {
+		p, _ := d.cfg.Peer(c.Peer)
+		rp := rpc.Peer{ID: p.ID, Address: p.Address, Circuit: string(c.State), DialFailures: c.Failures,
+			Probing: c.Probing, LastDialError: c.LastError}
+		if !c.ReopenAt.IsZero() {
+			t := c.ReopenAt
+			rp.ReopenAt = &t
+		}
+		st.Peers = append(st.Peers, rp)
 	}
 	for _, e := range entries {
 		if e.Relayed {
@@ -191,6 +197,9 @@ func (b backend) RetryDeadletter(_ context.Context, sel rpc.Selector) (rpc.Count
 		return rpc.Count{}, err
 	}
 	b.d.log.Info("deadletter retried by operator", "segment", sel.Segment, "peer", sel.Peer, "records", n)
+	// The operator retries because the peer is back: its retried records
+	// must not wait for the dial circuit's back-off.
+	b.d.ex.ResetCircuits(sel.Peer)
 	b.d.ex.Kick()
 	return rpc.Count{Count: n}, nil
 }

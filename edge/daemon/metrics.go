@@ -24,6 +24,8 @@ type metrics struct {
 	attemptSecs  prometheus.Histogram
 	relayed      prometheus.Counter
 	evicted      prometheus.Counter
+	deferred     *prometheus.CounterVec
+	dials        *prometheus.CounterVec
 }
 
 func newMetrics(d *Daemon) *metrics {
@@ -57,9 +59,15 @@ func newMetrics(d *Daemon) *metrics {
 		evicted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "edged_evicted_segments_total", Help: "Segments evicted on relay.",
 		}),
+		deferred: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edged_relay_deferred_total", Help: "Due records deferred without an attempt because the peer's dial circuit was open.",
+		}, []string{"peer"}),
+		dials: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edged_peer_dials_total", Help: "Outbound dials (TCP connect, TLS handshake, HELLO), by peer and result (ok, failed).",
+		}, []string{"peer", "result"}),
 	}
 	m.reg.MustRegister(m.inbound, m.nacks, m.rejected, m.reloadErrors, m.attempts, m.sentBytes, m.attemptSecs,
-		m.relayed, m.evicted,
+		m.relayed, m.evicted, m.deferred, m.dials,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		storeCollector{d})
 	return m
@@ -74,8 +82,16 @@ func (m *metrics) observer() relay.Observer {
 				m.sentBytes.WithLabelValues(peer).Add(float64(bytes))
 			}
 		},
-		Relayed: func(string) { m.relayed.Inc() },
-		Evicted: func(string, int64) { m.evicted.Inc() },
+		Relayed:  func(string) { m.relayed.Inc() },
+		Evicted:  func(string, int64) { m.evicted.Inc() },
+		Deferred: func(peer string, n int) { m.deferred.WithLabelValues(peer).Add(float64(n)) },
+		Dialed: func(peer string, err error) {
+			result := "ok"
+			if err != nil {
+				result = "failed"
+			}
+			m.dials.WithLabelValues(peer, result).Inc()
+		},
 	}
 }
 
@@ -89,10 +105,12 @@ var (
 	descQuotaBytes  = prometheus.NewDesc("edged_quota_bytes", "storage.quota_bytes.", nil, nil)
 	descQuotaSegs   = prometheus.NewDesc("edged_quota_segments", "storage.quota_segments.", nil, nil)
 	descRecords     = prometheus.NewDesc("edged_ledger_records", "Ledger records by state.", []string{"state"}, nil)
+	descCircuit     = prometheus.NewDesc("edged_peer_circuit_state",
+		"Dial circuit per peer: 1 for its current state (closed, open, half_open), 0 for the others.", []string{"peer", "state"}, nil)
 )
 
 func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descStoredBytes, descStoredSegs, descReserved, descQuotaBytes, descQuotaSegs, descRecords} {
+	for _, d := range []*prometheus.Desc{descStoredBytes, descStoredSegs, descReserved, descQuotaBytes, descQuotaSegs, descRecords, descCircuit} {
 		ch <- d
 	}
 }
@@ -104,6 +122,15 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descReserved, prometheus.GaugeValue, float64(u.ReservedBytes))
 	ch <- prometheus.MustNewConstMetric(descQuotaBytes, prometheus.GaugeValue, float64(u.QuotaBytes))
 	ch <- prometheus.MustNewConstMetric(descQuotaSegs, prometheus.GaugeValue, float64(u.QuotaSegments))
+	for _, circ := range c.d.ex.Circuits() {
+		for _, s := range relay.CircuitStates() {
+			v := 0.0
+			if circ.State == s {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(descCircuit, prometheus.GaugeValue, v, circ.Peer, string(s))
+		}
+	}
 	counts, err := c.d.led.Counts()
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(descRecords, err)

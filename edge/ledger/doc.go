@@ -24,6 +24,8 @@
 //	InflightToFailed       Inflight → Failed | Deadletter (start-up: abandoned attempts)
 //	PruneMissing           Scheduled | Inflight | Failed → Deadletter when the segment is gone
 //	RescheduleReady        Failed with NextAttemptAfter ≤ now → Scheduled
+//	Defer                  Scheduled | Failed → same state, NextAttemptAfter moved later, no attempt counted
+//	                       (the relay's dial circuit: a peer known to be unreachable)
 //
 // Any other (state, operation) pair is refused with a *TransitionError
 // (errors.Is(err, ErrIllegalTransition)); an operation on an absent record

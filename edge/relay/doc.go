@@ -29,6 +29,19 @@
 // local or network error is a failed attempt (TransitionFailed, which
 // applies back-off or deadletters at max_retries).
 //
+// # Dial circuit
+//
+// A dial that fails (connect, TLS handshake or HELLO) opens the peer's
+// dial circuit for relay.backoff's wait (Policy.Backoff of the number of
+// consecutive failed rounds: bounded exponential, no jitter). While it is
+// open, records for that peer that come due are deferred to the time it
+// half-opens (ledger.Defer: no attempt counted, no dial), and the claim
+// scan goes on to other peers' work. Once half-open, the next due record
+// is the probe, an ordinary attempt; its dial closes the circuit or opens
+// it again for longer. Without this, each due record of a silent peer cost
+// a worker a whole dial_timeout, starving the reachable peers. See
+// circuit.go.
+//
 // Connections are reused for later exchanges with the same peer. A peer
 // may have closed an idle connection meanwhile; an attempt whose pooled
 // connection turns out to be dead (EOF, reset, broken pipe before any

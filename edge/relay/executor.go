@@ -33,6 +33,12 @@ type Observer struct {
 	Relayed func(segmentID string)
 	// Evicted is called after a segment was evicted on relay.
 	Evicted func(segmentID string, bytes int64)
+	// Deferred is called when n due records for peer were deferred
+	// because its dial circuit is open.
+	Deferred func(peer string, n int)
+	// Dialed is called after every dial to a peer (err nil on success),
+	// except dials cut short by the agent stopping.
+	Dialed func(peer string, err error)
 }
 
 // Config configures an Executor. Peers, Condition and Policy are required.
@@ -75,6 +81,8 @@ type Executor struct {
 	dial  Dialer
 	log   *slog.Logger
 	pool  *pool
+	// circuits is per-peer dial circuit state (circuit.go).
+	circuits *circuits
 
 	claimMu sync.Mutex // serialises claims so they follow ledger order
 	wake    broadcast
@@ -123,8 +131,9 @@ func New(cfg Config, led *ledger.Ledger, store *segstore.Store, d Dialer) (*Exec
 	}
 	return &Executor{
 		cfg: cfg, led: led, store: store, dial: d, log: cfg.Log,
-		pool: newPool(cfg.Workers, cfg.PoolIdle),
-		wake: newBroadcast(),
+		pool:     newPool(cfg.Workers, cfg.PoolIdle),
+		circuits: newCircuits(cfg.Policy, cfg.DialTimeout),
+		wake:     newBroadcast(),
 	}, nil
 }
 
@@ -226,14 +235,17 @@ const idleRetry = time.Second
 func (e *Executor) worker(ctx, hard context.Context) {
 	for ctx.Err() == nil {
 		woken := e.wake.wait() // taken before looking, so no signal is missed
-		rec, ok, err := e.claimNext()
+		c, ok, err := e.claimNext()
 		if err != nil {
 			e.log.Error("relay claim failed", "err", err)
 			sleep(ctx, idleRetry, woken)
 			continue
 		}
 		if ok {
-			e.executeRelay(hard, rec)
+			e.executeRelay(hard, c.rec)
+			if c.probe != 0 {
+				e.circuits.release(c.rec.PeerID, c.probe)
+			}
 			continue
 		}
 		next, ok, err := e.nextDue()
@@ -275,28 +287,105 @@ func sleep(ctx context.Context, d time.Duration, woken <-chan struct{}) {
 // decides, and the next record is tried.
 const claimBatch = 16
 
-// claimNext claims the first due record in ledger order.
-func (e *Executor) claimNext() (ledger.Record, bool, error) {
+// claim is a claimed record; probe is its circuit probe token (0: not a
+// probe).
+type claim struct {
+	rec   ledger.Record
+	probe uint64
+}
+
+// claimNext claims the first due record in ledger order whose peer's dial
+// circuit admits it. Due records of peers whose circuit is open are
+// deferred on the way (see circuit.go), so they neither block the scan
+// nor cost a dial; the scan then goes on past them.
+func (e *Executor) claimNext() (claim, bool, error) {
 	e.claimMu.Lock()
 	defer e.claimMu.Unlock()
 	now := e.cfg.Now()
-	recs, err := e.led.Pending(now, claimBatch)
-	if err != nil {
-		return ledger.Record{}, false, err
-	}
-	for _, r := range recs {
-		got, ok, err := e.led.TryTransitionInflight(r.SegmentID, r.PeerID, now)
-		if errors.Is(err, ledger.ErrIllegalTransition) || errors.Is(err, ledger.ErrNotFound) {
-			continue // changed since the scan (operator action)
-		}
+	for {
+		recs, err := e.led.Pending(now, claimBatch)
 		if err != nil {
-			return ledger.Record{}, false, err
+			return claim{}, false, err
 		}
-		if ok {
-			return got, true, nil
+		var deferrals deferrals
+		for _, r := range recs {
+			adm := e.circuits.admit(r.PeerID, now)
+			if !adm.deferUntil.IsZero() {
+				deferrals.add(r, adm.deferUntil)
+				continue
+			}
+			got, ok, err := e.led.TryTransitionInflight(r.SegmentID, r.PeerID, now)
+			if errors.Is(err, ledger.ErrIllegalTransition) || errors.Is(err, ledger.ErrNotFound) {
+				err = nil // changed since the scan (operator action)
+			}
+			if err == nil && ok {
+				if derr := e.applyDeferrals(deferrals, now); derr != nil {
+					e.log.Error("relay deferral failed", "err", derr)
+				}
+				return claim{rec: got, probe: adm.probe}, true, nil
+			}
+			if adm.probe != 0 {
+				e.circuits.release(r.PeerID, adm.probe)
+			}
+			if err != nil {
+				return claim{}, false, err
+			}
+		}
+		if len(deferrals) == 0 {
+			return claim{}, false, nil
+		}
+		// Deferred records leave the due window (their new time is after
+		// now), so the next scan sees records behind them.
+		if err := e.applyDeferrals(deferrals, now); err != nil {
+			return claim{}, false, err
 		}
 	}
-	return ledger.Record{}, false, nil
+}
+
+// deferrals groups records to defer by their new due time (in practice
+// one per peer with an open circuit).
+type deferrals map[time.Time][]ledger.Pair
+
+func (d *deferrals) add(r ledger.Record, until time.Time) {
+	if *d == nil {
+		*d = deferrals{}
+	}
+	(*d)[until] = append((*d)[until], ledger.Pair{SegmentID: r.SegmentID, PeerID: r.PeerID})
+}
+
+// applyDeferrals writes the deferrals, one transaction per due time.
+func (e *Executor) applyDeferrals(d deferrals, now time.Time) error {
+	untils := make([]time.Time, 0, len(d))
+	for u := range d {
+		untils = append(untils, u)
+	}
+	sort.Slice(untils, func(i, j int) bool { return untils[i].Before(untils[j]) })
+	for _, u := range untils {
+		moved, err := e.led.Defer(u, now, d[u]...)
+		if err != nil {
+			return err
+		}
+		perPeer := map[string]int{}
+		for _, p := range moved {
+			perPeer[p.PeerID]++
+		}
+		for _, peer := range sortedKeys(perPeer) {
+			e.log.Debug("relay deferred: dial circuit open", "peer", peer, "records", perPeer[peer], "until", u)
+			if f := e.cfg.Observer.Deferred; f != nil {
+				f(peer, perPeer[peer])
+			}
+		}
+	}
+	return nil
+}
+
+func sortedKeys(m map[string]int) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // farFuture is later than any NextAttemptAfter.
@@ -426,10 +515,21 @@ func (e *Executor) conn(ctx context.Context, peer, addr string) (*wire.Conn, boo
 	return c, false, err
 }
 
+// dialPeer dials and reports the outcome to the peer's circuit, unless
+// the dial was cut short because the agent is stopping (that says nothing
+// about the peer).
 func (e *Executor) dialPeer(ctx context.Context, peer, addr string) (*wire.Conn, error) {
 	dctx, cancel := context.WithTimeout(ctx, e.cfg.DialTimeout)
 	defer cancel()
-	return e.dial.Dial(dctx, addr, peer)
+	c, err := e.dial.Dial(dctx, addr, peer)
+	if err != nil && ctx.Err() != nil {
+		return nil, err
+	}
+	e.circuits.dialed(peer, e.cfg.Now(), err)
+	if f := e.cfg.Observer.Dialed; f != nil {
+		f(peer, err)
+	}
+	return c, err
 }
 
 // nackGrace bounds the wait for a NACK after the segment write failed (a

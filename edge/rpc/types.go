@@ -44,10 +44,17 @@ type Status struct {
 	Usage            Usage          `json:"usage"`
 }
 
-// Peer is a configured peer.
+// Peer is a configured peer and its dial circuit (docs/edge.md): closed
+// (dials go ahead), open (dials failed; records owed to it are deferred to
+// reopen_at without an attempt), half_open (the next record probes).
 type Peer struct {
-	ID      string `json:"id"`
-	Address string `json:"address"`
+	ID            string     `json:"id"`
+	Address       string     `json:"address"`
+	Circuit       string     `json:"circuit"`
+	DialFailures  int        `json:"dial_failures,omitempty"` // consecutive failed dial rounds
+	ReopenAt      *time.Time `json:"reopen_at,omitempty"`
+	Probing       bool       `json:"probing,omitempty"`
+	LastDialError string     `json:"last_dial_error,omitempty"`
 }
 
 // Segment is one stored segment (an index entry).
