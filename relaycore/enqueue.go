@@ -179,6 +179,10 @@ type SourceBatch struct {
 	FirstPageKey string
 	CommitMS     int64
 	DeadlineMS   int64
+	// AlarmDueMS is when the durable alarm this batch writes or guards is
+	// due: the enqueuer's clock, or an earlier due time the alarm already
+	// held.
+	AlarmDueMS int64
 	// OSAfter is the os value this batch writes (the next link's guard).
 	OSAfter []byte
 }
@@ -187,9 +191,9 @@ type SourceBatch struct {
 // commits them (it writes nothing). Rows are grouped by target, stably, and
 // each target's rows get contiguous seqs; the promised order is per
 // (source, target), not across targets. Every batch carries the os guard and
-// put, exactly one relay kick (the durable alarm due at the commit time: put,
-// or guarded unchanged when it already holds that due time), the lease guard
-// when a lease is held, and row pages, within caps.
+// put, exactly one relay kick (the durable alarm due now by the snapshot's
+// clock: put, or guarded unchanged when it is already due by then), the
+// lease guard when a lease is held, and row pages, within caps.
 func EnqueueRelayRows(snap RelayEnqueueSnapshot, rows []Row, caps Capabilities, cfg EnqueueConfig) ([]SourceBatch, error) {
 	if snap.Lease == nil && snap.OS.LeaseRequired {
 		return nil, fmt.Errorf("enqueue %s: %w", snap.Source, ErrLeaseRequired)
@@ -236,6 +240,14 @@ func EnqueueRelayRows(snap RelayEnqueueSnapshot, rows []Row, caps Capabilities, 
 	}
 
 	alarm := snap.alarmRaw
+	// The wake-up is due now by the enqueuer's clock, not at the commit
+	// time: commit times are monotonic per source, so one writer whose clock
+	// ran ahead would otherwise push every later wake-up past the sweeper,
+	// which only fires overdue alarms.
+	dueMS := snap.NowMS
+	if dueMS <= 0 { // hand-built snapshot without a clock reading
+		dueMS = commitMS
+	}
 	var out []SourceBatch
 	for i := 0; i < len(pages); {
 		items, size := fixedItems, fixedBytes
@@ -268,16 +280,20 @@ func EnqueueRelayRows(snap RelayEnqueueSnapshot, rows []Row, caps Capabilities, 
 			sb.Batch.Preconditions = append(sb.Batch.Preconditions, *leasePre)
 		}
 		sb.Batch.Writes = append(sb.Batch.Writes, Write{Key: KeyOS, Value: sb.OSAfter})
-		// The relay kick: the durable alarm due at the commit time. When the
-		// alarm already holds exactly that (later links of a chain, or an
-		// enqueue in the same millisecond), the batch guards it unchanged
-		// instead of rewriting it: same wake-up, no due-index churn. If it
-		// changes meanwhile the guard fails and the rows are re-planned.
-		if aw := alarmWrite(commitMS); alarm != nil && bytes.Equal(alarm, aw.Value) {
-			sb.Batch.Preconditions = append(sb.Batch.Preconditions, Precondition{Key: KeyAlarm, Value: aw.Value})
+		// The relay kick: the durable alarm due now. When the alarm is
+		// already due by then (later links of a chain, an enqueue in the
+		// same millisecond, a wake-up still pending), the batch guards it
+		// unchanged instead of rewriting it: a wake-up at least as early, no
+		// due-index churn, and a pending wake-up is never postponed (by a
+		// writer whose clock runs ahead, say). If it changes meanwhile the
+		// guard fails and the rows are re-planned.
+		if a, err := decodeAlarm(alarm); alarm != nil && err == nil && a.DueMS <= dueMS {
+			sb.Batch.Preconditions = append(sb.Batch.Preconditions, Precondition{Key: KeyAlarm, Value: alarm})
+			sb.AlarmDueMS = a.DueMS
 		} else {
+			aw := alarmWrite(dueMS)
 			sb.Batch.Writes = append(sb.Batch.Writes, aw)
-			alarm = aw.Value
+			alarm, sb.AlarmDueMS = aw.Value, aw.Due
 		}
 		for _, pg := range pages[i:j] {
 			sb.Batch.Writes = append(sb.Batch.Writes, Write{Key: PageKey(pg.first), Value: assemblePage(pg.first, commitMS, tag, pg.target, pg.flags, pg.body)})
@@ -504,7 +520,8 @@ type CommitResult struct {
 	Batches int
 	// Replans counts os races lost (each re-planned only the uncommitted rows).
 	Replans int
-	// AlarmDueMS is the durable alarm due time the last batch wrote.
+	// AlarmDueMS is when the durable alarm the last batch wrote or guarded
+	// is due (the fast-path kick's due time).
 	AlarmDueMS int64
 }
 
@@ -566,7 +583,7 @@ func CommitRelayRows(ctx context.Context, st Store, clock Clock, source Partitio
 				res.Seqs[pending[si]] = b.FirstSeq + uint64(k)
 			}
 			res.Batches++
-			res.AlarmDueMS = b.CommitMS
+			res.AlarmDueMS = b.AlarmDueMS
 		}
 		if !lost {
 			return res, nil

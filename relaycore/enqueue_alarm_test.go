@@ -2,6 +2,7 @@ package relaycore_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -38,9 +39,10 @@ func alarmItems(b relaycore.Batch) (puts, guards int) {
 }
 
 // Every enqueue batch carries exactly one relay kick. The alarm is written
-// when its due time changes; a later link of the chain (same commit time)
-// guards the record it finds unchanged instead of rewriting it, and so does
-// an enqueue in the same millisecond. Exactly one fast-path kick per commit.
+// when it is absent or due later than now; a later link of the chain guards
+// the record it finds already due instead of rewriting it, and so do an
+// enqueue in the same millisecond and one while a wake-up is still pending.
+// Exactly one fast-path kick per commit.
 func TestEnqueueBatchCarriesOneRelayKick(t *testing.T) {
 	e := newEnv(t, "free")
 	var batches []relaycore.Batch
@@ -75,14 +77,27 @@ func TestEnqueueBatchCarriesOneRelayKick(t *testing.T) {
 	}
 	e.clock.Advance(time.Millisecond)
 	res = commit([]relaycore.Row{put("t", "k", "later")})
-	if p, g := alarmItems(batches[3]); p != 1 || g != 0 {
-		t.Fatalf("later enqueue: %d puts, %d guards; want the alarm moved to its commit time", p, g)
+	if p, g := alarmItems(batches[3]); p != 0 || g != 1 {
+		t.Fatalf("later enqueue: %d puts, %d guards; want the already-due alarm guarded, not postponed", p, g)
 	}
-	if a := e.inspect(e.source).Alarm; a == nil || a.DueMS != res.AlarmDueMS {
-		t.Fatalf("alarm %+v, want due %d", a, res.AlarmDueMS)
+	if a := e.inspect(e.source).Alarm; a == nil || a.DueMS != res.AlarmDueMS || a.DueMS >= e.clock.Now().UnixMilli() {
+		t.Fatalf("alarm %+v, want the earlier due %d", a, res.AlarmDueMS)
 	}
-	if len(kicker.kicks) != 3 {
-		t.Fatalf("%d kicks for 3 commits", len(kicker.kicks))
+	// A fire without progress re-armed the alarm with back-off: an enqueue
+	// moves it back to now.
+	backoff := e.clock.Now().Add(10 * time.Second).UnixMilli()
+	if err := e.src.Apply(e.ctx, e.source, relaycore.Batch{Writes: []relaycore.Write{{Key: relaycore.KeyAlarm, Value: []byte(fmt.Sprintf(`{"due_ms":%d}`, backoff)), Due: backoff}}}); err != nil {
+		t.Fatal(err)
+	}
+	res = commit([]relaycore.Row{put("t", "k", "after back-off")})
+	if p, g := alarmItems(batches[4]); p != 1 || g != 0 {
+		t.Fatalf("enqueue after back-off: %d puts, %d guards; want the alarm moved to now", p, g)
+	}
+	if a := e.inspect(e.source).Alarm; a == nil || a.DueMS != e.clock.Now().UnixMilli() || res.AlarmDueMS != a.DueMS {
+		t.Fatalf("alarm %+v (kick %d), want due now %d", a, res.AlarmDueMS, e.clock.Now().UnixMilli())
+	}
+	if len(kicker.kicks) != 4 {
+		t.Fatalf("%d kicks for 4 commits", len(kicker.kicks))
 	}
 }
 

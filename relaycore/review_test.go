@@ -367,3 +367,58 @@ func TestReviewHugeBudgetDoesNotWrap(t *testing.T) {
 		t.Fatalf("fire %+v: want the row delivered", r)
 	}
 }
+
+// skewedClock reads a base clock through a fixed offset (a writer whose
+// clock is wrong).
+type skewedClock struct {
+	base   relaycore.Clock
+	offset time.Duration
+}
+
+func (c skewedClock) Now() time.Time { return c.base.Now().Add(c.offset) }
+
+// Commit times are monotonic per source (max(now, os.last_ms)), and the
+// durable alarm used to be due at the commit time: one enqueue by a writer
+// whose clock ran a day ahead pushed every later enqueue's wake-up a day
+// into the future, where the sweeper (which fires overdue alarms) does not
+// look, and it postponed the pending wake-up of rows committed before it.
+// The alarm is due at the enqueuer's own clock, and an enqueue never moves
+// an alarm that is already due later.
+func TestReviewSkewedWriterDoesNotPostponeWakeUps(t *testing.T) {
+	ahead := skewedClock{offset: 24 * time.Hour}
+	commit := func(t *testing.T, e *env, clock relaycore.Clock, row relaycore.Row) relaycore.CommitResult {
+		t.Helper()
+		res, err := relaycore.CommitRelayRows(e.ctx, e.src, clock, e.source, nil, time.Time{}, []relaycore.Row{row}, relaycore.EnqueueConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	overdue := func(t *testing.T, e *env, what string) {
+		t.Helper()
+		if a := e.inspect(e.source).Alarm; a == nil || a.DueMS > e.clock.Now().UnixMilli() {
+			t.Fatalf("%s: alarm %+v not due by now %d: a sweeper would not fire it", what, a, e.clock.Now().UnixMilli())
+		}
+	}
+	t.Run("correct writer after a skewed one", func(t *testing.T) {
+		e := newEnv(t, "free")
+		ahead.base = e.clock
+		commit(t, e, ahead, put("t", "a", "1"))
+		res := commit(t, e, e.clock, put("t", "b", "1"))
+		overdue(t, e, "after the correct writer's enqueue")
+		if res.AlarmDueMS > e.clock.Now().UnixMilli() {
+			t.Fatalf("kicked at %d, after now", res.AlarmDueMS)
+		}
+	})
+	t.Run("skewed writer after a correct one", func(t *testing.T) {
+		e := newEnv(t, "free")
+		ahead.base = e.clock
+		commit(t, e, e.clock, put("t", "a", "1"))
+		commit(t, e, ahead, put("t", "b", "1"))
+		overdue(t, e, "after the skewed writer's enqueue")
+		ar, err := e.h.Alarm(e.ctx, e.source)
+		if err != nil || ar.RowsDelivered != 2 {
+			t.Fatalf("alarm %+v, %v: want both rows delivered", ar, err)
+		}
+	})
+}
