@@ -43,9 +43,9 @@ var ErrUnknownPlan = errors.New("unknown relay plan")
 var ErrCommitUnknown = errors.New("relay enqueue outcome unknown")
 
 // ErrContention means an engine compare-and-set kept losing to other writers
-// (CommitRelayRows on os, a fire's checkpoint on rs). What committed before
-// it stays committed; retrying later is safe.
-var ErrContention = errors.New("relay enqueue lost too many os races")
+// (CommitRelayRows on os, a fire's checkpoint on rs, an alarm clearing its
+// record). What committed before it stays committed; retrying later is safe.
+var ErrContention = errors.New("relay compare-and-set lost too many races")
 
 // ErrNoDueIndex means a wrapper (CountingStore) was asked for due entries
 // but the store it wraps keeps no due index. Nothing was read.
