@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+	"unicode/utf8"
 )
 
 // Lease is a source's single-writer lease, stored as the source's lease
@@ -46,6 +47,11 @@ func decodeLease(raw []byte) (*Lease, []byte, error) {
 func AcquireLease(ctx context.Context, st Store, source Partition, holder string, ttl time.Duration, now time.Time) (Lease, error) {
 	if holder == "" || ttl <= 0 {
 		return Lease{}, fmt.Errorf("acquire lease %s: holder and a positive ttl are required", source)
+	}
+	if !utf8.ValidString(holder) {
+		// JSON would store it altered, and the returned lease would never
+		// match its own record (every enqueue with it would fail as stale).
+		return Lease{}, fmt.Errorf("acquire lease %s: holder %q is not valid UTF-8", source, holder)
 	}
 	cur, raw, err := readLease(ctx, st, source)
 	if err != nil {

@@ -422,3 +422,18 @@ func TestReviewSkewedWriterDoesNotPostponeWakeUps(t *testing.T) {
 		}
 	})
 }
+
+// A lease holder name that JSON cannot keep byte for byte (invalid UTF-8)
+// was stored altered, so the fresh lease AcquireLease returned never matched
+// its own record and every enqueue with it failed as stale. AcquireLease
+// refuses such a name up front.
+func TestReviewLeaseHolderRoundTrips(t *testing.T) {
+	e := newEnv(t, "free")
+	l, err := relaycore.AcquireLease(e.ctx, e.src, e.source, "writer-\xff", time.Minute, e.clock.Now())
+	if err != nil {
+		return // refused up front: fine
+	}
+	if _, err := relaycore.CommitRelayRows(e.ctx, e.src, e.clock, e.source, &l, time.Time{}, []relaycore.Row{put("t", "k", "v")}, relaycore.EnqueueConfig{}); err != nil {
+		t.Fatalf("enqueue with the lease just acquired: %v", err)
+	}
+}
