@@ -207,6 +207,10 @@ func EnqueueRelayRows(snap RelayEnqueueSnapshot, rows []Row, caps Capabilities, 
 	if snap.NowMS >= snap.DeadlineMS && snap.DeadlineMS != 0 {
 		return nil, fmt.Errorf("enqueue %s: %w", snap.Source, ErrDeadlineExceeded)
 	}
+	if snap.OS.NextSeq > math.MaxUint64-uint64(len(rows)) {
+		// Seqs would wrap to ones earlier rows took: never reuse a seq.
+		return nil, fmt.Errorf("enqueue %s: %w: os next seq %d leaves no room for %d rows", snap.Source, ErrCorruptRecord, snap.OS.NextSeq, len(rows))
+	}
 	nonce := snap.nonce
 	if nonce == "" {
 		nonce = newNonce()

@@ -385,6 +385,7 @@ func (h *RelayHandler) fireOnce(ctx context.Context, source Partition, token str
 	end := PageKey(cur.CycleEnd + 1)
 	after := ""
 	stopAt := func(seq uint64, key string) { stop, stopFrom = seq, key }
+	var prevLast uint64 // last seq of the previous page scanned
 scan:
 	for cur.Cursor < cur.CycleEnd {
 		pg, err := h.Source.Scan(ctx, source, ScanRequest{Start: start, End: end, After: after, Limit: b.TargetsPerFire + 1})
@@ -396,6 +397,16 @@ scan:
 			if err != nil {
 				return res, false, fmt.Errorf("fire %s: %w", source, err)
 			}
+			// A page keyed within the cycle came from a batch committed
+			// before the cycle started, and pages hold disjoint ascending
+			// seq ranges in key order. Delivering a row that breaks this
+			// would move rh past seqs that later rows get, and those would
+			// be skipped as applied: fail closed instead.
+			if page.Last() > cur.CycleEnd || page.First <= prevLast {
+				return res, false, fmt.Errorf("fire %s: %w: page %s holds seqs %d..%d, outside the cycle (through %d) or not after seq %d",
+					source, ErrCorruptRecord, page.Key, page.First, page.Last(), cur.CycleEnd, prevLast)
+			}
+			prevLast = page.Last()
 			i, _ := slices.BinarySearchFunc(page.Rows, cur.Cursor+1, func(r Row, s uint64) int { return cmpU64(r.Seq, s) })
 			rows := page.Rows[i:]
 			if len(rows) == 0 {

@@ -437,3 +437,62 @@ func TestReviewLeaseHolderRoundTrips(t *testing.T) {
 		t.Fatalf("enqueue with the lease just acquired: %v", err)
 	}
 }
+
+// Seqs are never reused: an os whose next seq leaves no room for the rows
+// (corrupt or hostile) must fail closed instead of wrapping to small seqs
+// that earlier rows already took.
+func TestReviewSeqOverflowFailsClosed(t *testing.T) {
+	e := newEnv(t, "free")
+	os := []byte(`{"next":18446744073709551615,"ver":1,"last_ms":0}`)
+	if err := e.src.Apply(e.ctx, e.source, relaycore.Batch{Writes: []relaycore.Write{{Key: relaycore.KeyOS, Value: os}}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := relaycore.CommitRelayRows(e.ctx, e.src, e.clock, e.source, nil, time.Time{}, []relaycore.Row{put("t", "a", "1"), put("t", "b", "2")}, relaycore.EnqueueConfig{})
+	if !errors.Is(err, relaycore.ErrCorruptRecord) {
+		t.Fatalf("enqueue past the last seq: err = %v, want ErrCorruptRecord", err)
+	}
+	if v, _, _ := e.src.Get(e.ctx, e.source, relaycore.KeyOS); !bytes.Equal(v, os) {
+		t.Fatalf("os rewritten to %s", v)
+	}
+}
+
+// rawPage encodes a one-row format-2 page by hand (what a corrupt or hostile
+// store could hold).
+func rawPage(first uint64, target, key, value string) []byte {
+	b := []byte{2, 0}
+	b = binary.AppendUvarint(b, first)
+	b = binary.AppendVarint(b, 0)
+	b = binary.AppendUvarint(b, 0) // tag
+	b = binary.AppendUvarint(b, uint64(len(target)))
+	b = append(b, target...)
+	b = binary.AppendUvarint(b, 1) // rows
+	b = binary.AppendUvarint(b, 1) // puts
+	b = binary.AppendUvarint(b, 0) // shared
+	b = binary.AppendUvarint(b, uint64(len(key)))
+	b = append(b, key...)
+	b = binary.AppendUvarint(b, uint64(len(value)))
+	b = append(b, value...)
+	return binary.AppendUvarint(b, 0) // deletes
+}
+
+// A page whose rows lie beyond the cycle (or out of seq order) cannot be
+// written by the engine: a page with a key at or below cycle_end came from
+// a batch that committed before the cycle started. Delivering such a row
+// moved rh past seqs not yet committed, so those rows, when they came, were
+// skipped as already applied. The fire must fail closed instead.
+func TestReviewFireRefusesPagesBeyondTheCycle(t *testing.T) {
+	e := newEnv(t, "free")
+	e.enqueue(put("t", "a", "1"))
+	e.enqueue(put("t", "b", "2"))
+	// The first page is replaced by one claiming seq 100.
+	if err := e.src.Apply(e.ctx, e.source, relaycore.Batch{Writes: []relaycore.Write{{Key: relaycore.PageKey(1), Value: rawPage(100, "t", "x", "hostile")}}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.h.Fire(e.ctx, e.source)
+	if !errors.Is(err, relaycore.ErrCorruptRecord) {
+		t.Fatalf("fire over a page beyond the cycle: err = %v, want ErrCorruptRecord", err)
+	}
+	if rh, _ := relaycore.TargetWatermark(e.ctx, e.tgt, "t", e.source); rh > 2 {
+		t.Fatalf("rh(t) = %d: beyond the last committed seq 2", rh)
+	}
+}
