@@ -256,7 +256,8 @@ func segmentCmd(g *globals) *cobra.Command {
 	put := &cobra.Command{
 		Use:   "put FILE",
 		Short: "Store a local file as a segment and relay it to the known peers",
-		Long: "Uploads FILE's bytes to edged (default), or with --by-path asks edged to read the file itself.\n" +
+		Long: "Uploads FILE's bytes to edged (default), or with --by-path asks edged to read the file itself,\n" +
+			"which edged allows only for regular files inside its rpc.ingest_dirs (symlinks resolved).\n" +
 			"The segment id defaults to the file's base name.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -283,7 +284,7 @@ func segmentCmd(g *globals) *cobra.Command {
 		},
 	}
 	put.Flags().StringVar(&id, "id", "", "segment id (default: the file's base name)")
-	put.Flags().BoolVar(&byPath, "by-path", false, "let edged read the file (it must be readable by edged's user)")
+	put.Flags().BoolVar(&byPath, "by-path", false, "let edged read the file (it must be inside edged's rpc.ingest_dirs and readable by edged's user)")
 	cmd.AddCommand(put)
 	return cmd
 }

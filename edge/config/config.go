@@ -157,6 +157,12 @@ type RPC struct {
 	// or "unix:/path/to.sock". Any address reachable from another machine is
 	// refused: the RPC has no authentication.
 	Listen string `yaml:"listen"`
+	// IngestDirs (rpc.ingest_dirs, default none) are the directories from
+	// which edged reads files itself for `edgectl segment put --by-path`.
+	// Empty refuses by-path ingestion: any local RPC client could otherwise
+	// make edged read, and relay, any file edged can read (its TLS key
+	// included). Uploads of a file's bytes are not affected.
+	IngestDirs []string `yaml:"ingest_dirs"`
 }
 
 // Default returns a configuration holding every default. NodeID, TLS and
@@ -261,6 +267,9 @@ func (c *Config) resolve(dir string) {
 	c.Storage.Dir = abs(c.Storage.Dir)
 	if p, ok := strings.CutPrefix(c.RPC.Listen, unixPrefix); ok {
 		c.RPC.Listen = unixPrefix + abs(p)
+	}
+	for i, d := range c.RPC.IngestDirs {
+		c.RPC.IngestDirs[i] = abs(d)
 	}
 }
 

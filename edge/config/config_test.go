@@ -341,7 +341,7 @@ func TestDefaultsDocumented(t *testing.T) {
 			t.Errorf("docs row for %s does not show default `%s`: %s", key, def, row)
 		}
 	}
-	for _, key := range []string{"node_id", "tls.cert", "tls.key", "tls.ca", "known_peers[].id", "known_peers[].address", "storage.dir"} {
+	for _, key := range []string{"node_id", "tls.cert", "tls.key", "tls.ca", "known_peers[].id", "known_peers[].address", "storage.dir", "rpc.ingest_dirs"} {
 		if _, ok := rows[key]; !ok {
 			t.Errorf("docs/edge-config.md has no row for %s", key)
 		}

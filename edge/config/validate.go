@@ -56,6 +56,11 @@ func (c *Config) Validate() error {
 	c.validateRelay(&ps)
 	c.validateStorage(&ps)
 	validateRPC(&ps, c.RPC.Listen)
+	for i, d := range c.RPC.IngestDirs {
+		if strings.TrimSpace(d) == "" {
+			ps.add(fmt.Sprintf("rpc.ingest_dirs[%d]", i), "must be a directory path, not empty")
+		}
+	}
 	if len(ps) == 0 {
 		return nil
 	}

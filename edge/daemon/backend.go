@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"sort"
 
@@ -230,7 +229,8 @@ func (b backend) Ingest(_ context.Context, id string, size int64, sum string, bo
 
 // IngestPath reads the file twice: once to hash it (the store needs the
 // digest before it writes) and once to store it, verifying the digest, so
-// a file that changes in between is refused rather than stored torn.
+// a file that changes in between is refused rather than stored torn. Only
+// files inside rpc.ingest_dirs are read (openIngest).
 func (b backend) IngestPath(ctx context.Context, path, id string) (rpc.Ingested, error) {
 	if !filepath.IsAbs(path) {
 		return rpc.Ingested{}, fmt.Errorf("%w: path %q must be absolute (the daemon's working directory is not yours)", rpc.ErrBadRequest, path)
@@ -238,11 +238,16 @@ func (b backend) IngestPath(ctx context.Context, path, id string) (rpc.Ingested,
 	if id == "" {
 		id = filepath.Base(path)
 	}
-	f, err := os.Open(path)
+	f, err := openIngest(b.d.cfg.RPC.IngestDirs, path)
 	if err != nil {
 		return rpc.Ingested{}, err
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err != nil {
+		return rpc.Ingested{}, err
+	} else if limit := b.d.store.Usage().MaxSegmentBytes; fi.Size() > limit {
+		return rpc.Ingested{}, fmt.Errorf("ingest %s: %w: %d > %d bytes", path, segstore.ErrTooLarge, fi.Size(), limit)
+	}
 	h := sha256.New()
 	size, err := io.Copy(h, f)
 	if err != nil {

@@ -45,6 +45,10 @@ type Backend interface {
 // ErrBadRequest marks a malformed request (400).
 var ErrBadRequest = errors.New("bad request")
 
+// ErrForbidden marks a request the daemon's configuration does not allow
+// (403), such as ingesting a file outside rpc.ingest_dirs.
+var ErrForbidden = errors.New("forbidden")
+
 // ErrNotLocal is returned by Listen for an address reachable from other
 // machines.
 var ErrNotLocal = errors.New("rpc address is not loopback or a unix socket")
@@ -244,7 +248,7 @@ func statusOf(err error) int {
 		return http.StatusRequestEntityTooLarge
 	case errors.Is(err, segstore.ErrQuota):
 		return http.StatusInsufficientStorage
-	case errors.Is(err, os.ErrPermission):
+	case errors.Is(err, os.ErrPermission), errors.Is(err, ErrForbidden):
 		return http.StatusForbidden
 	}
 	return http.StatusInternalServerError

@@ -19,7 +19,8 @@
 //	POST /v1/deadletter/retry      {"segment":"","peer":""} ("" = any)
 //	POST /v1/deadletter/purge      same body
 //	POST /v1/segments?id=ID&sha256=HEX   body = segment bytes (Content-Length required)
-//	POST /v1/segments              {"path":"/file","id":"ID"}: the daemon reads the file
+//	POST /v1/segments              {"path":"/file","id":"ID"}: the daemon reads the file,
+//	                               which must resolve to a regular file inside rpc.ingest_dirs (403 otherwise)
 //	GET  /metrics                  Prometheus text format
 //	GET  /healthz                  "ok" (200) or the reason (503)
 //
