@@ -47,6 +47,11 @@ type Options struct {
 	Version string
 	// Now is the ledger clock; default time.Now.
 	Now func() time.Time
+	// SyncDir fsyncs a directory; nil means segstore.SyncDir. New calls it
+	// for the parent of storage.dir and of segments/ when it creates them,
+	// and for storage.dir when it creates the database file (tests record
+	// the calls).
+	SyncDir func(dir string) error
 	// MaxConnsPerPeer bounds the inbound connections one peer may hold
 	// open at once; more are closed right after the handshake. Default
 	// config.MaxWorkers: an edged sender holds at most relay.workers
@@ -87,14 +92,18 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 	if opt.MaxConnsPerPeer <= 0 {
 		opt.MaxConnsPerPeer = config.MaxWorkers
 	}
+	if opt.SyncDir == nil {
+		opt.SyncDir = segstore.SyncDir
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	d := &Daemon{cfg: cfg, opt: opt, log: opt.Log.With("node", cfg.NodeID)}
-	if err := os.MkdirAll(cfg.Storage.Dir, 0o700); err != nil {
+	if err := segstore.CreateDir(cfg.Storage.Dir, 0o700, opt.SyncDir); err != nil {
 		return nil, fmt.Errorf("storage dir: %w", err)
 	}
 	dbPath := filepath.Join(cfg.Storage.Dir, DBFile)
+	_, statErr := os.Stat(dbPath)
 	d.db, err = bolt.Open(dbPath, 0o600, &bolt.Options{Timeout: 2 * time.Second})
 	if errors.Is(err, bolt.ErrTimeout) {
 		return nil, fmt.Errorf("open %s: locked by another process (is another edged using this storage.dir?)", dbPath)
@@ -107,12 +116,20 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 			d.db.Close()
 		}
 	}()
+	if errors.Is(statErr, os.ErrNotExist) {
+		// bbolt fsyncs the file it creates, not the directory entry naming
+		// it: without this a crash could leave a store whose index and
+		// ledger vanished while its segment files remained.
+		if err := opt.SyncDir(cfg.Storage.Dir); err != nil {
+			return nil, fmt.Errorf("open %s: fsync %s: %w", dbPath, cfg.Storage.Dir, err)
+		}
+	}
 	if d.led, err = ledger.Open(d.db); err != nil {
 		return nil, err
 	}
 	d.store, err = segstore.Open(cfg.Storage.Dir, d.db, segstore.Options{
 		QuotaBytes: int64(cfg.Storage.QuotaBytes), QuotaSegments: cfg.Storage.QuotaSegments,
-		MaxSegmentBytes: int64(cfg.Storage.MaxSegmentBytes), Now: opt.Now,
+		MaxSegmentBytes: int64(cfg.Storage.MaxSegmentBytes), Now: opt.Now, SyncDir: opt.SyncDir,
 	})
 	if err != nil {
 		return nil, err

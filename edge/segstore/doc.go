@@ -4,7 +4,9 @@
 // # Layout
 //
 // Segment files live in <dir>/segments/, one file per segment named by its
-// id. The index is the bucket "edge.segments" of a *bolt.DB the caller
+// id. Open creates the directory if needed and fsyncs the parent of each
+// directory it creates (CreateDir), so the layout survives a crash right
+// after the first start. The index is the bucket "edge.segments" of a *bolt.DB the caller
 // opens (normally <dir>/edged.db, shared with edge/ledger so that
 // EvictIf can consult the relay ledger in the transaction that removes
 // the index entry). Index values are JSON: size, sha256, received time,

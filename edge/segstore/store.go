@@ -30,6 +30,9 @@ type Options struct {
 	MaxSegmentBytes int64 // > 0: one segment
 	// Now stamps received and relayed times; nil means time.Now.
 	Now func() time.Time
+	// SyncDir fsyncs a directory; nil means SyncDir. Open calls it for the
+	// parent of every directory it creates (tests record the calls).
+	SyncDir func(dir string) error
 }
 
 // Entry is one index entry.
@@ -131,7 +134,7 @@ func Open(dir string, db *bolt.DB, opt Options) (*Store, error) {
 		opt.Now = time.Now
 	}
 	s := &Store{dir: filepath.Join(dir, "segments"), db: db, opt: opt, busy: map[string]bool{}}
-	if err := os.MkdirAll(s.dir, 0o700); err != nil {
+	if err := CreateDir(s.dir, 0o700, opt.SyncDir); err != nil {
 		return nil, fmt.Errorf("open segment store: %w", err)
 	}
 	if err := db.Update(func(tx *bolt.Tx) error {
@@ -355,6 +358,45 @@ func (s *Store) allowLocked(size int64) error {
 	}
 	return nil
 }
+
+// CreateDir is os.MkdirAll that makes the new directories durable: it
+// fsyncs the parent of every directory it creates (with sync, nil meaning
+// SyncDir), oldest first. Without that, a crash soon after start-up could
+// lose the entry of segments/ or of storage.dir itself, and with it every
+// segment acknowledged since. Existing directories are left alone.
+func CreateDir(dir string, perm os.FileMode, sync func(dir string) error) error {
+	if sync == nil {
+		sync = SyncDir
+	}
+	var missing []string
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		_, err := os.Stat(d)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("create %s: %w", dir, err)
+		}
+		missing = append(missing, d)
+		if filepath.Dir(d) == d {
+			break
+		}
+	}
+	for i := len(missing) - 1; i >= 0; i-- {
+		d := missing[i]
+		if err := os.Mkdir(d, perm); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("create %s: %w", dir, err)
+		}
+		if err := sync(filepath.Dir(d)); err != nil {
+			return fmt.Errorf("create %s: fsync %s: %w", dir, filepath.Dir(d), err)
+		}
+	}
+	return nil
+}
+
+// SyncDir fsyncs a directory, making the creation, rename or removal of
+// its entries durable.
+func SyncDir(dir string) error { return syncDir(dir) }
 
 func syncDir(dir string) error {
 	d, err := os.Open(dir)
