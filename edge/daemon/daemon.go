@@ -47,6 +47,8 @@ type Options struct {
 	Version string
 	// Now is the ledger clock; default time.Now.
 	Now func() time.Time
+	// RPC bounds request bodies (zero values take rpc's defaults).
+	RPC rpc.ServerOptions
 	// SyncDir fsyncs a directory; nil means segstore.SyncDir. New calls it
 	// for the parent of storage.dir and of segments/ when it creates them,
 	// and for storage.dir when it creates the database file (tests record
@@ -175,7 +177,7 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
-	d.rpc = rpc.NewServer(backend{d}, d.met.reg, d.log)
+	d.rpc = rpc.NewServer(backend{d}, d.met.reg, d.log, opt.RPC)
 	return d, nil
 }
 

@@ -39,7 +39,7 @@ func serve(t *testing.T, spec string, b Backend) net.Listener {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := NewServer(b, nil, nil)
+	s := NewServer(b, nil, nil, ServerOptions{})
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ln) }()
 	t.Cleanup(func() {

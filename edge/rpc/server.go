@@ -53,20 +53,52 @@ var ErrForbidden = errors.New("forbidden")
 // machines.
 var ErrNotLocal = errors.New("rpc address is not loopback or a unix socket")
 
+// ErrBodyTimeout means a request body arrived too slowly (408): no bytes
+// for ServerOptions.BodyIdleTimeout, or the whole body not within its
+// minimum-rate deadline. Nothing was stored; an upload's quota
+// reservation was released.
+var ErrBodyTimeout = errors.New("request body too slow")
+
+// Default body limits (ServerOptions).
+const (
+	DefaultBodyIdleTimeout = 30 * time.Second
+	DefaultBodyMinRate     = 64 << 10 // bytes per second
+)
+
+// ServerOptions bound how long a client may take to send a request body.
+// An upload holds a quota reservation (and a temp file) while its body
+// arrives, so a client that stalls or trickles must not hold it forever.
+type ServerOptions struct {
+	// BodyIdleTimeout fails a request whose body makes no progress for
+	// this long; default DefaultBodyIdleTimeout.
+	BodyIdleTimeout time.Duration
+	// BodyMinRate, in bytes per second, sets the whole body's deadline:
+	// BodyIdleTimeout + Content-Length / BodyMinRate after the handler
+	// starts reading; default DefaultBodyMinRate.
+	BodyMinRate int64
+}
+
 // Server serves the RPC. Create it with NewServer, then Serve a listener
 // from Listen; Shutdown stops it.
 type Server struct {
 	b   Backend
 	log *slog.Logger
+	opt ServerOptions
 	srv *http.Server
 }
 
 // NewServer returns a server for b; metrics come from g (nil: no /metrics).
-func NewServer(b Backend, g prometheus.Gatherer, log *slog.Logger) *Server {
+func NewServer(b Backend, g prometheus.Gatherer, log *slog.Logger, opt ServerOptions) *Server {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Server{b: b, log: log}
+	if opt.BodyIdleTimeout <= 0 {
+		opt.BodyIdleTimeout = DefaultBodyIdleTimeout
+	}
+	if opt.BodyMinRate <= 0 {
+		opt.BodyMinRate = DefaultBodyMinRate
+	}
+	s := &Server{b: b, log: log, opt: opt}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/status", get(s, b.Status))
 	mux.HandleFunc("GET /v1/index", get(s, b.Index))
@@ -168,7 +200,7 @@ const maxJSONBody = 64 << 10
 func post[T any](s *Server, f func(context.Context, Selector) (T, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var sel Selector
-		if err := decodeJSON(r, &sel); err != nil {
+		if err := decodeJSON(s.paced(w, r, maxJSONBody), &sel); err != nil {
 			s.reply(w, r, nil, err)
 			return
 		}
@@ -177,8 +209,8 @@ func post[T any](s *Server, f func(context.Context, Selector) (T, error)) http.H
 	}
 }
 
-func decodeJSON(r *http.Request, v any) error {
-	dec := json.NewDecoder(io.LimitReader(r.Body, maxJSONBody))
+func decodeJSON(body io.Reader, v any) error {
+	dec := json.NewDecoder(io.LimitReader(body, maxJSONBody))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("%w: body: %v", ErrBadRequest, err)
@@ -189,7 +221,7 @@ func decodeJSON(r *http.Request, v any) error {
 func (s *Server) ingest(w http.ResponseWriter, r *http.Request) {
 	if r.Header.Get("Content-Type") == "application/json" {
 		var in IngestFile
-		if err := decodeJSON(r, &in); err != nil {
+		if err := decodeJSON(s.paced(w, r, maxJSONBody), &in); err != nil {
 			s.reply(w, r, nil, err)
 			return
 		}
@@ -211,8 +243,45 @@ func (s *Server) ingest(w http.ResponseWriter, r *http.Request) {
 		s.reply(w, r, nil, fmt.Errorf("%w: Content-Length required", ErrBadRequest))
 		return
 	}
-	v, err := s.b.Ingest(r.Context(), id, r.ContentLength, sum, r.Body)
+	v, err := s.b.Ingest(r.Context(), id, r.ContentLength, sum, s.paced(w, r, r.ContentLength))
 	s.replyStatus(w, r, http.StatusCreated, v, err)
+}
+
+// paced returns r's body with the ServerOptions limits applied through
+// the connection's read deadline: before each read the deadline becomes
+// now + BodyIdleTimeout, but never later than the whole body's deadline
+// (BodyIdleTimeout + size/BodyMinRate from now). A read that hits it fails
+// with ErrBodyTimeout, which the backend passes on: the store removes its
+// temp file and releases the reservation, and the reply is 408.
+func (s *Server) paced(w http.ResponseWriter, r *http.Request, size int64) io.Reader {
+	budget := s.opt.BodyIdleTimeout
+	if size > 0 {
+		budget += time.Duration(float64(size) / float64(s.opt.BodyMinRate) * float64(time.Second))
+	}
+	return &pacedBody{rc: http.NewResponseController(w), body: r.Body, opt: s.opt, end: time.Now().Add(budget)}
+}
+
+type pacedBody struct {
+	rc   *http.ResponseController
+	body io.Reader
+	opt  ServerOptions
+	end  time.Time
+}
+
+func (p *pacedBody) Read(b []byte) (int, error) {
+	dl := time.Now().Add(p.opt.BodyIdleTimeout)
+	if dl.After(p.end) {
+		dl = p.end
+	}
+	if err := p.rc.SetReadDeadline(dl); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return 0, err
+	}
+	n, err := p.body.Read(b)
+	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		err = fmt.Errorf("%w: no progress for %v, or slower than %d bytes/s overall: %w",
+			ErrBodyTimeout, p.opt.BodyIdleTimeout, p.opt.BodyMinRate, err)
+	}
+	return n, err
 }
 
 func (s *Server) reply(w http.ResponseWriter, r *http.Request, v any, err error) {
@@ -250,6 +319,8 @@ func statusOf(err error) int {
 		return http.StatusInsufficientStorage
 	case errors.Is(err, os.ErrPermission), errors.Is(err, ErrForbidden):
 		return http.StatusForbidden
+	case errors.Is(err, ErrBodyTimeout):
+		return http.StatusRequestTimeout
 	}
 	return http.StatusInternalServerError
 }

@@ -24,6 +24,10 @@
 //	GET  /metrics                  Prometheus text format
 //	GET  /healthz                  "ok" (200) or the reason (503)
 //
+// Request bodies are paced (ServerOptions): a body with no progress for
+// BodyIdleTimeout, or slower overall than BodyMinRate, fails with 408, so
+// a stalled upload cannot hold its quota reservation.
+//
 // The server side consumes a Backend (implemented by edge/daemon); Client
 // is the typed client edgectl uses.
 package rpc
