@@ -50,6 +50,7 @@ const (
 	DefaultWorkers          = 4
 	DefaultAckTimeout       = 30 * time.Second
 	DefaultDialTimeout      = 10 * time.Second
+	DefaultLedgerRetention  = 7 * 24 * time.Hour
 	DefaultQuotaBytes       = 1 << 30 // 1 GiB
 	DefaultQuotaSegments    = 10000
 	DefaultMaxSegmentBytes  = 64 << 20 // 64 MiB
@@ -68,6 +69,9 @@ const (
 	MaxSegmentLimit = 1<<32 - 1
 	// MaxIDLen bounds node ids; they travel in certificates and HELLO frames.
 	MaxIDLen = 64
+	// MinLedgerRetention bounds relay.ledger_retention from below: a window
+	// shorter than a peer's retry round would let echoes through.
+	MinLedgerRetention = time.Hour
 )
 
 // Config is the whole agent configuration. Field comments name the YAML
@@ -127,6 +131,11 @@ type Relay struct {
 	AckTimeout time.Duration `yaml:"ack_timeout"`
 	// DialTimeout (dial_timeout, default 10s) bounds connect + TLS handshake.
 	DialTimeout time.Duration `yaml:"dial_timeout"`
+	// LedgerRetention (ledger_retention, default 168h) is how long the
+	// ledger records of a segment that is no longer stored are kept once
+	// all of them are acked. They stop a copy of the segment that comes
+	// back from being relayed again, so the window must outlast resends.
+	LedgerRetention time.Duration `yaml:"ledger_retention"`
 }
 
 // Backoff is exponential: attempt n waits min(Max, Initial·2^(n-1)). There
@@ -177,6 +186,7 @@ func Default() *Config {
 			Workers:          DefaultWorkers,
 			AckTimeout:       DefaultAckTimeout,
 			DialTimeout:      DefaultDialTimeout,
+			LedgerRetention:  DefaultLedgerRetention,
 		},
 		Storage: Storage{
 			QuotaBytes:      DefaultQuotaBytes,

@@ -109,6 +109,9 @@ func (c *Config) validateRelay(ps *Problems) {
 	if r.DialTimeout <= 0 {
 		ps.add("relay.dial_timeout", fmt.Sprintf("%s must be > 0", r.DialTimeout))
 	}
+	if r.LedgerRetention < MinLedgerRetention {
+		ps.add("relay.ledger_retention", fmt.Sprintf("%s is below %s: the records must outlive resends of an evicted segment", r.LedgerRetention, MinLedgerRetention))
+	}
 }
 
 func (c *Config) validateStorage(ps *Problems) {

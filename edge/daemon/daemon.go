@@ -170,6 +170,7 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 		Workers:      cfg.Relay.Workers,
 		AckTimeout:   cfg.Relay.AckTimeout,
 		DialTimeout:  cfg.Relay.DialTimeout,
+		Retention:    cfg.Relay.LedgerRetention,
 		Now:          opt.Now,
 		Log:          d.log,
 		Observer:     d.met.observer(),
@@ -262,7 +263,7 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		return err
 	}
 	d.log.Info("ledger reconciled", "abandoned_inflight", rep.AbandonedInflight, "pruned_missing", rep.PrunedMissing,
-		"rescheduled", rep.Rescheduled, "scheduled", rep.Scheduled, "segments", rep.Segments)
+		"rescheduled", rep.Rescheduled, "scheduled", rep.Scheduled, "segments", rep.Segments, "retention_removed", rep.Removed)
 	d.started = time.Now()
 
 	// runCtx ends on ctx or when the RPC server fails; either way

@@ -26,6 +26,7 @@ type metrics struct {
 	evicted      prometheus.Counter
 	deferred     *prometheus.CounterVec
 	dials        *prometheus.CounterVec
+	removed      prometheus.Counter
 }
 
 func newMetrics(d *Daemon) *metrics {
@@ -65,9 +66,12 @@ func newMetrics(d *Daemon) *metrics {
 		dials: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "edged_peer_dials_total", Help: "Outbound dials (TCP connect, TLS handshake, HELLO), by peer and result (ok, failed).",
 		}, []string{"peer", "result"}),
+		removed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edged_ledger_records_removed_total", Help: "Ledger records removed by relay.ledger_retention (all acked, segment no longer stored).",
+		}),
 	}
 	m.reg.MustRegister(m.inbound, m.nacks, m.rejected, m.reloadErrors, m.attempts, m.sentBytes, m.attemptSecs,
-		m.relayed, m.evicted, m.deferred, m.dials,
+		m.relayed, m.evicted, m.deferred, m.dials, m.removed,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		storeCollector{d})
 	return m
@@ -85,6 +89,7 @@ func (m *metrics) observer() relay.Observer {
 		Relayed:  func(string) { m.relayed.Inc() },
 		Evicted:  func(string, int64) { m.evicted.Inc() },
 		Deferred: func(peer string, n int) { m.deferred.WithLabelValues(peer).Add(float64(n)) },
+		Removed:  func(n int) { m.removed.Add(float64(n)) },
 		Dialed: func(peer string, err error) {
 			result := "ok"
 			if err != nil {

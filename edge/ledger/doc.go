@@ -24,6 +24,8 @@
 //	InflightToFailed       Inflight → Failed | Deadletter (start-up: abandoned attempts)
 //	PruneMissing           Scheduled | Inflight | Failed → Deadletter when the segment is gone
 //	RescheduleReady        Failed with NextAttemptAfter ≤ now → Scheduled
+//	RemoveSettled          Acked → absent, for every record of a segment no longer stored whose
+//	                       records are all Acked and older than the retention (see RemoveSettled)
 //	Defer                  Scheduled | Failed → same state, NextAttemptAfter moved later, no attempt counted
 //	                       (the relay's dial circuit: a peer known to be unreachable)
 //

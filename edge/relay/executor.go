@@ -39,6 +39,8 @@ type Observer struct {
 	// Dialed is called after every dial to a peer (err nil on success),
 	// except dials cut short by the agent stopping.
 	Dialed func(peer string, err error)
+	// Removed is called when retention removed n ledger records.
+	Removed func(n int)
 }
 
 // Config configures an Executor. Peers, Condition and Policy are required.
@@ -61,6 +63,10 @@ type Config struct {
 	// StopGrace is how long attempts in flight may continue after Run's
 	// context is canceled before their connections are cut; default 5s.
 	StopGrace time.Duration
+	// Retention is relay.ledger_retention: how long the records of a
+	// segment that is no longer stored are kept once all are Acked
+	// (PruneSettled). Zero keeps them forever.
+	Retention time.Duration
 	// PoolIdle is how long an unused connection stays pooled; default 30s.
 	// It must stay below the receivers' idle timeout.
 	PoolIdle time.Duration
@@ -215,6 +221,13 @@ func (e *Executor) Run(ctx context.Context) error {
 	defer stopGrace()
 
 	var wg sync.WaitGroup
+	if e.cfg.Retention > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e.retentionLoop(ctx)
+		}()
+	}
 	for range e.cfg.Workers {
 		wg.Add(1)
 		go func() {

@@ -17,6 +17,8 @@ type ReconcileReport struct {
 	Scheduled int
 	// Segments is the number of stored segments examined.
 	Segments int
+	// Removed counts records removed by retention (PruneSettled).
+	Removed int
 }
 
 // Reconcile repairs the ledger before the workers start: abandoned
@@ -26,6 +28,7 @@ type ReconcileReport struct {
 // every stored segment gets a record for each required peer that has none,
 // and every stored segment's success condition is re-checked, so a
 // relayed marker or an eviction interrupted by a crash is completed.
+// Finally retention is applied (PruneSettled).
 // Idempotent; run it once after opening the store and before Run.
 func (e *Executor) Reconcile() (ReconcileReport, error) {
 	var rep ReconcileReport
@@ -61,6 +64,9 @@ func (e *Executor) Reconcile() (ReconcileReport, error) {
 	}
 	for _, entry := range entries {
 		e.checkSuccessCondition(entry.ID)
+	}
+	if rep.Removed, err = e.PruneSettled(); err != nil {
+		return rep, fmt.Errorf("reconcile: %w", err)
 	}
 	e.Kick()
 	return rep, nil

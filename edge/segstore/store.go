@@ -264,6 +264,15 @@ func (s *Store) Stat(id string) (Entry, error) {
 	return e, err
 }
 
+// HeldIn reports whether id has an index entry, as seen by tx (a
+// transaction on the Store's database): for checks that must see the
+// index in their own transaction, such as ledger.RemoveSettled. It does
+// not take the Store's lock, so it is safe inside any transaction.
+func (s *Store) HeldIn(tx *bolt.Tx, id string) bool {
+	b := tx.Bucket(indexBucket)
+	return b != nil && b.Get([]byte(id)) != nil
+}
+
 // List returns every index entry in id order.
 func (s *Store) List() ([]Entry, error) {
 	var out []Entry

@@ -1,0 +1,77 @@
+package ledger
+
+import (
+	"fmt"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// RemoveSettled deletes the records of segments that are settled and gone:
+// every record of the segment is Acked with UpdatedAt ≤ cutoff, and
+// stored, asked inside the same transaction, says the segment is not held
+// locally. It returns the number of segments and records removed. One
+// transaction; idempotent.
+//
+// Why each condition:
+//   - all Acked: a Deadletter record is the operator's only trace of a
+//     delivery that never happened; it goes when the operator purges it
+//     (Purge), never silently. Scheduled, Inflight and Failed are work.
+//   - not stored, checked in this transaction (stored must read the
+//     segment index of the shared database through tx): removing the
+//     records of a segment that is still held would make the next
+//     EnsureScheduled (start-up reconciliation) owe it to every peer again.
+//   - UpdatedAt ≤ cutoff (now − retention): the records are the memory that
+//     stops a segment coming back (a late resend by another peer) from
+//     being relayed again to peers that already acknowledged it; in a mesh
+//     of evicting forwarders that memory is what ends the echo.
+func (l *Ledger) RemoveSettled(cutoff time.Time, stored func(tx *bolt.Tx, segmentID string) bool) (segments, records int, err error) {
+	err = l.db.Update(func(tx *bolt.Tx) error {
+		b, err := bucketsOf(tx)
+		if err != nil {
+			return err
+		}
+		segments, records = 0, 0
+		var doomed []Record
+		var group []Record
+		settled := true
+		flush := func() {
+			if len(group) > 0 && settled && !stored(tx, group[0].SegmentID) {
+				doomed = append(doomed, group...)
+				segments++
+			}
+			group, settled = nil, true
+		}
+		// Keys are segment 0x00 peer and ids hold no NUL, so a segment's
+		// records are adjacent in key order.
+		err = b.records.ForEach(func(k, v []byte) error {
+			r, err := decode(k, v)
+			if err != nil {
+				return err
+			}
+			if len(group) > 0 && group[0].SegmentID != r.SegmentID {
+				flush()
+			}
+			group = append(group, r)
+			if r.State != StateAcked || r.UpdatedAt.After(cutoff) {
+				settled = false
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		flush()
+		for _, r := range doomed {
+			if err := b.delete(r); err != nil {
+				return err
+			}
+		}
+		records = len(doomed)
+		return nil
+	})
+	if err != nil {
+		return 0, 0, fmt.Errorf("RemoveSettled: %w", err)
+	}
+	return segments, records, nil
+}
