@@ -63,6 +63,14 @@
 // success condition; a blocked eviction is retried at the next terminal
 // transition of the segment and at start-up.
 //
+// # Retention
+//
+// With Config.Retention (relay.ledger_retention) the records of a segment
+// that is no longer stored are removed once all are Acked for that long
+// (PruneSettled, at Reconcile and periodically in Run). The window is the
+// memory that keeps a copy coming back from being relayed again; see
+// docs/edge.md for why records are not removed at eviction time.
+//
 // # Determinism
 //
 // There is no random source in this package (enforced by edge/ledger's
