@@ -35,6 +35,18 @@ type EnqueueConfig struct {
 	Logger *slog.Logger
 	// MaxReplans bounds os races CommitRelayRows tolerates. Default 64.
 	MaxReplans int
+	// IdempotencyKey, when set (1..128 bytes of [A-Za-z0-9._:-]), makes
+	// CommitRelayRows idempotent per source: the rows commit in one batch
+	// with a record under IdemPrefix+key, and a later call with the same
+	// key and the same rows while the record lives commits nothing and
+	// returns the first call's seqs (CommitResult.Replayed). The same key
+	// with other rows fails with ErrIdempotencyKeyReused. This is what
+	// makes a client's retry after a lost response safe. Empty: off.
+	IdempotencyKey string
+	// IdempotencyTTL is how long the record answers retries, from the
+	// commit time. Default DefaultIdempotencyTTL (24h). Expired records are
+	// overwritten by a new use of the key and collected by alarms.
+	IdempotencyTTL time.Duration
 }
 
 const defaultPageBytes = 8 << 10
@@ -185,6 +197,12 @@ type SourceBatch struct {
 	AlarmDueMS int64
 	// OSAfter is the os value this batch writes (the next link's guard).
 	OSAfter []byte
+
+	// idemKey and idemValue: the idempotency record this batch writes
+	// (idempotent enqueue only), also evidence that an ambiguous commit
+	// landed.
+	idemKey   string
+	idemValue []byte
 }
 
 // EnqueueRelayRows validates rows and plans the chain of source batches that
@@ -525,8 +543,12 @@ type CommitResult struct {
 	// Replans counts os races lost (each re-planned only the uncommitted rows).
 	Replans int
 	// AlarmDueMS is when the durable alarm the last batch wrote or guarded
-	// is due (the fast-path kick's due time).
+	// is due (the fast-path kick's due time). 0 on a replay.
 	AlarmDueMS int64
+	// Replayed means an earlier call with the same IdempotencyKey and the
+	// same rows had committed them: Seqs are that call's, and this call
+	// wrote nothing.
+	Replayed bool
 }
 
 // CommitRelayRows validates, plans and commits rows to source's outbox,
@@ -548,8 +570,17 @@ func CommitRelayRows(ctx context.Context, st Store, clock Clock, source Partitio
 			}
 		}
 	}()
+	if cfg.IdempotencyKey != "" {
+		if err := ValidIdempotencyKey(cfg.IdempotencyKey); err != nil {
+			return res, fmt.Errorf("enqueue %s: %w", source, err)
+		}
+	}
 	caps := st.Capabilities()
 	if err := validateRows(source, rows, caps, cfg); err != nil {
+		return res, err
+	}
+	if cfg.IdempotencyKey != "" {
+		err := commitIdempotent(ctx, st, clock, source, lease, deadline, rows, cfg, &res)
 		return res, err
 	}
 	maxReplans := cfg.MaxReplans
@@ -615,6 +646,9 @@ func commitBatch(ctx context.Context, st Store, clock Clock, source Partition, b
 			if b.Batch.Preconditions[i].Key == KeyLease {
 				return false, fmt.Errorf("commit relay rows %s: %w", source, ErrStaleLease)
 			}
+			if b.idemKey != "" && b.Batch.Preconditions[i].Key == b.idemKey {
+				return false, errIdemTaken
+			}
 			return false, nil
 		}
 		if !MayBeApplied(err) {
@@ -660,6 +694,18 @@ const (
 
 // resolveCommit decides what happened to an ambiguous enqueue batch.
 func resolveCommit(ctx context.Context, st Store, source Partition, b SourceBatch) (commitOutcome, error) {
+	if b.idemKey != "" {
+		// The record carries the batch's seqs and commit time; another
+		// batch writes this exact value only for the same rows, seqs and
+		// commit time under the same key, which is the same outcome.
+		raw, found, err := st.Get(ctx, source, b.idemKey)
+		if err != nil {
+			return commitUnknown, err
+		}
+		if found && bytes.Equal(raw, b.idemValue) {
+			return commitLanded, nil
+		}
+	}
 	raw, found, err := st.Get(ctx, source, KeyOS)
 	if err != nil {
 		return commitUnknown, err
@@ -668,6 +714,9 @@ func resolveCommit(ctx context.Context, st Store, source Partition, b SourceBatc
 		return commitLanded, nil
 	}
 	guard := b.Batch.Preconditions[0]
+	if b.idemKey != "" {
+		guard = b.Batch.Preconditions[1] // after the idempotency guard
+	}
 	if (guard.Absent && !found) || (!guard.Absent && found && bytes.Equal(raw, guard.Value)) {
 		return commitNotApplied, nil
 	}

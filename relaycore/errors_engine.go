@@ -62,3 +62,20 @@ func (e *RowError) Error() string { return fmt.Sprintf("relay row %d: %s", e.Ind
 
 // Unwrap makes errors.Is(err, ErrInvalidRow) true.
 func (e *RowError) Unwrap() error { return ErrInvalidRow }
+
+// ErrInvalidIdempotencyKey means EnqueueConfig.IdempotencyKey is not 1..128
+// bytes of [A-Za-z0-9._:-]. Nothing was read or written.
+var ErrInvalidIdempotencyKey = errors.New("invalid idempotency key")
+
+// ErrIdempotencyKeyReused means a live idempotency record holds the key for
+// different rows (another digest): the request was refused and nothing was
+// written. Use a new key for new rows.
+var ErrIdempotencyKeyReused = errors.New("idempotency key reused with different rows")
+
+// ErrIdempotentRequestTooLarge means rows sent with an idempotency key do
+// not fit one source batch together with the idempotency record (the
+// guarantee needs one atomic commit). Nothing was written. On DynamoDB a
+// batch holds 100 items and 4 MB: with the default 8 KB pages that is at
+// most 96 pages, about 750 KB of row data (more where it compresses), and at
+// most 96 distinct targets. Split the rows into several keyed requests.
+var ErrIdempotentRequestTooLarge = errors.New("idempotent enqueue does not fit one batch")

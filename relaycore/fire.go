@@ -211,9 +211,14 @@ func (h *RelayHandler) rearm(ctx context.Context, source Partition, last FireRes
 				ar.Cleared = true
 				return nil
 			}
-			err := h.Source.Apply(ctx, source, Batch{
-				Preconditions: []Precondition{osGuard(osRaw, osFound), {Key: KeyAlarm, Value: alarmRaw}},
-				Writes:        []Write{{Key: KeyAlarm, Delete: true}},
+			caps := h.Source.Capabilities()
+			gcPre, gcDel, err := expiredIdem(ctx, h.Source, source, unixMS(h.clock().Now()), 2, caps.ItemSize(source, KeyAlarm, 0))
+			if err != nil {
+				return fmt.Errorf("alarm %s: %w", source, err)
+			}
+			err = h.Source.Apply(ctx, source, Batch{
+				Preconditions: append([]Precondition{osGuard(osRaw, osFound), {Key: KeyAlarm, Value: alarmRaw}}, gcPre...),
+				Writes:        append([]Write{{Key: KeyAlarm, Delete: true}}, gcDel...),
 			})
 			if err == nil {
 				ar.Cleared = true
@@ -237,7 +242,15 @@ func (h *RelayHandler) rearm(ctx context.Context, source Partition, last FireRes
 				return nil
 			}
 		}
-		err = h.Source.Apply(ctx, source, Batch{Preconditions: []Precondition{pre}, Writes: []Write{alarmWrite(due)}})
+		aw := alarmWrite(due)
+		gcPre, gcDel, err := expiredIdem(ctx, h.Source, source, unixMS(h.clock().Now()), 1, h.Source.Capabilities().ItemSize(source, KeyAlarm, len(aw.Value)))
+		if err != nil {
+			return fmt.Errorf("alarm %s: %w", source, err)
+		}
+		err = h.Source.Apply(ctx, source, Batch{Preconditions: append([]Precondition{pre}, gcPre...), Writes: append([]Write{aw}, gcDel...)})
+		if i, ok := FailedPrecondition(err); ok && i > 0 {
+			continue // an expired idempotency record was reused meanwhile: look again
+		}
 		if _, ok := FailedPrecondition(err); ok {
 			// An enqueue re-armed it meanwhile (due at its commit time,
 			// never later than ours matters) and kicked: keep theirs.

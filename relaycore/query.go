@@ -120,6 +120,8 @@ type SourceView struct {
 	Lease   *Lease
 	Alarm   *AlarmRecord
 	Pages   []Page
+	// Idempotency lists the keys of idempotency records (IdemPrefix).
+	Idempotency []string
 	// Other lists keys relay does not own (there should be none).
 	Other []string
 }
@@ -173,6 +175,8 @@ func InspectSource(ctx context.Context, st Store, source Partition) (SourceView,
 					return v, fmt.Errorf("inspect %s: %w", source, err)
 				}
 				v.Pages = append(v.Pages, p)
+			case strings.HasPrefix(it.Key, IdemPrefix):
+				v.Idempotency = append(v.Idempotency, it.Key)
 			default:
 				v.Other = append(v.Other, it.Key)
 			}

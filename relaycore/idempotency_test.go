@@ -1,0 +1,350 @@
+package relaycore_test
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/relay-dev/relay/infra/mem"
+	"github.com/relay-dev/relay/relaycore"
+)
+
+func (e *env) enqueueKey(key string, ttl time.Duration, rows ...relaycore.Row) (relaycore.CommitResult, error) {
+	e.t.Helper()
+	return relaycore.CommitRelayRows(e.ctx, e.srcF, e.clock, e.source, nil, time.Time{}, rows,
+		relaycore.EnqueueConfig{IdempotencyKey: key, IdempotencyTTL: ttl})
+}
+
+// countApplies counts source Apply calls from now on.
+func (e *env) countApplies() func() int {
+	var mu sync.Mutex
+	n := 0
+	e.srcF.set(func(c call) error {
+		if c.Op == "apply" {
+			mu.Lock()
+			n++
+			mu.Unlock()
+		}
+		return nil
+	}, nil)
+	return func() int { mu.Lock(); defer mu.Unlock(); return n }
+}
+
+// A replay (same key, same rows, record live) returns the first call's
+// seqs and writes nothing: the store stays byte for byte as it was, and the
+// only Apply is the one whose idempotency guard fails (the guard is tried
+// before the record is read, so first commits pay no extra read).
+func TestIdempotentReplay(t *testing.T) {
+	e := newEnv(t, "free")
+	e.enqueue(put("t1", "before", "x")) // seq 1, so the keyed rows start at 2
+	rows := []relaycore.Row{put("t1", "a", "1"), put("t2", "b", "2"), put("t1", "c", "3")}
+	first, err := e.enqueueKey("order-42", 0, rows...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Replayed || first.Batches != 1 || !slices.Equal(first.Seqs, []uint64{2, 4, 3}) {
+		t.Fatalf("first commit %+v", first)
+	}
+	dump := e.src.Dump()
+	applies := e.countApplies()
+	e.clock.Advance(23 * time.Hour)
+	again, err := e.enqueueKey("order-42", 0, rows...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.Replayed || again.Batches != 0 || !slices.Equal(again.Seqs, first.Seqs) {
+		t.Errorf("replay %+v, want Replayed with seqs %v", again, first.Seqs)
+	}
+	if n := applies(); n != 1 {
+		t.Errorf("replay made %d Apply calls, want 1 (failing on its guard)", n)
+	}
+	if !reflect.DeepEqual(e.src.Dump(), dump) {
+		t.Errorf("replay changed the store:\nbefore %v\nafter  %v", dump, e.src.Dump())
+	}
+	if v := e.inspect(e.source); len(v.Rows()) != 4 || len(v.Other) != 0 || !slices.Equal(v.Idempotency, []string{relaycore.IdemPrefix + "order-42"}) {
+		t.Errorf("source holds %d rows, idempotency %v, other %v", len(v.Rows()), v.Idempotency, v.Other)
+	}
+}
+
+// The same key with other rows (or the same rows in another order) is
+// refused while the record lives, and nothing is written.
+func TestIdempotencyKeyReused(t *testing.T) {
+	e := newEnv(t, "free")
+	rows := []relaycore.Row{put("t1", "a", "1"), del("t2", "b")}
+	if _, err := e.enqueueKey("k1", 0, rows...); err != nil {
+		t.Fatal(err)
+	}
+	dump := e.src.Dump()
+	for name, other := range map[string][]relaycore.Row{
+		"other value":  {put("t1", "a", "2"), del("t2", "b")},
+		"other order":  {del("t2", "b"), put("t1", "a", "1")},
+		"fewer rows":   {put("t1", "a", "1")},
+		"other target": {put("t3", "a", "1"), del("t2", "b")},
+		"put vs key":   {put("t1", "a1", ""), del("t2", "b")},
+	} {
+		t.Run(name, func(t *testing.T) {
+			res, err := e.enqueueKey("k1", 0, other...)
+			if !errors.Is(err, relaycore.ErrIdempotencyKeyReused) {
+				t.Fatalf("got %+v, %v; want ErrIdempotencyKeyReused", res, err)
+			}
+			if slices.ContainsFunc(res.Seqs, func(s uint64) bool { return s != 0 }) || res.Replayed {
+				t.Errorf("refused request reports %+v", res)
+			}
+			if !reflect.DeepEqual(e.src.Dump(), dump) {
+				t.Errorf("refused request changed the store")
+			}
+		})
+	}
+}
+
+// Once a record expires its key is free: other rows commit under it (the
+// expired record is overwritten under a guard on its exact value).
+func TestIdempotencyExpiry(t *testing.T) {
+	e := newEnv(t, "free")
+	if _, err := e.enqueueKey("k", time.Hour, put("t1", "a", "1")); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Hour - time.Millisecond)
+	if _, err := e.enqueueKey("k", time.Hour, put("t1", "a", "2")); !errors.Is(err, relaycore.ErrIdempotencyKeyReused) {
+		t.Fatalf("1ms before expiry: %v, want ErrIdempotencyKeyReused", err)
+	}
+	e.clock.Advance(time.Millisecond)
+	res, err := e.enqueueKey("k", time.Hour, put("t1", "a", "2"))
+	if err != nil || res.Replayed || !slices.Equal(res.Seqs, []uint64{2}) {
+		t.Fatalf("after expiry: %+v, %v; want a new commit at seq 2", res, err)
+	}
+	// The new record answers retries of the new rows.
+	res, err = e.enqueueKey("k", time.Hour, put("t1", "a", "2"))
+	if err != nil || !res.Replayed || !slices.Equal(res.Seqs, []uint64{2}) {
+		t.Fatalf("replay of the new rows: %+v, %v", res, err)
+	}
+	if got := len(e.inspect(e.source).Rows()); got != 2 {
+		t.Errorf("%d rows in the outbox, want 2", got)
+	}
+}
+
+// The lost-response case the feature exists for: the batch lands, the
+// response is lost and nothing can be re-read, so the caller gets
+// ErrCommitUnknown; its retry with the same key must not commit the rows a
+// second time. Without the key the retry would duplicate them.
+func TestIdempotentRetryAfterLostResponse(t *testing.T) {
+	for _, keyed := range []bool{true, false} {
+		t.Run(fmt.Sprintf("keyed=%v", keyed), func(t *testing.T) {
+			e := newEnv(t, "free")
+			key := ""
+			if keyed {
+				key = "req-7"
+			}
+			rows := []relaycore.Row{put("t1", "a", "1"), put("t2", "b", "2")}
+			landed := false
+			var mu sync.Mutex
+			e.srcF.set(func(c call) error {
+				mu.Lock()
+				defer mu.Unlock()
+				if landed && c.Op != "apply" {
+					return errInjected // the store is unreachable after the commit
+				}
+				return nil
+			}, func(c call) error {
+				mu.Lock()
+				defer mu.Unlock()
+				if c.Op != "apply" {
+					return nil
+				}
+				landed = true
+				return maybeApplied()
+			})
+			_, err := e.enqueueKey(key, 0, rows...)
+			if !errors.Is(err, relaycore.ErrCommitUnknown) {
+				t.Fatalf("first attempt: %v, want ErrCommitUnknown", err)
+			}
+			e.srcF.set(nil, nil)
+			res, err := e.enqueueKey(key, 0, rows...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := len(e.inspect(e.source).Rows())
+			if keyed {
+				if !res.Replayed || !slices.Equal(res.Seqs, []uint64{1, 2}) || got != 2 {
+					t.Fatalf("retry %+v; outbox holds %d rows, want the 2 rows once", res, got)
+				}
+				e.drain(e.source, 10)
+				if v, ok := e.target("t2", "b"); !ok || v != "2" {
+					t.Errorf("t2/b = %q, %v after drain", v, ok)
+				}
+			} else if got != 4 {
+				t.Fatalf("without a key the retry should duplicate (that is the bug the key prevents): %d rows", got)
+			}
+		})
+	}
+}
+
+// An ambiguous commit that can be resolved is resolved by the record: the
+// call returns the seqs, and its own retry is a replay.
+func TestIdempotentAmbiguousResolved(t *testing.T) {
+	e := newEnv(t, "free")
+	once := sync.Once{}
+	e.srcF.set(nil, func(c call) error {
+		var err error
+		if c.Op == "apply" {
+			once.Do(func() { err = maybeApplied() })
+		}
+		return err
+	})
+	res, err := e.enqueueKey("k", 0, put("t1", "a", "1"))
+	if err != nil || res.Replayed || !slices.Equal(res.Seqs, []uint64{1}) {
+		t.Fatalf("ambiguous commit: %+v, %v", res, err)
+	}
+	res, err = e.enqueueKey("k", 0, put("t1", "a", "1"))
+	if err != nil || !res.Replayed || !slices.Equal(res.Seqs, []uint64{1}) {
+		t.Fatalf("retry: %+v, %v", res, err)
+	}
+}
+
+// Concurrent identical requests commit the rows once; every caller gets
+// the same seqs.
+func TestIdempotentConcurrent(t *testing.T) {
+	e := newEnv(t, "free")
+	rows := []relaycore.Row{put("t1", "a", "1"), put("t1", "b", "2")}
+	const n = 8
+	results := make([]relaycore.CommitResult, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			results[i], errs[i] = relaycore.CommitRelayRows(e.ctx, e.src, e.clock, e.source, nil, time.Time{}, rows,
+				relaycore.EnqueueConfig{IdempotencyKey: "same"})
+		})
+	}
+	wg.Wait()
+	committed := 0
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("caller %d: %v", i, errs[i])
+		}
+		if !slices.Equal(results[i].Seqs, []uint64{1, 2}) {
+			t.Errorf("caller %d got seqs %v", i, results[i].Seqs)
+		}
+		if !results[i].Replayed {
+			committed++
+		}
+	}
+	if got := len(e.inspect(e.source).Rows()); got != 2 || committed != 1 {
+		t.Errorf("%d rows in the outbox, %d callers committed; want 2 rows, 1 commit", got, committed)
+	}
+}
+
+// Rows that need more than one batch, or whose one batch has no room for
+// the idempotency record, are refused before anything is written; without
+// a key the same rows commit in a chain.
+func TestIdempotentTooLarge(t *testing.T) {
+	caps := relaycore.Capabilities{MaxBatchItems: 5}
+	for _, targets := range []int{3, 4} { // 3: fits without the record; 4: needs two batches
+		t.Run(fmt.Sprintf("targets=%d", targets), func(t *testing.T) {
+			e := newEnv(t, "free")
+			e.src = mem.New(caps)
+			e.srcF.Store = e.src
+			var rows []relaycore.Row
+			for i := range targets {
+				rows = append(rows, put(relaycore.Partition(fmt.Sprintf("t%d", i)), "k", "v"))
+			}
+			res, err := e.enqueueKey("big", 0, rows...)
+			if !errors.Is(err, relaycore.ErrIdempotentRequestTooLarge) || res.Batches != 0 {
+				t.Fatalf("got %+v, %v; want ErrIdempotentRequestTooLarge", res, err)
+			}
+			if d := e.src.Dump(); len(d) != 0 {
+				t.Fatalf("refused request wrote %v", d)
+			}
+			if res := e.enqueue(rows...); len(res.Seqs) != targets || res.Seqs[targets-1] == 0 {
+				t.Fatalf("without a key: %+v", res)
+			}
+		})
+	}
+}
+
+func TestInvalidIdempotencyKey(t *testing.T) {
+	for name, key := range map[string]string{
+		"too long":  strings.Repeat("k", relaycore.MaxIdempotencyKeyLen+1),
+		"space":     "a b",
+		"slash":     "a/b",
+		"non-ascii": "clé",
+		"nul":       "a\x00",
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t, "free")
+			_, err := e.enqueueKey(key, 0, put("t1", "a", "1"))
+			if !errors.Is(err, relaycore.ErrInvalidIdempotencyKey) {
+				t.Fatalf("%v, want ErrInvalidIdempotencyKey", err)
+			}
+			if d := e.src.Dump(); len(d) != 0 {
+				t.Fatalf("refused request wrote %v", d)
+			}
+		})
+	}
+	e := newEnv(t, "free")
+	for _, key := range []string{"a", strings.Repeat("Z", relaycore.MaxIdempotencyKeyLen), "A-z_0.9:x"} {
+		if _, err := e.enqueueKey(key, 0, put("t1", key, "1")); err != nil {
+			t.Errorf("key %q: %v", key, err)
+		}
+	}
+}
+
+// Expired records are collected by alarms, at most 16 per alarm, and live
+// records never.
+func TestIdempotencyGarbageBounded(t *testing.T) {
+	e := newEnv(t, "free")
+	const expired = 40
+	for i := range expired {
+		if _, err := e.enqueueKey(fmt.Sprintf("old-%02d", i), time.Hour, put("t1", "k", "v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.drain(e.source, 20)
+	if got := len(e.inspect(e.source).Idempotency); got != expired {
+		t.Fatalf("%d records before expiry, want %d (none may be collected while live)", got, expired)
+	}
+	e.clock.Advance(2 * time.Hour)
+	left := expired
+	for round := 0; left > 0; round++ {
+		if round > expired {
+			t.Fatalf("expired records not collected after %d rounds: %d left", round, left)
+		}
+		live := fmt.Sprintf("new-%02d", round)
+		if _, err := e.enqueueKey(live, 24*time.Hour, put("t1", "k", live)); err != nil {
+			t.Fatal(err)
+		}
+		alarms, _ := e.drain(e.source, 20)
+		v := e.inspect(e.source)
+		old, fresh := 0, 0
+		for _, k := range v.Idempotency {
+			if strings.HasPrefix(k, relaycore.IdemPrefix+"old-") {
+				old++
+			} else {
+				fresh++
+			}
+		}
+		if removed := left - old; removed < 0 || removed > 16*alarms {
+			t.Fatalf("round %d: %d alarms removed %d expired records, bound 16 per alarm", round, alarms, removed)
+		}
+		if fresh != round+1 {
+			t.Fatalf("round %d: %d live records left, want %d", round, fresh, round+1)
+		}
+		left = old
+	}
+}
+
+// Idempotency records sort after every key the enqueue snapshot, the page
+// scan and rs use, so those scans never read them.
+func TestIdemPrefixOrder(t *testing.T) {
+	lowest := relaycore.IdemPrefix + "-" // '-' is the smallest key byte allowed
+	for _, k := range []string{relaycore.KeyAlarm, relaycore.KeyLease, relaycore.KeyOS, relaycore.KeyRS, relaycore.PageKey(^uint64(0)), "r0"} {
+		if k >= lowest || k >= relaycore.IdemPrefix {
+			t.Errorf("key %q does not sort before %q", k, relaycore.IdemPrefix)
+		}
+	}
+}
