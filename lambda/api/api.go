@@ -10,6 +10,10 @@
 //	GET  /v1/sources/{id}/watermark               RelayWatermark
 //	GET  /v1/sources/{id}/state                   SourceRelayState
 //
+// An Idempotency-Key request header on POST .../rows makes the enqueue
+// idempotent: a retry with the same key and body returns the first
+// request's seqs with "replayed": true and writes nothing.
+//
 // {id} is one path segment, percent-decoded. Responses are JSON; errors
 // are {"error":{"code":"...","message":"..."}} with a 4xx status for
 // anything the caller can fix and 5xx otherwise.

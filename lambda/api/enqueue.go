@@ -45,8 +45,18 @@ type EnqueueResponse struct {
 	Seqs []uint64 `json:"seqs"`
 	// AlarmDueMS is the durable alarm's due time (unix ms) written with
 	// the rows: the fire function runs for this source at or after it.
+	// 0 on a replay, which writes nothing.
 	AlarmDueMS int64 `json:"alarm_due_ms"`
+	// Replayed means an earlier request with the same Idempotency-Key
+	// header and the same rows had committed them: Seqs are that
+	// request's, and this one wrote nothing.
+	Replayed bool `json:"replayed,omitempty"`
 }
+
+// IdempotencyKeyHeader names the request header that makes an enqueue
+// idempotent (relaycore.EnqueueConfig.IdempotencyKey). Function URLs
+// deliver header names in lower case.
+const IdempotencyKeyHeader = "idempotency-key"
 
 func (h *Handler) limits() (maxBody, maxRows int) {
 	maxBody, maxRows = h.MaxBodyBytes, h.MaxRows
@@ -130,6 +140,15 @@ func (h *Handler) enqueue(ctx context.Context, src relaycore.Partition, req even
 	if len(body) > maxBody {
 		return nil, fail(413, "too_large", "body is %d bytes, limit %d", len(body), maxBody)
 	}
+	cfg := h.Enqueue
+	if key, ok := req.Headers[IdempotencyKeyHeader]; ok {
+		// Function URLs join a repeated header with commas, which no key
+		// contains, so a request with two keys is refused here too.
+		if err := relaycore.ValidIdempotencyKey(key); err != nil {
+			return nil, fail(400, "bad_request", "header Idempotency-Key: %v", err)
+		}
+		cfg.IdempotencyKey = key
+	}
 	rows, err := ParseRows(body, maxRows)
 	if err != nil {
 		return nil, err
@@ -138,13 +157,18 @@ func (h *Handler) enqueue(ctx context.Context, src relaycore.Partition, req even
 	if dl, ok := ctx.Deadline(); ok {
 		deadline = dl.Add(-commitMargin)
 	}
-	res, err := relaycore.CommitRelayRows(ctx, h.Source, h.clock(), src, nil, deadline, rows, h.Enqueue)
+	res, err := relaycore.CommitRelayRows(ctx, h.Source, h.clock(), src, nil, deadline, rows, cfg)
 	if err != nil {
 		return nil, enqueueError(err, res)
 	}
-	log.Info("api: rows committed", "source", string(src), "rows", len(rows), "batches", res.Batches,
-		"first_seq", res.Seqs[0], "alarm_due_ms", res.AlarmDueMS)
-	return EnqueueResponse{Source: string(src), Seqs: res.Seqs, AlarmDueMS: res.AlarmDueMS}, nil
+	if res.Replayed {
+		log.Info("api: idempotent replay, nothing written", "source", string(src), "rows", len(rows),
+			"first_seq", res.Seqs[0], "idempotency_key", cfg.IdempotencyKey)
+	} else {
+		log.Info("api: rows committed", "source", string(src), "rows", len(rows), "batches", res.Batches,
+			"first_seq", res.Seqs[0], "alarm_due_ms", res.AlarmDueMS)
+	}
+	return EnqueueResponse{Source: string(src), Seqs: res.Seqs, AlarmDueMS: res.AlarmDueMS, Replayed: res.Replayed}, nil
 }
 
 // enqueueError maps a CommitRelayRows error to a response. Validation
@@ -160,12 +184,18 @@ func enqueueError(err error, res relaycore.CommitResult) error {
 		return e
 	case errors.Is(err, relaycore.ErrLeaseRequired):
 		e = fail(409, "lease_required", "%v: this source accepts rows only from a lease holder, which the API is not", err)
+	case errors.Is(err, relaycore.ErrIdempotencyKeyReused):
+		e = fail(409, "idempotency_key_reused", "%v: the Idempotency-Key was used for other rows within its lifetime; use a new key for new rows", err)
+	case errors.Is(err, relaycore.ErrIdempotentRequestTooLarge):
+		e = fail(413, "too_large", "%v: rows sent with an Idempotency-Key must commit in one batch; send fewer rows per request", err)
+	case errors.Is(err, relaycore.ErrInvalidIdempotencyKey):
+		e = fail(400, "bad_request", "header Idempotency-Key: %v", err)
 	case errors.Is(err, relaycore.ErrBatchTooLarge), errors.Is(err, relaycore.ErrValueTooLarge):
 		e = fail(413, "too_large", "%v", err)
 	case errors.Is(err, relaycore.ErrContention), errors.Is(err, relaycore.ErrDeadlineExceeded):
 		e = fail(503, "unavailable", "%v; rows with seq 0 in seqs were not committed and may be retried", err)
 	case errors.Is(err, relaycore.ErrCommitUnknown):
-		e = fail(500, "commit_unknown", "%v; rows with seq 0 in seqs may or may not have been committed", err)
+		e = fail(500, "commit_unknown", "%v; rows with seq 0 in seqs may or may not have been committed (a retry with the same Idempotency-Key header commits them at most once)", err)
 	default:
 		e = fail(500, "internal", "%v", err)
 	}
