@@ -75,7 +75,8 @@ var ErrIdempotencyKeyReused = errors.New("idempotency key reused with different 
 // ErrIdempotentRequestTooLarge means rows sent with an idempotency key do
 // not fit one source batch together with the idempotency record (the
 // guarantee needs one atomic commit). Nothing was written. On DynamoDB a
-// batch holds 100 items and 4 MB: with the default 8 KB pages that is at
-// most 96 pages, about 750 KB of row data (more where it compresses), and at
-// most 96 distinct targets. Split the rows into several keyed requests.
+// batch holds 100 items and 4 MB; os, alarm and the record take three
+// (a lease a fourth), leaving 97 pages: with the default 8 KB pages about
+// 775 KB of row data (more where it compresses) for at most 97 distinct
+// targets. Split larger requests into several keyed requests.
 var ErrIdempotentRequestTooLarge = errors.New("idempotent enqueue does not fit one batch")
