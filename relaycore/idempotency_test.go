@@ -3,6 +3,7 @@ package relaycore_test
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -10,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/relay-dev/relay/infra/bolt"
+	"github.com/relay-dev/relay/infra/dynamo"
+	"github.com/relay-dev/relay/infra/dynamotest"
 	"github.com/relay-dev/relay/infra/mem"
 	"github.com/relay-dev/relay/relaycore"
 )
@@ -309,6 +313,39 @@ func TestIdempotencyGarbageBounded(t *testing.T) {
 		t.Fatalf("%d records before expiry, want %d (none may be collected while live)", got, expired)
 	}
 	e.clock.Advance(2 * time.Hour)
+	// Every batch that deletes records deletes at most 16, each guarded on
+	// its exact current value.
+	var mu sync.Mutex
+	var problems []string
+	e.srcF.set(func(c call) error {
+		if c.Op != "apply" {
+			return nil
+		}
+		n := 0
+		for _, w := range c.Batch.Writes {
+			if !strings.HasPrefix(w.Key, relaycore.IdemPrefix) || !w.Delete {
+				continue
+			}
+			n++
+			cur, _, err := e.src.Get(e.ctx, c.P, w.Key)
+			if err != nil {
+				return err
+			}
+			if !slices.ContainsFunc(c.Batch.Preconditions, func(p relaycore.Precondition) bool {
+				return p.Key == w.Key && !p.Absent && string(p.Value) == string(cur)
+			}) {
+				mu.Lock()
+				problems = append(problems, "unguarded delete of "+w.Key)
+				mu.Unlock()
+			}
+		}
+		if n > 16 {
+			mu.Lock()
+			problems = append(problems, fmt.Sprintf("one batch deletes %d records", n))
+			mu.Unlock()
+		}
+		return nil
+	}, nil)
 	left := expired
 	for round := 0; left > 0; round++ {
 		if round > expired {
@@ -336,6 +373,9 @@ func TestIdempotencyGarbageBounded(t *testing.T) {
 		}
 		left = old
 	}
+	if len(problems) > 0 {
+		t.Fatalf("garbage collection: %v", problems)
+	}
 }
 
 // Idempotency records sort after every key the enqueue snapshot, the page
@@ -346,5 +386,125 @@ func TestIdemPrefixOrder(t *testing.T) {
 		if k >= lowest || k >= relaycore.IdemPrefix {
 			t.Errorf("key %q does not sort before %q", k, relaycore.IdemPrefix)
 		}
+	}
+}
+
+// The idempotency guarantees on the real stores: bbolt in a temp file and
+// DynamoDB through aws-sdk-go-v2 against an in-process minidyn endpoint
+// (where the failed precondition is named from CancellationReasons).
+func TestIdempotencyOnRealStores(t *testing.T) {
+	for name, open := range map[string]func(t *testing.T) relaycore.Store{
+		"bolt": func(t *testing.T) relaycore.Store {
+			db, err := bolt.Open(filepath.Join(t.TempDir(), "relay.db"), bolt.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = db.Close() })
+			return db.Store("source")
+		},
+		"dynamo": func(t *testing.T) relaycore.Store {
+			client := dynamotest.Start(t).Client(nil)
+			if err := dynamo.CreateTable(t.Context(), client, "source"); err != nil {
+				t.Fatal(err)
+			}
+			return dynamo.New(client, "source", dynamo.Options{})
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx, clock, source := t.Context(), newTestClock(), relaycore.Partition("orders")
+			st := &faultStore{Store: open(t)}
+			dump := func() []relaycore.Item {
+				var out []relaycore.Item
+				after := ""
+				for {
+					pg, err := st.Store.Scan(ctx, source, relaycore.ScanRequest{After: after})
+					if err != nil {
+						t.Fatal(err)
+					}
+					out = append(out, pg.Items...)
+					if pg.Next == "" {
+						return out
+					}
+					after = pg.Next
+				}
+			}
+			commit := func(key string, rows ...relaycore.Row) (relaycore.CommitResult, error) {
+				return relaycore.CommitRelayRows(ctx, st, clock, source, nil, time.Time{}, rows,
+					relaycore.EnqueueConfig{IdempotencyKey: key, IdempotencyTTL: time.Hour})
+			}
+			if _, err := commit("", put("t1", "a", "0")); err != nil {
+				t.Fatal(err)
+			}
+			rows := []relaycore.Row{put("t1", "a", "1"), del("t2", "b")}
+			first, err := commit("k", rows...)
+			if err != nil || !slices.Equal(first.Seqs, []uint64{2, 3}) {
+				t.Fatalf("first: %+v, %v", first, err)
+			}
+			if _, err := commit("", put("t1", "a", "2")); err != nil { // os moves on
+				t.Fatal(err)
+			}
+			before := dump()
+			res, err := commit("k", rows...)
+			if err != nil || !res.Replayed || !slices.Equal(res.Seqs, first.Seqs) {
+				t.Fatalf("replay: %+v, %v", res, err)
+			}
+			if _, err := commit("k", rows[0]); !errors.Is(err, relaycore.ErrIdempotencyKeyReused) {
+				t.Fatalf("reuse: %v", err)
+			}
+			if !reflect.DeepEqual(dump(), before) {
+				t.Fatalf("replay or refused reuse changed the store")
+			}
+
+			// Lost response, store unreachable until the retry.
+			var mu sync.Mutex
+			landed := false
+			st.set(func(c call) error {
+				mu.Lock()
+				defer mu.Unlock()
+				if landed && c.Op != "apply" {
+					return errInjected
+				}
+				return nil
+			}, func(c call) error {
+				mu.Lock()
+				defer mu.Unlock()
+				if c.Op == "apply" {
+					landed = true
+					return maybeApplied()
+				}
+				return nil
+			})
+			if _, err := commit("lost", put("t3", "c", "1")); !errors.Is(err, relaycore.ErrCommitUnknown) {
+				t.Fatalf("lost response: %v, want ErrCommitUnknown", err)
+			}
+			st.set(nil, nil)
+			res, err = commit("lost", put("t3", "c", "1"))
+			if err != nil || !res.Replayed || !slices.Equal(res.Seqs, []uint64{5}) {
+				t.Fatalf("retry after a lost response: %+v, %v", res, err)
+			}
+
+			// After expiry an alarm drains the outbox and collects both records.
+			clock.Advance(2 * time.Hour)
+			h := &relaycore.RelayHandler{Source: st, Target: mem.New(relaycore.Capabilities{}), Clock: clock}
+			for i := 0; ; i++ {
+				v, err := relaycore.InspectSource(ctx, st, source)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if v.Alarm == nil {
+					if len(v.Rows()) != 0 || len(v.Idempotency) != 0 || len(v.Other) != 0 {
+						t.Fatalf("after drain: %d rows, records %v, other %v", len(v.Rows()), v.Idempotency, v.Other)
+					}
+					break
+				}
+				if i > 10 {
+					t.Fatalf("not drained after %d alarms", i)
+				}
+				clock.Set(time.UnixMilli(v.Alarm.DueMS))
+				if _, err := h.Alarm(ctx, source); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
 	}
 }
