@@ -222,16 +222,19 @@ func pageHeaderMax(tag string, target Partition) int {
 		uvarintLen(uint64(len(target))) + len(target)
 }
 
-// rowEncodedLen is r's size with full keys (format 1, and the longest a
-// row can take in format 2). Planners bound pages with it so that any
+// rowEncodedLen bounds r's encoded size in either page format: the row
+// with full keys and no compression. Format 2 stores each key as the length
+// it shares with the previous key, the length of the rest, and the rest; with
+// nothing shared that is one varint more than format 1, so each key is
+// counted with two length varints. Planners bound pages with it so that any
 // rewrite of a page's remaining rows fits where the page did.
 func rowEncodedLen(r Row) int {
 	n := uvarintLen(uint64(len(r.Puts))) + uvarintLen(uint64(len(r.Deletes)))
 	for _, kv := range r.Puts {
-		n += uvarintLen(uint64(len(kv.Key))) + len(kv.Key) + uvarintLen(uint64(len(kv.Value))) + len(kv.Value)
+		n += 2*uvarintLen(uint64(len(kv.Key))) + len(kv.Key) + uvarintLen(uint64(len(kv.Value))) + len(kv.Value)
 	}
 	for _, k := range r.Deletes {
-		n += uvarintLen(uint64(len(k))) + len(k)
+		n += 2*uvarintLen(uint64(len(k))) + len(k)
 	}
 	return n
 }
