@@ -14,6 +14,7 @@ import (
 
 	"github.com/relay-dev/relay/edge/config"
 	"github.com/relay-dev/relay/edge/ledger"
+	"github.com/relay-dev/relay/edge/pki/pkitest"
 )
 
 // BenchmarkRelay4KiB measures 4 KiB segments acknowledged per second from
@@ -26,7 +27,7 @@ import (
 // of fsyncs per segment, spread over relay.workers concurrent deliveries.
 func BenchmarkRelay4KiB(b *testing.B) {
 	const segments = 400
-	dir := newPKI(b, "a", "b")
+	dir := pkitest.New(b, "a", "b")
 	aRelay, aRPC, bRelay, bRPC := listen(b), listen(b), listen(b), listen(b)
 	startNode(b, nodeConfig(b, dir, "b", bRelay.Addr().String(), bRPC.Addr().String(),
 		[]config.Peer{{ID: "a", Address: aRelay.Addr().String()}}), bRelay, bRPC)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/relay-dev/relay/edge/config"
+	"github.com/relay-dev/relay/edge/pki/pkitest"
 	"github.com/relay-dev/relay/edge/rpc"
 )
 
@@ -15,7 +16,7 @@ import (
 // dial circuit in the status RPC and in /metrics, and its deferred records
 // are counted.
 func TestCircuitObservable(t *testing.T) {
-	dir := newPKI(t, "a", "z")
+	dir := pkitest.New(t, "a", "z")
 	dead, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/relay-dev/relay/edge/config"
 	"github.com/relay-dev/relay/edge/pki"
+	"github.com/relay-dev/relay/edge/pki/pkitest"
 	"github.com/relay-dev/relay/edge/rpc"
 	"github.com/relay-dev/relay/edge/transport"
 	"github.com/relay-dev/relay/edge/wire"
@@ -27,20 +28,6 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 const waitFor = 30 * time.Second
-
-func newPKI(t testing.TB, nodes ...string) string {
-	t.Helper()
-	dir := t.TempDir()
-	if _, err := pki.InitCA(dir, pki.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range nodes {
-		if _, err := pki.Issue(dir, n, pki.Options{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
-}
 
 // testNode is one in-process daemon on 127.0.0.1 with real certificates,
 // a real bbolt file and real sockets.
@@ -184,7 +171,7 @@ func assured(n *testNode, id string) bool {
 // TestThreeNodesConverge: a segment ingested on a reaches b and c, is
 // relayed at a under all_peers, and neither b nor c sends it back to a.
 func TestThreeNodesConverge(t *testing.T) {
-	dir := newPKI(t, "a", "b", "c")
+	dir := pkitest.New(t, "a", "b", "c")
 	nodes := startCluster(t, dir, []string{"a", "b", "c"}, nil)
 	content := bytes.Repeat([]byte("edge "), 1000)
 	put(t, nodes["a"], "seg-1", content)
@@ -252,7 +239,7 @@ func offer(id string, content []byte) wire.Offer {
 // single connection: each NACK carries its code, nothing is stored, and
 // the connection keeps serving; then a good segment is ACKed.
 func TestReceiveRefusals(t *testing.T) {
-	dir := newPKI(t, "a", "b")
+	dir := pkitest.New(t, "a", "b")
 	nodes := startCluster(t, dir, []string{"a", "b"}, func(c *config.Config) {
 		if c.NodeID == "b" {
 			c.Storage.QuotaBytes = 1000
@@ -326,7 +313,7 @@ func TestReceiveRefusals(t *testing.T) {
 // TestBadOfferClosesConnection: an undecodable OFFER is answered with
 // NACK bad_request, and the daemon keeps serving other connections.
 func TestBadOfferClosesConnection(t *testing.T) {
-	dir := newPKI(t, "a", "b")
+	dir := pkitest.New(t, "a", "b")
 	nodes := startCluster(t, dir, []string{"a", "b"}, nil)
 	c := rawSender(t, dir, nodes["b"])
 	ctx := context.Background()
@@ -350,7 +337,7 @@ func TestBadOfferClosesConnection(t *testing.T) {
 
 // TestIngestErrors: RPC ingest maps store errors to HTTP statuses.
 func TestIngestErrors(t *testing.T) {
-	dir := newPKI(t, "a")
+	dir := pkitest.New(t, "a")
 	n := startCluster(t, dir, []string{"a"}, func(c *config.Config) { c.Storage.MaxSegmentBytes = 10 })["a"]
 	ctx := context.Background()
 	_, err := n.client.PutSegment(ctx, "x", 3, digest([]byte("abd")), strings.NewReader("abc"))
@@ -381,7 +368,7 @@ func TestIngestErrors(t *testing.T) {
 // known peer counted the source a, which is never owed the segment, and
 // reported "not met" for every segment a forwarder ever evicted.
 func TestAssuranceAfterEviction(t *testing.T) {
-	dir := newPKI(t, "a", "b", "c")
+	dir := pkitest.New(t, "a", "b", "c")
 	nodes := startCluster(t, dir, []string{"a", "b", "c"}, func(c *config.Config) {
 		if c.NodeID == "a" || c.NodeID == "c" {
 			c.KnownPeers = slices.DeleteFunc(c.KnownPeers, func(p config.Peer) bool { return p.ID != "b" })
@@ -418,7 +405,7 @@ func testMetric(n *testNode, line string) bool {
 // connections to one peer. Connections over the limit are closed at once
 // and counted as rejected; a freed slot is usable again.
 func TestInboundConnectionsPerPeerBounded(t *testing.T) {
-	dir := newPKI(t, "a", "b")
+	dir := pkitest.New(t, "a", "b")
 	relayLn, rpcLn := listen(t), listen(t)
 	cfg := nodeConfig(t, dir, "b", relayLn.Addr().String(), rpcLn.Addr().String(), []config.Peer{{ID: "a", Address: "127.0.0.1:1"}})
 	b := startNode(t, cfg, relayLn, rpcLn, func(o *Options) { o.MaxConnsPerPeer = 2 })

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/relay-dev/relay/edge/config"
+	"github.com/relay-dev/relay/edge/pki/pkitest"
 )
 
 // TestNewSyncsCreatedDirs: the first start creates storage.dir, the
@@ -15,7 +16,7 @@ import (
 // directory holding the new database file are fsynced (the latter after
 // the file exists). A second start creates nothing and syncs nothing.
 func TestNewSyncsCreatedDirs(t *testing.T) {
-	dir := newPKI(t, "a")
+	dir := pkitest.New(t, "a")
 	base := t.TempDir()
 	state := filepath.Join(base, "state")
 	cfg := nodeConfig(t, dir, "a", "127.0.0.1:7400", "127.0.0.1:7401", []config.Peer{})

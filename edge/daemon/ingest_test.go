@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/relay-dev/relay/edge/config"
+	"github.com/relay-dev/relay/edge/pki/pkitest"
 	"github.com/relay-dev/relay/edge/rpc"
 )
 
@@ -17,7 +18,7 @@ import (
 // client cannot make edged read a file, not even edged's own TLS key, and
 // the refusal names the key to set. Uploads keep working.
 func TestIngestByPathDisabledByDefault(t *testing.T) {
-	dir := newPKI(t, "a")
+	dir := pkitest.New(t, "a")
 	n := startCluster(t, dir, []string{"a"}, nil)["a"]
 	ctx := context.Background()
 	_, err := n.client.PutPath(ctx, n.cfg.TLS.Key, "stolen-key")
@@ -34,7 +35,7 @@ func TestIngestByPathDisabledByDefault(t *testing.T) {
 // TestIngestByPathConfined: with rpc.ingest_dirs set, only regular files
 // that resolve inside those directories are read.
 func TestIngestByPathConfined(t *testing.T) {
-	dir := newPKI(t, "a")
+	dir := pkitest.New(t, "a")
 	base := t.TempDir()
 	ingest := filepath.Join(base, "ingest")
 	elsewhere := filepath.Join(base, "elsewhere")

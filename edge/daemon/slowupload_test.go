@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/relay-dev/relay/edge/config"
+	"github.com/relay-dev/relay/edge/pki/pkitest"
 	"github.com/relay-dev/relay/edge/rpc"
 )
 
@@ -21,7 +22,7 @@ import (
 // that trickles below the minimum rate, get 408; the reservation and the
 // temp file are gone, and the quota is usable again.
 func TestSlowUploadReleasesReservation(t *testing.T) {
-	dir := newPKI(t, "a")
+	dir := pkitest.New(t, "a")
 	relayLn, rpcLn := listen(t), listen(t)
 	cfg := nodeConfig(t, dir, "a", relayLn.Addr().String(), rpcLn.Addr().String(), []config.Peer{})
 	cfg.Storage.QuotaBytes = 4096

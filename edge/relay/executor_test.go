@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/relay-dev/relay/edge/ledger"
+	"github.com/relay-dev/relay/edge/pki/pkitest"
 	"github.com/relay-dev/relay/edge/segstore"
 	"github.com/relay-dev/relay/edge/wire"
 	"go.uber.org/goleak"
@@ -28,7 +29,7 @@ type fixture struct {
 // newFixture: sender "a" with peers "b" and "c", scripted receivers.
 func newFixture(t *testing.T, bScript, cScript reply) *fixture {
 	t.Helper()
-	dir := newPKI(t, "a", "b", "c")
+	dir := pkitest.New(t, "a", "b", "c")
 	f := &fixture{pkiDir: dir, a: newNode(t)}
 	f.b = newPeer(t, newTransport(t, dir, "b", "a"), bScript)
 	f.c = newPeer(t, newTransport(t, dir, "c", "a"), cScript)
@@ -57,7 +58,7 @@ func (f *fixture) executor(t *testing.T, mod func(*Config)) *Executor {
 
 func TestNewRefusesBadConfig(t *testing.T) {
 	n := newNode(t)
-	tr := newTransport(t, newPKI(t, "a"), "a")
+	tr := newTransport(t, pkitest.New(t, "a"), "a")
 	good := Config{Condition: ledger.OnePeer, Policy: testPolicy(1)}
 	cases := map[string]func(*Config){
 		"unknown condition": func(c *Config) { c.Condition = "most" },

@@ -26,21 +26,6 @@ import (
 // two shared cores is slow, and never a fixed sleep.
 const waitFor = 20 * time.Second
 
-// newPKI creates a dev CA and certificates for nodes in a temp dir.
-func newPKI(t testing.TB, nodes ...string) string {
-	t.Helper()
-	dir := t.TempDir()
-	if _, err := pki.InitCA(dir, pki.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range nodes {
-		if _, err := pki.Issue(dir, n, pki.Options{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
-}
-
 func newTransport(t testing.TB, dir, id string, peers ...string) *transport.Transport {
 	t.Helper()
 	tr, err := transport.New(transport.Config{

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/relay-dev/relay/edge/pki/pkitest"
 	"github.com/relay-dev/relay/edge/wire"
 )
 
@@ -24,7 +25,7 @@ import (
 func BenchmarkSegment64MiB(b *testing.B) {
 	const size = 64 << 20
 	ctx := context.Background()
-	dir := newPKI(b, "a", "b")
+	dir := pkitest.New(b, "a", "b")
 	srv := listen(b, newTransport(b, dir, "a", []string{"b"}, nil))
 	cli := newTransport(b, dir, "b", []string{"a"}, nil)
 

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/relay-dev/relay/edge/pki"
+	"github.com/relay-dev/relay/edge/pki/pkitest"
 )
 
 func fileSerial(t *testing.T, path string) string {
@@ -61,7 +62,7 @@ func copyFile(t *testing.T, from, to string) {
 // TestReloadRotatesWithoutRestart: new certificates on disk are used by
 // the next handshake, on both sides, with the same Transport and Listener.
 func TestReloadRotatesWithoutRestart(t *testing.T) {
-	dir := newPKI(t, "a", "b")
+	dir := pkitest.New(t, "a", "b")
 	srv := listen(t, newTransport(t, dir, "a", []string{"b"}, nil))
 	cli := newTransport(t, dir, "b", []string{"a"}, nil)
 
@@ -93,7 +94,7 @@ func TestReloadRotatesWithoutRestart(t *testing.T) {
 // refused and reported once per change; service continues on the old
 // certificate; a good replacement then takes over.
 func TestReloadBadFilesKeepOldMaterial(t *testing.T) {
-	dir := newPKI(t, "a", "b")
+	dir := pkitest.New(t, "a", "b")
 	reported := make(chan error, 8)
 	srvT := newTransport(t, dir, "a", []string{"b"}, func(c *Config) {
 		c.OnReloadError = func(err error) { reported <- err }
@@ -180,8 +181,8 @@ func TestReloadBadFilesKeepOldMaterial(t *testing.T) {
 // TestReloadCARotation: switching the CA file changes who is accepted on
 // the next handshake.
 func TestReloadCARotation(t *testing.T) {
-	dir1 := newPKI(t, "a", "b")
-	dir2 := newPKI(t, "a", "b")
+	dir1 := pkitest.New(t, "a", "b")
+	dir2 := pkitest.New(t, "a", "b")
 	// The server's live files start as copies of CA1's.
 	live := t.TempDir()
 	for _, f := range []string{"a.crt", "a.key", pki.CACertFile} {
@@ -217,7 +218,7 @@ func TestReloadCARotation(t *testing.T) {
 }
 
 func TestReloadUnchangedContentIsNoop(t *testing.T) {
-	dir := newPKI(t, "a")
+	dir := pkitest.New(t, "a")
 	rl, err := NewReloader("a", filepath.Join(dir, "a.crt"), filepath.Join(dir, "a.key"), filepath.Join(dir, pki.CACertFile), func(err error) {
 		t.Errorf("unexpected reload error: %v", err)
 	})
@@ -241,7 +242,7 @@ func TestReloadUnchangedContentIsNoop(t *testing.T) {
 // handshake: every inbound and outbound handshake would otherwise log an
 // error and count a reload failure.
 func TestReloadMissingFileReportedOnce(t *testing.T) {
-	dir := newPKI(t, "a")
+	dir := pkitest.New(t, "a")
 	var reported []error
 	rl, err := NewReloader("a", filepath.Join(dir, "a.crt"), filepath.Join(dir, "a.key"), filepath.Join(dir, pki.CACertFile),
 		func(err error) { reported = append(reported, err) })

@@ -20,25 +20,11 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/relay-dev/relay/edge/pki"
+	"github.com/relay-dev/relay/edge/pki/pkitest"
 	"github.com/relay-dev/relay/edge/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// newPKI creates a CA and the named node certificates in a fresh dir.
-func newPKI(t testing.TB, nodes ...string) string {
-	t.Helper()
-	dir := t.TempDir()
-	if _, err := pki.InitCA(dir, pki.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range nodes {
-		if _, err := pki.Issue(dir, n, pki.Options{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
-}
 
 // rejects collects a listener's OnReject reports.
 type rejects struct {
@@ -101,7 +87,7 @@ func acceptAsync(l *Listener) <-chan acceptResult {
 
 func TestDialAcceptAndDeliver(t *testing.T) {
 	ctx := context.Background()
-	dir := newPKI(t, "a", "b")
+	dir := pkitest.New(t, "a", "b")
 	srv := listen(t, newTransport(t, dir, "a", []string{"b"}, nil))
 	cli := newTransport(t, dir, "b", []string{"a"}, nil)
 
@@ -154,8 +140,8 @@ func TestDialAcceptAndDeliver(t *testing.T) {
 // returns the connection (the next good client is the one it returns).
 func TestRefusedClients(t *testing.T) {
 	ctx := context.Background()
-	dir := newPKI(t, "a", "b", "c")
-	otherCA := newPKI(t, "b")
+	dir := pkitest.New(t, "a", "b", "c")
+	otherCA := pkitest.New(t, "b")
 	rj := newRejects()
 	srv := listen(t, newTransport(t, dir, "a", []string{"b"}, func(c *Config) {
 		c.OnReject = rj.add
@@ -267,8 +253,8 @@ func TestRefusedClients(t *testing.T) {
 // TestDialerRefusesWrongServer: the client checks who answered.
 func TestDialerRefusesWrongServer(t *testing.T) {
 	ctx := context.Background()
-	dir := newPKI(t, "a", "b", "c")
-	otherCA := newPKI(t, "a")
+	dir := pkitest.New(t, "a", "b", "c")
+	otherCA := pkitest.New(t, "a")
 	srvA := listen(t, newTransport(t, dir, "a", []string{"b"}, nil))
 	foreign := listen(t, newTransport(t, otherCA, "a", []string{"b"}, func(c *Config) {
 		c.CAFile = bundle(t, filepath.Join(otherCA, pki.CACertFile), filepath.Join(dir, pki.CACertFile)) // would accept b; b must not accept it
@@ -287,7 +273,7 @@ func TestDialerRefusesWrongServer(t *testing.T) {
 }
 
 func TestHandshakeTimeoutAndClose(t *testing.T) {
-	dir := newPKI(t, "a", "b")
+	dir := pkitest.New(t, "a", "b")
 	rj := newRejects()
 	tr := newTransport(t, dir, "a", []string{"b"}, func(c *Config) {
 		c.OnReject = rj.add
@@ -351,7 +337,7 @@ func mustListen(t *testing.T) net.Listener {
 }
 
 func TestNewRefusesBadConfig(t *testing.T) {
-	dir := newPKI(t, "a", "b")
+	dir := pkitest.New(t, "a", "b")
 	base := Config{
 		NodeID: "a", CertFile: filepath.Join(dir, "a.crt"), KeyFile: filepath.Join(dir, "a.key"),
 		CAFile: filepath.Join(dir, pki.CACertFile), AllowPeer: allow("b"),
@@ -365,7 +351,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		{"certificate of another node", func(c *Config) { c.CertFile, c.KeyFile = filepath.Join(dir, "b.crt"), filepath.Join(dir, "b.key") }},
 		{"key of another node", func(c *Config) { c.KeyFile = filepath.Join(dir, "b.key") }},
 		{"missing CA file", func(c *Config) { c.CAFile = filepath.Join(dir, "nope") }},
-		{"CA that did not sign the cert", func(c *Config) { c.CAFile = filepath.Join(newPKI(t), pki.CACertFile) }},
+		{"CA that did not sign the cert", func(c *Config) { c.CAFile = filepath.Join(pkitest.New(t), pki.CACertFile) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := base
@@ -384,7 +370,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 func TestConcurrentPeers(t *testing.T) {
 	ctx := context.Background()
 	peers := []string{"p0", "p1", "p2", "p3", "p4", "p5"}
-	dir := newPKI(t, append([]string{"hub"}, peers...)...)
+	dir := pkitest.New(t, append([]string{"hub"}, peers...)...)
 	srv := listen(t, newTransport(t, dir, "hub", peers, nil))
 
 	var wg sync.WaitGroup
