@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +17,7 @@ import (
 	"github.com/relay-dev/relay/edge/config"
 	"github.com/relay-dev/relay/edge/pki"
 	"github.com/relay-dev/relay/edge/rpc"
+	"github.com/relay-dev/relay/edge/wire"
 )
 
 // exitNotMet is `edgectl assurance --check`'s exit code when the success
@@ -297,15 +296,11 @@ func upload(ctx context.Context, c *rpc.Client, path, id string) (rpc.Ingested, 
 		return rpc.Ingested{}, err
 	}
 	defer f.Close()
-	h := sha256.New()
-	size, err := io.Copy(h, f)
+	size, sum, err := wire.Digest(f)
 	if err != nil {
 		return rpc.Ingested{}, fmt.Errorf("read %s: %w", path, err)
 	}
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		return rpc.Ingested{}, err
-	}
-	return c.PutSegment(ctx, id, size, hex.EncodeToString(h.Sum(nil)), f)
+	return c.PutSegment(ctx, id, size, sum, f)
 }
 
 func assuranceCmd(g *globals) *cobra.Command {

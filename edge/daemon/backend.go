@@ -2,8 +2,6 @@ package daemon
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +11,7 @@ import (
 	"github.com/relay-dev/relay/edge/ledger"
 	"github.com/relay-dev/relay/edge/rpc"
 	"github.com/relay-dev/relay/edge/segstore"
+	"github.com/relay-dev/relay/edge/wire"
 )
 
 // backend implements rpc.Backend over the daemon's store and ledger.
@@ -248,15 +247,11 @@ func (b backend) IngestPath(ctx context.Context, path, id string) (rpc.Ingested,
 	} else if limit := b.d.store.Usage().MaxSegmentBytes; fi.Size() > limit {
 		return rpc.Ingested{}, fmt.Errorf("ingest %s: %w: %d > %d bytes", path, segstore.ErrTooLarge, fi.Size(), limit)
 	}
-	h := sha256.New()
-	size, err := io.Copy(h, f)
+	size, sum, err := wire.Digest(f)
 	if err != nil {
 		return rpc.Ingested{}, fmt.Errorf("read %s: %w", path, err)
 	}
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		return rpc.Ingested{}, err
-	}
-	return b.Ingest(ctx, id, size, hex.EncodeToString(h.Sum(nil)), f)
+	return b.Ingest(ctx, id, size, sum, f)
 }
 
 func (b backend) Healthy() error {
