@@ -26,6 +26,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/relay-dev/relay/edge/config"
 	"github.com/relay-dev/relay/edge/ledger"
@@ -107,7 +108,7 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 	dbPath := filepath.Join(cfg.Storage.Dir, DBFile)
 	_, statErr := os.Stat(dbPath)
 	d.db, err = bolt.Open(dbPath, 0o600, &bolt.Options{Timeout: 2 * time.Second})
-	if errors.Is(err, bolt.ErrTimeout) {
+	if errors.Is(err, bolterrors.ErrTimeout) {
 		return nil, fmt.Errorf("open %s: locked by another process (is another edged using this storage.dir?)", dbPath)
 	}
 	if err != nil {
