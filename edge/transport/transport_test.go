@@ -28,9 +28,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // rejects collects a listener's OnReject reports.
 type rejects struct {
-	mu   sync.Mutex
-	errs []error
-	ch   chan error
+	ch chan error
 }
 
 func newRejects() *rejects { return &rejects{ch: make(chan error, 16)} }
