@@ -94,7 +94,7 @@ func TestBackoffBounded(t *testing.T) {
 	}
 	// Without a jitter source the token decides, deterministically.
 	s = New(nil, "t", Options{})
-	if s.backoff("a", 3) != s.backoff("a", 3) {
+	if first, second := s.backoff("a", 3), s.backoff("a", 3); first != second {
 		t.Fatal("token jitter is not deterministic")
 	}
 }
