@@ -3,7 +3,6 @@
 package rietest
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
@@ -564,16 +563,3 @@ func withPath(t *testing.T, method, path, query, body string) []byte {
 }
 
 func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
-
-// logLines returns the function's JSON log records with the given msg.
-func (f *function) logLines(msg string) []map[string]any {
-	var out []map[string]any
-	sc := bufio.NewScanner(strings.NewReader(f.log.String()))
-	for sc.Scan() {
-		var rec map[string]any
-		if json.Unmarshal(sc.Bytes(), &rec) == nil && rec["msg"] == msg {
-			out = append(out, rec)
-		}
-	}
-	return out
-}
