@@ -18,7 +18,7 @@ require (
 	github.com/truora/minidyn v0.8.2
 	go.etcd.io/bbolt v1.5.0
 	go.uber.org/goleak v1.3.0
-	gopkg.in/yaml.v3 v3.0.1
+	go.yaml.in/yaml/v3 v3.0.6
 )
 
 require (
@@ -47,4 +47,5 @@ require (
 	github.com/spf13/pflag v1.0.10 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
+	gopkg.in/yaml.v3 v3.0.1 // indirect
 )
