@@ -324,7 +324,7 @@ func TestReviewEveryAcceptedPageFitsACheckpoint(t *testing.T) {
 	e.h.Source = e.srcF
 	noise := func(n, seed int) []byte {
 		v := make([]byte, n)
-		x := uint32(seed*2654435761 + 1)
+		x := uint32(seed)*2654435761 + 1 // the same bits as int math on 64-bit, and it compiles on 32-bit
 		for i := range v {
 			x ^= x << 13
 			x ^= x >> 17

@@ -46,8 +46,10 @@ const (
 	MaxTakedownHolderLen    = 64
 	MaxTakedownReasonLen    = 1024
 	// maxTakedownMS (year 10000) keeps request time plus delay from
-	// overflowing and the key's 19 digits fixed-width.
-	maxTakedownMS = 253402300800000
+	// overflowing and the key's 19 digits fixed-width. It is typed int64:
+	// as an untyped constant it would become an int in fmt calls, which
+	// does not compile on 32-bit platforms.
+	maxTakedownMS int64 = 253402300800000
 	// maxTakedownDelay keeps TimerDueMS from overflowing.
 	maxTakedownDelay = 100 * 365 * 24 * time.Hour
 )
