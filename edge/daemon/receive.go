@@ -59,7 +59,7 @@ func (d *Daemon) acceptLoop(ctx context.Context) {
 
 // discardLimit: a refused segment up to this size is read and dropped so
 // the connection stays usable; a larger one is refused and the connection
-// closed, rather than reading up to 4 GiB for nothing (DESIGN.md §6
+// closed, rather than reading up to 4 GiB for nothing (docs/wire.md
 // allows either).
 const discardLimit = 1 << 20
 
@@ -191,7 +191,7 @@ func (d *Daemon) nack(ctx context.Context, c *wire.Conn, log *slog.Logger, n wir
 	return true
 }
 
-// nackCode maps a store error to the NACK code of DESIGN.md §6.
+// nackCode maps a store error to the NACK code of docs/wire.md.
 func nackCode(err error) wire.NackCode {
 	switch {
 	case errors.Is(err, segstore.ErrQuota):

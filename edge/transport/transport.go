@@ -3,7 +3,7 @@
 // each way (package wire). What it hands out is a *wire.Conn whose peer is
 // known and allowed.
 //
-// Rules (DESIGN.md §6, docs/wire.md):
+// Rules (docs/wire.md):
 //   - TLS 1.3 only, both directions present certificates, both verify them
 //     against the configured CA pool (the current one: files reload without
 //     restart, see Reloader).

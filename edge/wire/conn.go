@@ -26,7 +26,7 @@ type Options struct {
 	IdleTimeout time.Duration
 }
 
-// Conn runs the exchange of DESIGN.md §6 over one connection (normally an
+// Conn runs the exchange of docs/wire.md over one connection (normally an
 // authenticated *tls.Conn from package transport).
 //
 // Every method takes a context: its deadline becomes the connection's

@@ -1,4 +1,4 @@
-// Package wire is the edge agent's framed protocol (DESIGN.md §6, docs/wire.md).
+// Package wire is the edge agent's framed protocol (docs/wire.md).
 //
 // Every frame is
 //

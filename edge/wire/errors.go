@@ -45,7 +45,7 @@ var (
 	ErrChecksum = errors.New("segment checksum mismatch")
 
 	// ErrAckMismatch: an ACK or NACK names a segment other than the one
-	// being sent. It counts as a failed attempt (DESIGN.md §6).
+	// being sent. It counts as a failed attempt (docs/wire.md).
 	ErrAckMismatch = errors.New("reply names another segment")
 
 	// ErrSource: reading the local segment source failed, or it ended

@@ -14,7 +14,7 @@ const Version = 1
 // Type is a frame's first byte.
 type Type uint8
 
-// Frame types. Payload layouts are the contract in DESIGN.md §6.
+// Frame types. Payload layouts are the contract in docs/wire.md.
 const (
 	// TypeHello: JSON {"version":1,"node_id":"<node id>"}. The first frame
 	// each way on a connection; node_id must equal the node id in the

@@ -101,7 +101,7 @@ func checkSHA256(s string) error {
 // NackCode says why a receiver refused a segment.
 type NackCode string
 
-// NACK codes (DESIGN.md §6).
+// NACK codes (docs/wire.md).
 const (
 	// NackQuota: storing the segment would exceed the receiver's quota
 	// (total bytes or segment count). Retrying later may succeed.
