@@ -7,11 +7,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -169,45 +171,181 @@ func assured(n *testNode, id string) bool {
 }
 
 // TestThreeNodesConverge: a segment ingested on a reaches b and c, is
-// relayed at a under all_peers, and neither b nor c sends it back to a.
+// relayed at a under all_peers, and neither b nor c sends it back to the
+// peer it received it from.
+//
+// Which peer that is, is a race the protocol allows: a sends to b and c at
+// once, and b (having stored it) relays to c, so c may store b's copy
+// before a's arrives (a's then finds it held and is re-acknowledged). So
+// the source is read from each node's index, not assumed to be a. The
+// "c from ..." cases force each order by holding one link to c shut until
+// c has the segment; "free" leaves it to the scheduler.
 func TestThreeNodesConverge(t *testing.T) {
-	dir := pkitest.New(t, "a", "b", "c")
-	nodes := startCluster(t, dir, []string{"a", "b", "c"}, nil)
-	content := bytes.Repeat([]byte("edge "), 1000)
-	put(t, nodes["a"], "seg-1", content)
-	waitUntil(t, "a relayed seg-1", func() bool { return assured(nodes["a"], "seg-1") })
+	for _, tc := range []struct {
+		name    string
+		held    string // whose link to c stays shut until c stores seg-1
+		cSource string // the source c must record ("" for either)
+	}{
+		{name: "free"},
+		{name: "c from a", held: "b", cSource: "a"},
+		{name: "c from b", held: "a", cSource: "b"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := pkitest.New(t, "a", "b", "c")
+			var g *gate
+			nodes := startCluster(t, dir, []string{"a", "b", "c"}, func(cfg *config.Config) {
+				if cfg.NodeID != tc.held {
+					return
+				}
+				for i, p := range cfg.KnownPeers {
+					if p.ID == "c" {
+						g = newGate(t, p.Address)
+						cfg.KnownPeers[i].Address = g.addr()
+					}
+				}
+			})
+			put(t, nodes["a"], "seg-1", bytes.Repeat([]byte("edge "), 1000))
+			if g != nil {
+				waitUntil(t, "c stores seg-1", func() bool { return stored(nodes["c"], "seg-1") })
+				g.open()
+			}
+			checkConverged(t, nodes, "seg-1", tc.cSource)
+		})
+	}
+}
+
+// checkConverged waits until a, b and c hold seg and each has relayed it,
+// then checks each one's required peers: the other two nodes minus the
+// one it received seg from.
+func checkConverged(t *testing.T, nodes map[string]*testNode, seg, cSource string) {
+	t.Helper()
+	ctx := context.Background()
+	waitUntil(t, "a relayed "+seg, func() bool { return assured(nodes["a"], seg) })
+	fromA := 0
 	for _, id := range []string{"b", "c"} {
 		n := nodes[id]
-		waitUntil(t, id+" stores seg-1", func() bool { return stored(n, "seg-1") })
-		// b and c owe the segment to each other only, never to a.
-		waitUntil(t, id+" relayed seg-1", func() bool { return assured(n, "seg-1") })
-		a, err := n.client.Assurance(context.Background(), "seg-1")
+		waitUntil(t, id+" stores "+seg, func() bool { return stored(n, seg) })
+		src := source(t, n, seg)
+		if src == "a" {
+			fromA++
+		}
+		if id == "c" && cSource != "" && src != cSource {
+			t.Errorf("c received %s from %s, want %s", seg, src, cSource)
+		}
+		want := slices.DeleteFunc([]string{"a", "b", "c"}, func(p string) bool { return p == id || p == src })
+		waitUntil(t, id+" relayed "+seg, func() bool { return assured(n, seg) })
+		a, err := n.client.Assurance(ctx, seg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if slices.Contains(a.RequiredPeers, "a") {
-			t.Errorf("%s: required peers %v include the source", id, a.RequiredPeers)
+		if !slices.Equal(a.RequiredPeers, want) {
+			t.Errorf("%s: required peers %v, want %v (source %s)", id, a.RequiredPeers, want, src)
 		}
 		for _, r := range a.Records {
-			if r.Peer == "a" {
-				t.Errorf("%s scheduled seg-1 back to its source: %+v", id, r)
+			if r.Peer == src {
+				t.Errorf("%s scheduled %s back to its source: %+v", id, seg, r)
 			}
 		}
 	}
-	st, err := nodes["a"].client.Status(context.Background())
+	// The first of b and c to store it can only have had it from a.
+	if fromA == 0 {
+		t.Errorf("neither b nor c records a as the source of %s", seg)
+	}
+	st, err := nodes["a"].client.Status(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if st.Ledger["acked"] != 2 || st.Segments != 1 || st.Relayed != 1 {
 		t.Errorf("a status %+v", st)
 	}
-	m, err := nodes["a"].client.Metrics(context.Background())
+	m, err := nodes["a"].client.Metrics(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{`edged_ledger_records{state="acked"} 2`, `edged_relay_attempts_total{outcome="acked",peer="b"} 1`, "edged_relay_success_total 1"} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %q", want)
+		}
+	}
+}
+
+// source is the peer a node recorded as the source of a stored segment.
+func source(t *testing.T, n *testNode, seg string) string {
+	t.Helper()
+	idx, err := n.client.Index(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range idx.Segments {
+		if s.ID == seg {
+			return s.Source
+		}
+	}
+	t.Fatalf("%s does not store %s", n.id, seg)
+	return ""
+}
+
+// gate stands between a node and a peer's relay address. Until open it
+// closes every connection at once (the dial fails, as if the peer were
+// down); after, it forwards bytes both ways. It orders deliveries in
+// tests without reaching into the daemon.
+type gate struct {
+	ln     net.Listener
+	target string
+	opened chan struct{}
+	mu     sync.Mutex
+	conns  []net.Conn
+	wg     sync.WaitGroup
+}
+
+func newGate(t *testing.T, target string) *gate {
+	g := &gate{ln: listen(t), target: target, opened: make(chan struct{})}
+	g.wg.Add(1)
+	go g.loop()
+	t.Cleanup(func() {
+		g.ln.Close()
+		g.mu.Lock()
+		for _, c := range g.conns {
+			c.Close()
+		}
+		g.mu.Unlock()
+		g.wg.Wait()
+	})
+	return g
+}
+
+func (g *gate) addr() string { return g.ln.Addr().String() }
+func (g *gate) open()        { close(g.opened) }
+
+func (g *gate) loop() {
+	defer g.wg.Done()
+	for {
+		c, err := g.ln.Accept()
+		if err != nil {
+			return
+		}
+		select {
+		case <-g.opened:
+		default:
+			c.Close()
+			continue
+		}
+		up, err := net.Dial("tcp", g.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		g.mu.Lock()
+		g.conns = append(g.conns, c, up)
+		g.mu.Unlock()
+		for _, pair := range [][2]net.Conn{{c, up}, {up, c}} {
+			g.wg.Add(1)
+			go func() {
+				defer g.wg.Done()
+				io.Copy(pair[0], pair[1])
+				pair[0].Close()
+				pair[1].Close()
+			}()
 		}
 	}
 }
