@@ -258,15 +258,14 @@ func checkConverged(t *testing.T, nodes map[string]*testNode, seg, cSource strin
 	if st.Ledger["acked"] != 2 || st.Segments != 1 || st.Relayed != 1 {
 		t.Errorf("a status %+v", st)
 	}
-	m, err := nodes["a"].client.Metrics(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []string{`edged_ledger_records{state="acked"} 2`, `edged_relay_attempts_total{outcome="acked",peer="b"} 1`, "edged_relay_success_total 1"} {
-		if !strings.Contains(m, want) {
-			t.Errorf("metrics lack %q", want)
-		}
-	}
+	// Counters are bumped by the relay's observer after the ledger and the
+	// index commit, so a reader can see "relayed" a moment before them
+	// (a stress run on a loaded machine did): wait for them.
+	wantMetrics := []string{`edged_ledger_records{state="acked"} 2`, `edged_relay_attempts_total{outcome="acked",peer="b"} 1`, "edged_relay_success_total 1"}
+	waitUntil(t, fmt.Sprintf("a's metrics show %q", wantMetrics), func() bool {
+		m, err := nodes["a"].client.Metrics(ctx)
+		return err == nil && !slices.ContainsFunc(wantMetrics, func(w string) bool { return !strings.Contains(m, w) })
+	})
 }
 
 // source is the peer a node recorded as the source of a stored segment.
