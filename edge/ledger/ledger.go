@@ -212,13 +212,16 @@ func (l *Ledger) TryTransitionInflight(segmentID, peerID string, now time.Time) 
 var errNotClaimable = errors.New("not claimable now")
 
 // TransitionAcked records the peer's ACK: Inflight → Acked (terminal).
+// LastError is cleared: it described an earlier failed attempt, and an
+// acked record still carrying it reads as failed (Attempts keeps the
+// history of how many tries it took).
 func (l *Ledger) TransitionAcked(segmentID, peerID string, now time.Time) (Record, error) {
 	const op = "TransitionAcked"
 	return l.transition(op, segmentID, peerID, func(r Record) (Record, error) {
 		if r.State != StateInflight {
 			return r, &TransitionError{Op: op, SegmentID: segmentID, PeerID: peerID, From: r.State}
 		}
-		r.State, r.UpdatedAt = StateAcked, now
+		r.State, r.LastError, r.UpdatedAt = StateAcked, "", now
 		return r, nil
 	})
 }

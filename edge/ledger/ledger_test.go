@@ -359,3 +359,25 @@ func TestParseState(t *testing.T) {
 		t.Error("ParseState(done) accepted")
 	}
 }
+
+// TestAckClearsLastError: an attempt that fails and a retry that is acked
+// leave an Acked record without the earlier error (it read as failed), and
+// with both attempts counted.
+func TestAckClearsLastError(t *testing.T) {
+	f := newLedger(t, nil)
+	l, now := f.l, t0
+	must[[]string](t)(l.EnsureScheduled("s", []string{"p"}, now))
+	if _, ok, err := l.TryTransitionInflight("s", "p", now); !ok || err != nil {
+		t.Fatalf("claim: %v %v", ok, err)
+	}
+	r := must[Record](t)(l.TransitionFailed("s", "p", errors.New("connection refused"), now, testPolicy))
+	now = r.NextAttemptAfter
+	if _, ok, err := l.TryTransitionInflight("s", "p", now); !ok || err != nil {
+		t.Fatalf("second claim: %v %v", ok, err)
+	}
+	must[Record](t)(l.TransitionAcked("s", "p", now))
+	r = must[Record](t)(l.Get("s", "p"))
+	if r.State != StateAcked || r.LastError != "" || r.Attempts != 2 {
+		t.Fatalf("acked record %+v: want no last error and 2 attempts", r)
+	}
+}

@@ -124,7 +124,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 			_, err = l.TransitionAcked(seg, peer, now)
 			wantErr = !has || r.State != StateInflight
 			if !wantErr {
-				r.State, r.UpdatedAt = StateAcked, now
+				r.State, r.LastError, r.UpdatedAt = StateAcked, "", now
 				m.recs[k] = r
 			}
 		case 5:

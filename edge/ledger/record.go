@@ -72,7 +72,8 @@ type Record struct {
 	// NextAttemptAfter orders pending records; a Failed record is not
 	// retried before it. Zero for Inflight, Acked and Deadletter records.
 	NextAttemptAfter time.Time
-	// LastError is the most recent failure, truncated to MaxErrorLen bytes.
+	// LastError is the most recent failure, truncated to MaxErrorLen bytes;
+	// empty once the record is Acked.
 	LastError string
 	// UpdatedAt is the now of the last change.
 	UpdatedAt time.Time

@@ -105,3 +105,62 @@ func mustClaim(t *testing.T, l *ledger.Ledger, seg, peer string, at time.Time) {
 		t.Fatalf("claim %s/%s: %v %v", seg, peer, ok, err)
 	}
 }
+
+// TestReconcileAfterPeerAdded: a segment relayed under all_peers to b
+// alone is no longer relayed once c joins known_peers. Reconcile schedules
+// c and clears the marker (relayed true beside met false contradicted each
+// other, and status counted it); c's ACK marks it relayed again. Under
+// one_peer b's ACK still meets the condition and the marker stays.
+func TestReconcileAfterPeerAdded(t *testing.T) {
+	for _, tc := range []struct {
+		cond          ledger.Condition
+		wantRelayed   bool
+		wantUnrelayed int
+	}{
+		{ledger.AllPeers, false, 1},
+		{ledger.OnePeer, true, 0},
+	} {
+		t.Run(string(tc.cond), func(t *testing.T) {
+			f := newFixture(t, ack, ack)
+			now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+			led := f.a.led
+			f.a.put(t, "s", []byte("x"))
+			mustSchedule(t, led, "s", now, "b")
+			mustClaim(t, led, "s", "b", now)
+			if _, err := led.TransitionAcked("s", "b", now); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := f.a.store.MarkRelayed("s"); err != nil {
+				t.Fatal(err)
+			}
+			ex := f.executor(t, func(c *Config) { c.Condition = tc.cond }) // peers b and c
+			rep, err := ex.Reconcile()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Scheduled != 1 || rep.Unrelayed != tc.wantUnrelayed {
+				t.Fatalf("report %+v", rep)
+			}
+			e, err := f.a.store.Stat("s")
+			if err != nil || e.Relayed != tc.wantRelayed {
+				t.Fatalf("after reconcile: relayed %v (err %v), want %v", e.Relayed, err, tc.wantRelayed)
+			}
+			a, err := led.Assurance("s", ex.RequiredPeers(e), tc.cond)
+			if err != nil || a.Met != e.Relayed {
+				t.Fatalf("met %v, relayed %v (err %v)", a.Met, e.Relayed, err)
+			}
+			run(t, ex)
+			f.a.waitRecord(t, "s", "c", inState(ledger.StateAcked))
+			deadline := time.Now().Add(waitFor)
+			for {
+				if e, err := f.a.store.Stat("s"); err == nil && e.Relayed {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("not relayed again after c acked")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+	}
+}

@@ -335,6 +335,36 @@ func (s *Store) MarkRelayed(id string) (e Entry, marked bool, err error) {
 	return e, marked, nil
 }
 
+// ClearRelayed removes the entry's relayed marker: the success condition
+// no longer holds because the segment's required peers grew (a peer was
+// added to known_peers). The marker says the condition is met, so one
+// left standing would contradict the ledger. Idempotent; ErrNotFound if
+// the segment is not stored; cleared is true only if a marker was removed.
+func (s *Store) ClearRelayed(id string) (cleared bool, err error) {
+	err = s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(indexBucket)
+		v := b.Get([]byte(id))
+		if v == nil {
+			return ErrNotFound
+		}
+		e, err := decodeEntry(id, v)
+		if err != nil || !e.Relayed {
+			return err
+		}
+		e.Relayed, e.RelayedAt = false, time.Time{}
+		nv, err := e.encode()
+		if err != nil {
+			return err
+		}
+		cleared = true
+		return b.Put([]byte(id), nv)
+	})
+	if err != nil {
+		return false, fmt.Errorf("clear relayed %s: %w", id, err)
+	}
+	return cleared, nil
+}
+
 // Usage returns the current quota state.
 func (s *Store) Usage() Usage {
 	s.mu.Lock()
