@@ -222,28 +222,39 @@ func deadletterCmd(g *globals) *cobra.Command {
 			return call(g, cmd, (*rpc.Client).Deadletter, printRecords)
 		},
 	})
-	op := func(use, short string, f func(*rpc.Client, context.Context, rpc.Selector) (rpc.Count, error)) *cobra.Command {
+	op := func(use, verb, short string, f func(*rpc.Client, context.Context, rpc.Selector) (rpc.Deadlettered, error)) *cobra.Command {
 		var sel rpc.Selector
-		var all bool
 		c := &cobra.Command{
 			Use: use, Short: short, Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
-				if sel.Segment == "" && sel.Peer == "" && !all {
+				switch {
+				case sel.All && (sel.Segment != "" || sel.Peer != ""):
+					return errors.New("--all selects every deadlettered record; give it without --segment and --peer")
+				case !sel.All && sel.Segment == "" && sel.Peer == "":
 					return errors.New("name --segment and/or --peer, or --all for every deadlettered record")
 				}
-				return call(g, cmd, func(c *rpc.Client, ctx context.Context) (rpc.Count, error) {
+				return call(g, cmd, func(c *rpc.Client, ctx context.Context) (rpc.Deadlettered, error) {
 					return f(c, ctx, sel)
-				}, func(w io.Writer, n rpc.Count) { fmt.Fprintf(w, "%d record(s)\n", n.Count) })
+				}, func(w io.Writer, d rpc.Deadlettered) {
+					if d.Count == 0 {
+						fmt.Fprintf(w, "%s 0 record(s): none of the selected records is deadlettered\n", verb)
+						return
+					}
+					fmt.Fprintf(w, "%s %d record(s):\n", verb, d.Count)
+					for _, r := range d.Records {
+						fmt.Fprintf(w, "  %s\t%s\tattempts %d\t%s\n", r.Segment, r.Peer, r.Attempts, oneLine(r.LastError))
+					}
+				})
 			},
 		}
 		c.Flags().StringVar(&sel.Segment, "segment", "", "only this segment")
-		c.Flags().StringVar(&sel.Peer, "peer", "", "only this peer")
-		c.Flags().BoolVar(&all, "all", false, "every deadlettered record")
+		c.Flags().StringVar(&sel.Peer, "peer", "", "only this peer (a peer without ledger records is an error)")
+		c.Flags().BoolVar(&sel.All, "all", false, "every deadlettered record")
 		return c
 	}
 	cmd.AddCommand(
-		op("retry", "Schedule deadlettered records again with a fresh retry budget", (*rpc.Client).RetryDeadletter),
-		op("purge", "Delete deadlettered records (give up on them)", (*rpc.Client).PurgeDeadletter),
+		op("retry", "retried", "Schedule deadlettered records again with a fresh retry budget", (*rpc.Client).RetryDeadletter),
+		op("purge", "purged", "Delete deadlettered records (give up on them)", (*rpc.Client).PurgeDeadletter),
 	)
 	return cmd
 }

@@ -189,26 +189,96 @@ func (b backend) Assurance(_ context.Context, seg string) (rpc.Assurance, error)
 	return out, nil
 }
 
-func (b backend) RetryDeadletter(_ context.Context, sel rpc.Selector) (rpc.Count, error) {
-	n, err := b.d.led.RetryDeadletter(sel.Segment, sel.Peer, b.d.opt.Now())
-	if err != nil {
-		return rpc.Count{}, err
+func (b backend) RetryDeadletter(_ context.Context, sel rpc.Selector) (rpc.Deadlettered, error) {
+	if err := b.checkSelector(sel); err != nil {
+		return rpc.Deadlettered{}, err
 	}
-	b.d.log.Info("deadletter retried by operator", "segment", sel.Segment, "peer", sel.Peer, "records", n)
-	// The operator retries because the peer is back: its retried records
-	// must not wait for the dial circuit's back-off.
-	b.d.ex.ResetCircuits(sel.Peer)
+	recs, err := b.d.led.RetryDeadletter(sel.Segment, sel.Peer, b.d.opt.Now())
+	if err != nil {
+		return rpc.Deadlettered{}, err
+	}
+	out := deadlettered(recs)
+	b.d.log.Info("deadletter retried by operator", "segment", sel.Segment, "peer", sel.Peer, "all", sel.All,
+		"records", len(recs), "retried", pairs(recs))
+	// The operator retries because the peers are back: their retried
+	// records must not wait for the dial circuit's back-off. A named peer's
+	// circuit closes even if none of its records was deadlettered (its
+	// deferred ones come due at their time, then are dialled).
+	peers := map[string]bool{}
+	if sel.Peer != "" {
+		peers[sel.Peer] = true
+		b.d.ex.ResetCircuits(sel.Peer)
+	}
+	for _, r := range recs {
+		if !peers[r.PeerID] {
+			peers[r.PeerID] = true
+			b.d.ex.ResetCircuits(r.PeerID)
+		}
+	}
 	b.d.ex.Kick()
-	return rpc.Count{Count: n}, nil
+	return out, nil
 }
 
-func (b backend) PurgeDeadletter(_ context.Context, sel rpc.Selector) (rpc.Count, error) {
-	n, err := b.d.led.Purge(sel.Segment, sel.Peer)
-	if err != nil {
-		return rpc.Count{}, err
+func (b backend) PurgeDeadletter(_ context.Context, sel rpc.Selector) (rpc.Deadlettered, error) {
+	if err := b.checkSelector(sel); err != nil {
+		return rpc.Deadlettered{}, err
 	}
-	b.d.log.Info("deadletter purged by operator", "segment", sel.Segment, "peer", sel.Peer, "records", n)
-	return rpc.Count{Count: n}, nil
+	recs, err := b.d.led.Purge(sel.Segment, sel.Peer)
+	if err != nil {
+		return rpc.Deadlettered{}, err
+	}
+	b.d.log.Info("deadletter purged by operator", "segment", sel.Segment, "peer", sel.Peer, "all", sel.All,
+		"records", len(recs), "purged", pairs(recs))
+	return deadlettered(recs), nil
+}
+
+// checkSelector refuses a selector that names nothing (rpc.Selector.Check:
+// the server checks too, this guards other callers) and one that names a
+// peer or segment this node has no ledger record of, which is a typo more
+// often than not; answering "0 records" would hide it. A peer removed from
+// known_peers still has records, so its deadletters can be purged.
+func (b backend) checkSelector(sel rpc.Selector) error {
+	if err := sel.Check(); err != nil {
+		return err
+	}
+	if sel.Peer != "" {
+		if _, known := b.d.cfg.Peer(sel.Peer); !known {
+			has, err := b.d.led.HasPeer(sel.Peer)
+			if err != nil {
+				return err
+			}
+			if !has {
+				return fmt.Errorf("%w: peer %q is not in known_peers and has no ledger records", ledger.ErrNotFound, sel.Peer)
+			}
+		}
+	}
+	if sel.Segment != "" {
+		recs, err := b.d.led.ListBySegment(sel.Segment)
+		if err != nil {
+			return err
+		}
+		if len(recs) == 0 {
+			return fmt.Errorf("%w: segment %q has no ledger records", ledger.ErrNotFound, sel.Segment)
+		}
+	}
+	return nil
+}
+
+func deadlettered(recs []ledger.Record) rpc.Deadlettered {
+	out := rpc.Deadlettered{Count: len(recs), Records: []rpc.Record{}}
+	for _, r := range recs {
+		out.Records = append(out.Records, record(r))
+	}
+	return out
+}
+
+// pairs names records as segment/peer for a log line.
+func pairs(recs []ledger.Record) []string {
+	out := make([]string, len(recs))
+	for i, r := range recs {
+		out[i] = r.SegmentID + "/" + r.PeerID
+	}
+	return out
 }
 
 func (b backend) Ingest(_ context.Context, id string, size int64, sum string, body io.Reader) (rpc.Ingested, error) {

@@ -94,10 +94,13 @@ func TestDeadletterRetry(t *testing.T) {
 	if out, code := edgectlCode(t, a.rpc, "deadletter", "retry"); code == 0 {
 		t.Fatalf("retry without a selector was accepted: %s", out)
 	}
+	if out, code := edgectlCode(t, a.rpc, "deadletter", "retry", "--peer", "nobody"); code != 1 || !strings.Contains(out, "not in known_peers") {
+		t.Fatalf("retry of an unknown peer: exit %d, %q; want exit 1 naming known_peers", code, out)
+	}
 	b.start()
 	out := edgectl(t, a.rpc, "deadletter", "retry", "--peer", "b")
-	if !strings.Contains(out, "1 record(s)") {
-		t.Fatalf("retry output %q", out)
+	if !regexp.MustCompile(`retried 1 record\(s\):\n  dl +b +attempts 2 +\S`).MatchString(out) {
+		t.Fatalf("retry output %q; want the record dl/b with its attempts and last error", out)
 	}
 	eventually(t, "acked after retry", a.inState("dl", "b", "acked"))
 	r, _ := a.record("dl", "b")

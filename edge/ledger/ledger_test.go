@@ -72,8 +72,8 @@ func TestRetryBudget(t *testing.T) {
 				t.Fatalf("after %d failures: %v, want deadletter", i, r.State)
 			}
 		}
-		if n, err := l.RetryDeadletter("s", "p", now); err != nil || n != 1 {
-			t.Fatalf("retry: %d %v", n, err)
+		if rs, err := l.RetryDeadletter("s", "p", now); err != nil || len(rs) != 1 {
+			t.Fatalf("retry: %v %v", rs, err)
 		}
 		r := must[Record](t)(l.Get("s", "p"))
 		if r.State != StateScheduled || r.Attempts != attempts || r.BudgetBase != attempts || !r.NextAttemptAfter.Equal(now) {
@@ -238,21 +238,26 @@ func TestWildcardRetryAndPurge(t *testing.T) {
 	}
 	must[[]string](t)(l.EnsureScheduled("s3", []string{"pa"}, t0))
 
-	if n := must[int](t)(l.RetryDeadletter("", "pa", t0)); n != 2 {
-		t.Fatalf("retry peer pa moved %d, want 2", n)
+	if rs := must[[]Record](t)(l.RetryDeadletter("", "pa", t0)); keys(rs) != "s1/pa s2/pa " || rs[0].State != StateDeadletter || rs[0].LastError != "down" {
+		t.Fatalf("retry peer pa returned %+v, want s1/pa and s2/pa as they were (deadletter, down)", rs)
 	}
 	dl := must[[]Record](t)(l.ListByState(StateDeadletter))
 	if keys(dl) != "s1/pb " {
 		t.Fatalf("deadletter after retry: %s", keys(dl))
 	}
-	if n := must[int](t)(l.Purge("s1", "")); n != 1 {
-		t.Fatalf("purge s1 removed %d", n)
+	if rs := must[[]Record](t)(l.Purge("s1", "")); keys(rs) != "s1/pb " {
+		t.Fatalf("purge s1 removed %s", keys(rs))
 	}
 	if _, err := l.Get("s1", "pb"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("purged record still there: %v", err)
 	}
-	if n := must[int](t)(l.Purge("", "")); n != 0 {
-		t.Fatalf("purge all removed %d, want 0 (none deadlettered)", n)
+	if rs := must[[]Record](t)(l.Purge("", "")); len(rs) != 0 {
+		t.Fatalf("purge all removed %s, want none (none deadlettered)", keys(rs))
+	}
+	for peer, want := range map[string]bool{"pa": true, "pb": true, "pz": false} {
+		if got := must[bool](t)(l.HasPeer(peer)); got != want {
+			t.Errorf("HasPeer(%s) = %v, want %v", peer, got, want)
+		}
 	}
 	counts := must[map[State]int](t)(l.Counts())
 	if counts[StateScheduled] != 3 || counts[StateAcked] != 1 || len(counts) != 2 {

@@ -183,8 +183,8 @@ func TestDeadletterAtMaxRetries(t *testing.T) {
 	}
 	// Operator retry: a fresh budget, and this time the peer accepts.
 	f.b.setScript(ack)
-	if n, err := f.a.led.RetryDeadletter("seg-1", "b", time.Now()); err != nil || n != 1 {
-		t.Fatalf("retry: %d, %v", n, err)
+	if rs, err := f.a.led.RetryDeadletter("seg-1", "b", time.Now()); err != nil || len(rs) != 1 {
+		t.Fatalf("retry: %v, %v", rs, err)
 	}
 	ex.Kick()
 	r = f.a.waitRecord(t, "seg-1", "b", inState(ledger.StateAcked))

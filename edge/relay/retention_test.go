@@ -70,8 +70,8 @@ func TestRetentionAndPurgeAcrossRestarts(t *testing.T) {
 	if got := peersOf(t, f.a.led, "s"); len(got) != 2 {
 		t.Fatalf("records %v; the deadletter must keep the segment's records", got)
 	}
-	if n, err := f.a.led.Purge("s", "c"); err != nil || n != 1 {
-		t.Fatalf("purge: %d, %v", n, err)
+	if rs, err := f.a.led.Purge("s", "c"); err != nil || len(rs) != 1 {
+		t.Fatalf("purge: %v, %v", rs, err)
 	}
 	// The acked record is older than the window: this restart removes it.
 	// Nothing is owed to c: the segment is no longer stored.
@@ -101,8 +101,8 @@ func TestRetentionAndPurgeAcrossRestarts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n, err := f.a.led.Purge("kept", "c"); err != nil || n != 1 {
-		t.Fatalf("purge: %d, %v", n, err)
+	if rs, err := f.a.led.Purge("kept", "c"); err != nil || len(rs) != 1 {
+		t.Fatalf("purge: %v, %v", rs, err)
 	}
 	advance(2 * retention)
 	// evict_on_relay is off here so that "kept" stays stored.

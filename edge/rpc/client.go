@@ -140,13 +140,13 @@ func (c *Client) Assurance(ctx context.Context, segment string) (Assurance, erro
 }
 
 // RetryDeadletter is POST /v1/deadletter/retry.
-func (c *Client) RetryDeadletter(ctx context.Context, sel Selector) (Count, error) {
-	return postJSON[Count](ctx, c, "/v1/deadletter/retry", sel)
+func (c *Client) RetryDeadletter(ctx context.Context, sel Selector) (Deadlettered, error) {
+	return postJSON[Deadlettered](ctx, c, "/v1/deadletter/retry", sel)
 }
 
 // PurgeDeadletter is POST /v1/deadletter/purge.
-func (c *Client) PurgeDeadletter(ctx context.Context, sel Selector) (Count, error) {
-	return postJSON[Count](ctx, c, "/v1/deadletter/purge", sel)
+func (c *Client) PurgeDeadletter(ctx context.Context, sel Selector) (Deadlettered, error) {
+	return postJSON[Deadlettered](ctx, c, "/v1/deadletter/purge", sel)
 }
 
 // PutSegment uploads size bytes from body as segment id; sha256hex is the

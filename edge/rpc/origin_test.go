@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -18,11 +19,11 @@ type purgeBackend struct {
 	purges int
 }
 
-func (b *purgeBackend) PurgeDeadletter(context.Context, Selector) (Count, error) {
+func (b *purgeBackend) PurgeDeadletter(context.Context, Selector) (Deadlettered, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.purges++
-	return Count{Count: 7}, nil
+	return Deadlettered{Count: 7}, nil
 }
 
 func (b *purgeBackend) Status(context.Context) (Status, error) { return Status{NodeID: "n"}, nil }
@@ -64,7 +65,7 @@ func TestBrowserRequestsRefused(t *testing.T) {
 	hc := &http.Client{}
 	do := func(method, url, host string, hdr map[string]string) int {
 		t.Helper()
-		req, err := http.NewRequest(method, url, strings.NewReader("{}"))
+		req, err := http.NewRequest(method, url, strings.NewReader(`{"all":true}`))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -104,7 +105,7 @@ func TestBrowserRequestsRefused(t *testing.T) {
 	ctx := context.Background()
 	for _, spec := range []string{ln.Addr().String(), "localhost:" + strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)} {
 		c := NewClient(spec)
-		if _, err := c.PurgeDeadletter(ctx, Selector{}); err != nil {
+		if _, err := c.PurgeDeadletter(ctx, Selector{All: true}); err != nil {
 			t.Errorf("edgectl's client via %s refused: %v", spec, err)
 		}
 		c.Close()
@@ -118,5 +119,31 @@ func TestBrowserRequestsRefused(t *testing.T) {
 	}
 	if n := b.count(); n != 2 {
 		t.Fatalf("%d purges, want 2", n)
+	}
+}
+
+// TestDeadletterSelectorRequired: an empty selector used to purge or
+// retry everything; now "all" must be said, and not beside an id. The
+// backend is not reached for a refused selector.
+func TestDeadletterSelectorRequired(t *testing.T) {
+	b := &purgeBackend{}
+	ln := serve(t, "127.0.0.1:0", b)
+	c := NewClient(ln.Addr().String())
+	defer c.Close()
+	ctx := context.Background()
+	for _, sel := range []Selector{{}, {All: true, Peer: "b"}, {All: true, Segment: "s"}} {
+		_, err := c.PurgeDeadletter(ctx, sel)
+		var re *Error
+		if !errors.As(err, &re) || re.Status != http.StatusBadRequest || !strings.Contains(re.Message, "all") {
+			t.Errorf("purge %+v: %v, want 400 naming \"all\"", sel, err)
+		}
+	}
+	if n := b.count(); n != 0 {
+		t.Fatalf("%d purges ran for refused selectors", n)
+	}
+	for _, sel := range []Selector{{All: true}, {Peer: "b"}, {Segment: "s"}, {Segment: "s", Peer: "b"}} {
+		if _, err := c.PurgeDeadletter(ctx, sel); err != nil {
+			t.Errorf("purge %+v: %v", sel, err)
+		}
 	}
 }

@@ -32,8 +32,10 @@ type Backend interface {
 	// "all" = every state).
 	Records(ctx context.Context, state string) (Records, error)
 	Assurance(ctx context.Context, segment string) (Assurance, error)
-	RetryDeadletter(ctx context.Context, sel Selector) (Count, error)
-	PurgeDeadletter(ctx context.Context, sel Selector) (Count, error)
+	// RetryDeadletter and PurgeDeadletter get a selector that passed
+	// Selector.Check.
+	RetryDeadletter(ctx context.Context, sel Selector) (Deadlettered, error)
+	PurgeDeadletter(ctx context.Context, sel Selector) (Deadlettered, error)
 	// Ingest stores size bytes from body, which must hash to sha256hex.
 	Ingest(ctx context.Context, id string, size int64, sha256hex string, body io.Reader) (Ingested, error)
 	// IngestPath stores the file at path (read by the daemon).
@@ -201,6 +203,10 @@ func post[T any](s *Server, f func(context.Context, Selector) (T, error)) http.H
 	return func(w http.ResponseWriter, r *http.Request) {
 		var sel Selector
 		if err := decodeJSON(s.paced(w, r, maxJSONBody), &sel); err != nil {
+			s.reply(w, r, nil, err)
+			return
+		}
+		if err := sel.Check(); err != nil {
 			s.reply(w, r, nil, err)
 			return
 		}

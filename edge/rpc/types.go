@@ -16,7 +16,8 @@
 //	GET  /v1/retry[?state=S]       ledger records (default: all but acked)
 //	GET  /v1/assurance?segment=ID  per-peer delivery and the success condition
 //	GET  /v1/deadletter            deadlettered records
-//	POST /v1/deadletter/retry      {"segment":"","peer":""} ("" = any)
+//	POST /v1/deadletter/retry      {"segment":"S","peer":"P"} (either or both), or {"all":true};
+//	                               {} is refused (400); a peer or segment without ledger records is 404
 //	POST /v1/deadletter/purge      same body
 //	POST /v1/segments?id=ID&sha256=HEX   body = segment bytes (Content-Length required)
 //	POST /v1/segments              {"path":"/file","id":"ID"}: the daemon reads the file,
@@ -32,7 +33,10 @@
 // is the typed client edgectl uses.
 package rpc
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // Status is GET /v1/status.
 type Status struct {
@@ -134,15 +138,34 @@ type Assurance struct {
 	Records       []Record `json:"records"`
 }
 
-// Selector picks deadlettered records: an empty field matches any.
+// Selector picks deadlettered records for a retry or a purge: those of
+// Segment, of Peer, or of both (one record); or, with All and neither
+// id, every deadlettered record. A selector naming nothing is refused
+// (400) rather than taken as "all": a client that forgot its filter must
+// not retry or purge everything.
 type Selector struct {
-	Segment string `json:"segment"`
-	Peer    string `json:"peer"`
+	Segment string `json:"segment,omitempty"`
+	Peer    string `json:"peer,omitempty"`
+	All     bool   `json:"all,omitempty"`
 }
 
-// Count is the reply of the deadletter operations.
-type Count struct {
-	Count int `json:"count"`
+// Check reports a selector that names nothing, or names ids beside All.
+func (s Selector) Check() error {
+	switch {
+	case s.All && (s.Segment != "" || s.Peer != ""):
+		return fmt.Errorf(`%w: "all" selects every deadlettered record; give it without "segment" or "peer"`, ErrBadRequest)
+	case !s.All && s.Segment == "" && s.Peer == "":
+		return fmt.Errorf(`%w: name "segment" and/or "peer", or "all": true for every deadlettered record`, ErrBadRequest)
+	}
+	return nil
+}
+
+// Deadlettered is the reply of the deadletter retry and purge: the
+// records acted on, as they were before (state deadletter, with the error
+// that deadlettered them), ordered by (segment, peer).
+type Deadlettered struct {
+	Count   int      `json:"count"`
+	Records []Record `json:"records"`
 }
 
 // IngestFile is the JSON body of POST /v1/segments.
