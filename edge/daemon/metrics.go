@@ -14,27 +14,31 @@ import (
 // /metrics. Gauges of stored state are read at scrape time, so they can
 // never drift from the store and the ledger.
 type metrics struct {
-	reg          *prometheus.Registry
-	inbound      *prometheus.CounterVec
-	nacks        *prometheus.CounterVec
-	rejected     prometheus.Counter
-	reloadErrors prometheus.Counter
-	attempts     *prometheus.CounterVec
-	sentBytes    *prometheus.CounterVec
-	attemptSecs  prometheus.Histogram
-	relayed      prometheus.Counter
-	evicted      prometheus.Counter
-	deferred     *prometheus.CounterVec
-	dials        *prometheus.CounterVec
-	removed      prometheus.Counter
+	reg            *prometheus.Registry
+	inbound        *prometheus.CounterVec
+	nacks          *prometheus.CounterVec
+	protocolErrors *prometheus.CounterVec
+	rejected       prometheus.Counter
+	reloadErrors   prometheus.Counter
+	attempts       *prometheus.CounterVec
+	sentBytes      *prometheus.CounterVec
+	attemptSecs    prometheus.Histogram
+	relayed        prometheus.Counter
+	evicted        prometheus.Counter
+	deferred       *prometheus.CounterVec
+	dials          *prometheus.CounterVec
+	removed        prometheus.Counter
 }
 
 func newMetrics(d *Daemon) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		inbound: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "edged_inbound_segments_total", Help: "Offers received, by result (stored, duplicate, refused).",
+			Name: "edged_inbound_segments_total", Help: "Offers received, by result (stored, duplicate, refused, aborted: the sender went away mid-segment).",
 		}, []string{"result"}),
+		protocolErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edged_inbound_protocol_errors_total", Help: "Protocol violations by authenticated peers, by reason (unknown_type, too_large, unexpected_frame, size_mismatch, bad_message, version); each closes the connection.",
+		}, []string{"reason"}),
 		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "edged_nacks_sent_total", Help: "NACKs sent, by code.",
 		}, []string{"code"}),
@@ -70,7 +74,7 @@ func newMetrics(d *Daemon) *metrics {
 			Name: "edged_ledger_records_removed_total", Help: "Ledger records removed by relay.ledger_retention (all acked, segment no longer stored).",
 		}),
 	}
-	m.reg.MustRegister(m.inbound, m.nacks, m.rejected, m.reloadErrors, m.attempts, m.sentBytes, m.attemptSecs,
+	m.reg.MustRegister(m.inbound, m.nacks, m.protocolErrors, m.rejected, m.reloadErrors, m.attempts, m.sentBytes, m.attemptSecs,
 		m.relayed, m.evicted, m.deferred, m.dials, m.removed,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		storeCollector{d})

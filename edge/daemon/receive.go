@@ -77,16 +77,23 @@ func (d *Daemon) handleRelayConn(ctx context.Context, c *wire.Conn, peer string)
 	log := d.log.With("peer", peer, "remote", addrString(c.RemoteAddr()))
 	for {
 		o, err := c.RecvOffer(ctx)
-		switch {
-		case err == nil:
-		case errors.Is(err, io.EOF), ctx.Err() != nil:
-			return
-		case errors.Is(err, wire.ErrBadMessage):
-			// The SEGMENT that follows cannot be delimited safely.
-			d.nack(ctx, c, log, wire.Nack{Code: wire.NackBadRequest, Message: err.Error()})
-			return
-		default:
-			log.Debug("relay connection ended", "err", err)
+		if err != nil {
+			reason, violation := wire.ProtocolViolation(err)
+			switch {
+			case errors.Is(err, io.EOF), ctx.Err() != nil:
+				// Closed between exchanges, or this daemon is stopping.
+			case violation:
+				d.protocolError(log, reason, err)
+				if errors.Is(err, wire.ErrBadMessage) {
+					// The frame was whole, so the peer can be told; the
+					// SEGMENT that follows cannot be delimited safely.
+					d.nack(ctx, c, log, wire.Nack{Code: wire.NackBadRequest, Message: err.Error()})
+				}
+			case wire.PeerAborted(err):
+				log.Info("peer closed the connection inside a frame", "err", err)
+			default:
+				log.Debug("relay connection ended", "err", err)
+			}
 			return
 		}
 		if !d.receive(ctx, c, log.With("segment", o.SegmentID, "bytes", o.Size), peer, o) {
@@ -102,6 +109,7 @@ func (d *Daemon) receive(ctx context.Context, c *wire.Conn, log *slog.Logger, pe
 	if errors.Is(err, segstore.ErrAlreadyHave) {
 		// Idempotent: the sender's earlier ACK was lost or late.
 		if err := c.DiscardSegment(ctx, o); err != nil {
+			d.discardFailed(ctx, log, err)
 			return false
 		}
 		d.met.inbound.WithLabelValues("duplicate").Inc()
@@ -139,9 +147,25 @@ func (d *Daemon) receive(ctx context.Context, c *wire.Conn, log *slog.Logger, pe
 	case rerr != nil && errors.Is(rerr, wire.ErrChecksum):
 		// The whole frame was read: the connection stays in step.
 		return d.refuse(ctx, c, log, o, wire.NackChecksum, rerr, true)
+	case rerr != nil && ctx.Err() == nil && wire.PeerAborted(rerr):
+		// The sender went away mid-segment (crashed, killed, network
+		// cut): its failure, not ours, and nobody is left to NACK. The
+		// store removed the partial file when Write saw the error.
+		d.met.inbound.WithLabelValues("aborted").Inc()
+		log.Warn("peer aborted the segment; nothing stored", "err", rerr)
+		return false
 	case rerr != nil:
-		// Out of step (short read, size mismatch, disk failure under
-		// the pipe). Tell the peer if we can, then close.
+		if reason, ok := wire.ProtocolViolation(rerr); ok {
+			// A SEGMENT of another length than offered, or another frame
+			// where the SEGMENT was due: tell the peer, then close.
+			d.protocolError(log, reason, rerr)
+			d.met.inbound.WithLabelValues("refused").Inc()
+			d.nack(ctx, c, log, wire.Nack{SegmentID: o.SegmentID, Code: wire.NackBadRequest, Message: rerr.Error()})
+			return false
+		}
+		// Out of step for a local reason (a disk failure under the pipe)
+		// or because this daemon is stopping. Tell the peer if we can,
+		// then close.
 		code := wire.NackBadRequest
 		if r.err != nil {
 			code = nackCode(r.err)
@@ -179,7 +203,36 @@ func (d *Daemon) refuse(ctx context.Context, c *wire.Conn, log *slog.Logger, o w
 	if o.Size > discardLimit || code == wire.NackTooLarge {
 		return false
 	}
-	return c.DiscardSegment(ctx, o) == nil
+	if err := c.DiscardSegment(ctx, o); err != nil {
+		d.discardFailed(ctx, log, err)
+		return false
+	}
+	return true
+}
+
+// discardFailed reports why reading a SEGMENT to drop it failed: the peer
+// broke the protocol, went away, or (debug) a timeout or a stop.
+func (d *Daemon) discardFailed(ctx context.Context, log *slog.Logger, err error) {
+	if reason, ok := wire.ProtocolViolation(err); ok {
+		d.protocolError(log, reason, err)
+		return
+	}
+	if ctx.Err() == nil && wire.PeerAborted(err) {
+		log.Info("peer closed the connection inside a segment it offered", "err", err)
+		return
+	}
+	log.Debug("relay connection ended", "err", err)
+}
+
+// protocolError records an authenticated, configured peer sending what the
+// protocol does not allow (an unknown frame type, an oversized length, a
+// frame out of order, a malformed message). The connection is closed
+// either way; the warning and edged_inbound_protocol_errors_total{reason}
+// tell the operator that a peer runs broken or hostile software, which
+// a debug line did not.
+func (d *Daemon) protocolError(log *slog.Logger, reason string, err error) {
+	d.met.protocolErrors.WithLabelValues(reason).Inc()
+	log.Warn("protocol error from peer; closing the connection", "reason", reason, "err", err)
 }
 
 func (d *Daemon) nack(ctx context.Context, c *wire.Conn, log *slog.Logger, n wire.Nack) bool {

@@ -3,6 +3,8 @@ package wire
 import (
 	"errors"
 	"fmt"
+	"io"
+	"syscall"
 )
 
 // Sentinel errors. Functions wrap them with the operation and detail; test
@@ -71,4 +73,48 @@ func (e *NackError) Error() string {
 		return fmt.Sprintf("peer refused segment %q: %s", e.Nack.SegmentID, e.Nack.Code)
 	}
 	return fmt.Sprintf("peer refused segment %q: %s: %s", e.Nack.SegmentID, e.Nack.Code, e.Nack.Message)
+}
+
+// Reasons ProtocolViolation returns, for a receiver's metrics and logs.
+const (
+	ReasonUnknownType     = "unknown_type"     // ErrUnknownType
+	ReasonTooLarge        = "too_large"        // ErrFrameTooLarge
+	ReasonUnexpectedFrame = "unexpected_frame" // ErrUnexpectedFrame
+	ReasonSizeMismatch    = "size_mismatch"    // ErrSizeMismatch
+	ReasonBadMessage      = "bad_message"      // ErrBadMessage (includes ErrInvalidID)
+	ReasonVersion         = "version"          // ErrVersion
+)
+
+// ProtocolViolation reports whether err is the peer breaking the protocol
+// (a frame this side must not receive), and names the reason. An
+// authenticated peer that does so runs broken or hostile software, which
+// an operator must hear about; a stream that merely ends (PeerAborted), a
+// timeout or a local failure is not a violation.
+func ProtocolViolation(err error) (reason string, ok bool) {
+	for _, c := range []struct {
+		err    error
+		reason string
+	}{
+		{ErrUnknownType, ReasonUnknownType},
+		{ErrFrameTooLarge, ReasonTooLarge},
+		{ErrUnexpectedFrame, ReasonUnexpectedFrame},
+		{ErrSizeMismatch, ReasonSizeMismatch},
+		{ErrBadMessage, ReasonBadMessage},
+		{ErrVersion, ReasonVersion},
+	} {
+		if errors.Is(err, c.err) {
+			return c.reason, true
+		}
+	}
+	return "", false
+}
+
+// PeerAborted reports whether err means the peer went away in the middle
+// of a frame: the stream ended early (io.ErrUnexpectedEOF, or io.EOF where
+// a frame was promised) or the connection was reset. A sender that crashes
+// or is killed mid-segment looks like this to its receiver; it is the
+// sender's failure, not the receiver's.
+func PeerAborted(err error) bool {
+	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
