@@ -380,7 +380,7 @@ func pkiCmd(stdout io.Writer) *cobra.Command {
 		},
 	}
 	issue.Flags().StringVar(&dir, "dir", ".", "directory holding the CA (from pki init)")
-	issue.Flags().StringSliceVar(&hosts, "host", nil, "DNS name or IP for the certificate (informational; default localhost,127.0.0.1)")
+	issue.Flags().StringSliceVar(&hosts, "host", nil, "DNS name or IP for the certificate (informational; default localhost,127.0.0.1; the node id is always a DNS name too, the TLS server name clients send)")
 	issue.Flags().DurationVar(&validity, "validity", 0, "certificate lifetime (default 1 year, capped at the CA's)")
 	issue.Flags().BoolVar(&force, "force", false, "overwrite existing files")
 	cmd.AddCommand(initCmd, issue)

@@ -9,8 +9,10 @@
 // where <node-id> satisfies wire.CheckNodeID. The form is SPIFFE-shaped so
 // that operators with a real SPIFFE or corporate CA can issue compatible
 // certificates; nothing here depends on SPIFFE software. DNS and IP SANs
-// are included for tooling but are never used for authentication, because
-// devices move between addresses.
+// are never used for authentication, because devices move between
+// addresses. The node id itself is also a DNS SAN (ServerName): clients
+// send it as the TLS server name, which lets a third-party client use its
+// library's standard host-name verification before checking the URI.
 //
 // The dev CA is for getting started: keys are plain files (0600) and there
 // is no revocation. Production fleets should issue certificates from their
@@ -90,6 +92,23 @@ func NodeID(cert *x509.Certificate) (string, error) {
 	return ids[0], nil
 }
 
+// ServerName is the TLS server name a client sends when it dials node id,
+// and the DNS SAN Issue puts in the node's certificate for it, so that a
+// client using its TLS library's standard verification (chain plus host
+// name) accepts the right node by its id. It is id itself, or "" for an
+// id that cannot be a host name: one that parses as an IP address (a
+// client would match it against IP SANs) or has an empty label ("a..b").
+//
+// The host-name match is not the identity check: DNS names compare
+// without regard to case, node ids do not. A client must still read the
+// node id from the identity URI (NodeID) and compare it, as edged does.
+func ServerName(id string) string {
+	if net.ParseIP(id) != nil || strings.Contains(id, "..") {
+		return ""
+	}
+	return id
+}
+
 // Options tune InitCA and Issue. The zero value is usable.
 type Options struct {
 	// Overwrite replaces existing files; otherwise ErrExists.
@@ -153,8 +172,9 @@ func InitCA(dir string, opt Options) (Paths, error) {
 
 // Issue creates <dir>/<nodeID>.crt and <dir>/<nodeID>.key, signed by the
 // CA in dir. The certificate serves as both TLS server and client
-// certificate (one per node), carries the node identity URI and CommonName
-// nodeID, and the key (ECDSA P-256) is written 0600.
+// certificate (one per node), carries the node identity URI, CommonName
+// nodeID and nodeID as a DNS SAN (ServerName), and the key (ECDSA P-256)
+// is written 0600.
 func Issue(dir, nodeID string, opt Options) (Paths, error) {
 	p := Paths{Cert: filepath.Join(dir, nodeID+".crt"), Key: filepath.Join(dir, nodeID+".key")}
 	if err := wire.CheckNodeID(nodeID); err != nil {
@@ -183,11 +203,17 @@ func Issue(dir, nodeID string, opt Options) (Paths, error) {
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		URIs:        []*url.URL{NodeURI(nodeID)},
 	}
+	if ServerName(nodeID) != "" {
+		tmpl.DNSNames = append(tmpl.DNSNames, nodeID)
+	}
 	hosts := opt.Hosts
 	if len(hosts) == 0 {
 		hosts = []string{"localhost", "127.0.0.1"}
 	}
 	for _, h := range hosts {
+		if h == nodeID {
+			continue
+		}
 		if ip := net.ParseIP(h); ip != nil {
 			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
 		} else {

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 )
@@ -72,7 +73,7 @@ func TestInitCAAndIssue(t *testing.T) {
 	if got := cert.URIs[0].String(); got != "spiffe://relay/node/node-a" {
 		t.Errorf("identity URI %s", got)
 	}
-	if len(cert.DNSNames) != 1 || cert.DNSNames[0] != "localhost" || len(cert.IPAddresses) != 1 || cert.IPAddresses[0].String() != "127.0.0.1" {
+	if !slices.Equal(cert.DNSNames, []string{"node-a", "localhost"}) || len(cert.IPAddresses) != 1 || cert.IPAddresses[0].String() != "127.0.0.1" {
 		t.Errorf("default SANs: %v %v", cert.DNSNames, cert.IPAddresses)
 	}
 	pool := x509.NewCertPool()
@@ -101,7 +102,7 @@ func TestIssueHostsAndValidity(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := readCert(t, p.Cert)
-	if len(c.IPAddresses) != 1 || c.IPAddresses[0].String() != "10.1.2.3" || len(c.DNSNames) != 1 || c.DNSNames[0] != "edge-1.lan" {
+	if len(c.IPAddresses) != 1 || c.IPAddresses[0].String() != "10.1.2.3" || !slices.Equal(c.DNSNames, []string{"n1", "edge-1.lan"}) {
 		t.Errorf("SANs %v %v", c.IPAddresses, c.DNSNames)
 	}
 	// One year asked for by default, but the CA expires after two days.
@@ -218,5 +219,39 @@ func TestNodeID(t *testing.T) {
 				t.Fatalf("NodeID = %q, %v; want %q", id, err, tc.want)
 			}
 		})
+	}
+}
+
+// TestNodeIDServerName: every node certificate carries its node id as a
+// DNS SAN (the TLS server name clients send), except for ids that cannot
+// be host names; the identity URI is there either way.
+func TestNodeIDServerName(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := InitCA(dir, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		id       string
+		dnsNames []string
+	}{
+		{"b", []string{"b", "localhost"}},
+		{"Node_7.site-1", []string{"Node_7.site-1", "localhost"}},
+		{"10.0.0.2", []string{"localhost"}}, // a client would match IP SANs
+		{"a..b", []string{"localhost"}},     // empty label: not a host name
+	} {
+		p, err := Issue(dir, tc.id, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := readCert(t, p.Cert)
+		if !slices.Equal(c.DNSNames, tc.dnsNames) {
+			t.Errorf("%s: DNS SANs %v, want %v", tc.id, c.DNSNames, tc.dnsNames)
+		}
+		if id, err := NodeID(c); err != nil || id != tc.id {
+			t.Errorf("%s: NodeID %q, %v", tc.id, id, err)
+		}
+		if want := tc.dnsNames[0] == tc.id; (ServerName(tc.id) == tc.id) != want {
+			t.Errorf("ServerName(%q) = %q", tc.id, ServerName(tc.id))
+		}
 	}
 }

@@ -147,11 +147,15 @@ func (t *Transport) serverConfig() *tls.Config {
 }
 
 // clientConfig verifies the server against the current pool itself:
-// the standard verifier would also demand a DNS/IP SAN matching the dialled
-// address, which is not how edge nodes are identified.
+// the standard verifier would also demand a DNS SAN matching the server
+// name, which certificates issued before node ids became DNS SANs lack,
+// and which is not how edge nodes are identified (the identity URI is).
+// The server name sent is the peer's node id (pki.ServerName), the rule
+// docs/wire.md gives third-party clients; servers do not check it.
 func (t *Transport) clientConfig(peerID string) *tls.Config {
 	m := t.rl.Current()
 	return tls13(&tls.Config{
+		ServerName:         pki.ServerName(peerID),
 		Certificates:       []tls.Certificate{m.Cert},
 		InsecureSkipVerify: true, // replaced by VerifyConnection below, never skipped
 		VerifyConnection: func(cs tls.ConnectionState) error {
