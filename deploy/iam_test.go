@@ -1,6 +1,7 @@
 package deploy
 
 import (
+	"encoding/json"
 	"slices"
 	"sort"
 	"strings"
@@ -173,11 +174,11 @@ func TestSchedulerRoleInvokesOnlyFire(t *testing.T) {
 	if got := at(t, trust[0], "Condition", "StringEquals", "aws:SourceAccount"); got != "${AWS::AccountId}" {
 		t.Errorf("trust condition aws:SourceAccount = %v, want this account (confused deputy)", got)
 	}
-	var actions, resources []string
+	var actions, targets []string
 	for _, p := range at(t, role, "Properties", "Policies").([]any) {
 		for _, s := range at(t, p, "PolicyDocument", "Statement").([]any) {
 			actions = append(actions, strs(t, at(t, s, "Action"))...)
-			resources = append(resources, strs(t, at(t, s, "Resource"))...)
+			targets = append(targets, strs(t, at(t, s, "Resource"))...)
 		}
 	}
 	sort.Strings(actions)
@@ -185,15 +186,14 @@ func TestSchedulerRoleInvokesOnlyFire(t *testing.T) {
 		t.Errorf("scheduler role actions = %v, want only lambda:InvokeFunction", actions)
 	}
 	fire := fireARN(t)
-	for _, r := range resources {
+	for _, r := range targets {
 		if r != fire {
 			t.Errorf("scheduler role may invoke %q; only the fire function %q is allowed", r, fire)
 		}
 	}
 	// No other function shares the fire function's name.
-	tmpl := loadTemplate(t)
-	for id, fn := range tmpl.GetAllServerlessFunctionResources() {
-		if id != fireFunctionID && fn.FunctionName != nil && arnPrefix+*fn.FunctionName == fire {
+	for id, fn := range resources(t, raw, "AWS::Serverless::Function") {
+		if name, ok := props(fn)["FunctionName"].(string); ok && id != fireFunctionID && arnPrefix+name == fire {
 			t.Errorf("%s has the fire function's name", id)
 		}
 	}
@@ -254,5 +254,44 @@ func TestOnlyFireContinuesItself(t *testing.T) {
 	props := at(t, raw, "Resources", fireFunctionID, "Properties").(map[string]any)
 	if v, ok := props["RecursiveLoop"]; ok && v != "Terminate" {
 		t.Errorf("FireFunction RecursiveLoop = %v; keep Lambda's loop detection on (Terminate)", v)
+	}
+}
+
+// TestCallerPolicyExample: since October 2025 a new AWS_IAM function URL
+// needs both lambda:InvokeFunctionUrl and lambda:InvokeFunction from its
+// callers; the example policy in docs/deploy.md must grant both on the
+// same resource, or a caller copying it gets 403.
+func TestCallerPolicyExample(t *testing.T) {
+	doc := readDoc(t, "docs/deploy.md")
+	var examples int
+	for _, block := range strings.Split(doc, "```json\n")[1:] {
+		body, _, _ := strings.Cut(block, "```")
+		if !strings.Contains(body, "lambda:Invoke") {
+			continue
+		}
+		examples++
+		var policy struct{ Statement []map[string]any }
+		if err := json.Unmarshal([]byte(body), &policy); err != nil {
+			t.Fatalf("example policy is not JSON: %v\n%s", err, body)
+		}
+		granted := map[string][]string{}
+		for _, s := range policy.Statement {
+			if s["Effect"] != "Allow" {
+				continue
+			}
+			for _, r := range strs(t, s["Resource"]) {
+				granted[r] = append(granted[r], strs(t, s["Action"])...)
+			}
+		}
+		for r, actions := range granted {
+			for _, want := range []string{"lambda:InvokeFunctionUrl", "lambda:InvokeFunction"} {
+				if !slices.Contains(actions, want) {
+					t.Errorf("example policy grants %v on %s, without %s", actions, r, want)
+				}
+			}
+		}
+	}
+	if examples == 0 {
+		t.Error("docs/deploy.md has no example caller policy for the function URL")
 	}
 }

@@ -4,73 +4,25 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 
-	"github.com/awslabs/goformation/v7"
-	"github.com/awslabs/goformation/v7/cloudformation"
-	"github.com/awslabs/goformation/v7/intrinsics"
 	"go.yaml.in/yaml/v3"
 )
 
 // repoRoot is where template.yaml, sam.mk, env.json and events/ live.
 const repoRoot = ".."
 
-// Intrinsics are rendered in one notation in both parsers, so tests compare
-// plain strings: !Ref X -> "${X}", !GetAtt A.B -> "${A.B}", !Sub s -> s
-// (its own ${...} left in place). goformation would otherwise turn a Ref to
-// a resource into "" and strip unresolvable ${...} from Subs.
+// Intrinsics are rendered in one notation so tests compare plain strings:
+// !Ref X -> "${X}", !GetAtt A.B -> "${A.B}", !Sub s -> s (its own ${...}
+// left in place). Other short forms (!If, !Not, ...) become {"Fn::If": ...}.
 func renderRef(name string) string { return "${" + name + "}" }
 
-func goformationOptions() *intrinsics.ProcessorOptions {
-	return &intrinsics.ProcessorOptions{
-		IntrinsicHandlerOverrides: map[string]intrinsics.IntrinsicHandler{
-			"Ref": func(_ string, input, _ interface{}) interface{} {
-				s, _ := input.(string)
-				return renderRef(s)
-			},
-			"Fn::GetAtt": func(_ string, input, _ interface{}) interface{} {
-				switch v := input.(type) {
-				case string:
-					return renderRef(v)
-				case []interface{}:
-					parts := make([]string, len(v))
-					for i, p := range v {
-						parts[i] = fmt.Sprint(p)
-					}
-					return renderRef(strings.Join(parts, "."))
-				}
-				return nil
-			},
-			"Fn::Sub": func(_ string, input, _ interface{}) interface{} {
-				switch v := input.(type) {
-				case string:
-					return v
-				case []interface{}:
-					if len(v) > 0 {
-						s, _ := v[0].(string)
-						return s
-					}
-				}
-				return nil
-			},
-		},
-	}
-}
-
-// loadTemplate parses template.yaml with goformation (typed resources).
-func loadTemplate(t *testing.T) *cloudformation.Template {
-	t.Helper()
-	tmpl, err := goformation.OpenWithOptions(filepath.Join(repoRoot, "template.yaml"), goformationOptions())
-	if err != nil {
-		t.Fatalf("goformation: parse template.yaml: %v", err)
-	}
-	return tmpl
-}
-
-// loadRaw parses template.yaml as plain YAML for what goformation does not
-// model (Globals, ScheduleV2 properties, policy documents), with the short
-// intrinsic tags rendered as above.
+// loadRaw parses template.yaml as plain YAML, with the short intrinsic
+// tags rendered as above. Validation against the resource schemas is
+// cfn-lint's job (cfnlint_test.go); these tests check the project's own
+// rules on the parsed tree.
 func loadRaw(t *testing.T) map[string]any {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(repoRoot, "template.yaml"))
@@ -197,4 +149,49 @@ func strs(t *testing.T, v any) []string {
 	}
 	t.Fatalf("expected a string or list of strings, got %T %v", v, v)
 	return nil
+}
+
+// resources returns the template's resources of one type, by logical id.
+func resources(t *testing.T, raw map[string]any, typ string) map[string]map[string]any {
+	t.Helper()
+	out := map[string]map[string]any{}
+	for id, r := range at(t, raw, "Resources").(map[string]any) {
+		res, ok := r.(map[string]any)
+		if !ok {
+			t.Fatalf("Resources.%s is not a mapping", id)
+		}
+		if res["Type"] == typ {
+			out[id] = res
+		}
+	}
+	return out
+}
+
+// props returns a resource's Properties (empty when it has none).
+func props(res map[string]any) map[string]any {
+	p, _ := res["Properties"].(map[string]any)
+	if p == nil {
+		return map[string]any{}
+	}
+	return p
+}
+
+// sortedKeys lists a map's keys in order, for stable messages.
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// readDoc reads a file of the repository (docs, README) as text.
+func readDoc(t *testing.T, rel string) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(repoRoot, rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
 }

@@ -1,23 +1,21 @@
 package deploy
 
 import (
+	"fmt"
 	"go/parser"
 	"go/token"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"testing"
-
-	"github.com/awslabs/goformation/v7/cloudformation/dynamodb"
 
 	"github.com/relay-dev/relay/lambda/fire"
 )
 
 // functionDirs maps each SAM function to the Go package its build target
-// compiles (functions/<name>, DESIGN.md §2).
+// compiles (functions/<name>: one main package per function).
 var functionDirs = map[string]string{
 	"FireFunction":  "functions/fire",
 	"SweepFunction": "functions/sweep",
@@ -26,35 +24,32 @@ var functionDirs = map[string]string{
 
 const (
 	fireFunctionID = "FireFunction"
-	// fireARN is the fire function's ARN as the template spells it: built
-	// from FunctionName because a GetAtt would be circular (see template).
+	// arnPrefix starts the fire function's ARN as the template spells it:
+	// built from FunctionName because a GetAtt would be circular (see
+	// template).
 	arnPrefix = "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:"
 )
 
 func TestFunctionsMatchDesign(t *testing.T) {
-	tmpl := loadTemplate(t)
-	fns := tmpl.GetAllServerlessFunctionResources()
-	var got []string
-	for id := range fns {
-		got = append(got, id)
-	}
-	sort.Strings(got)
-	want := []string{"ApiFunction", "FireFunction", "SweepFunction"}
+	fns := resources(t, loadRaw(t), "AWS::Serverless::Function")
+	got := sortedKeys(fns)
+	want := sortedKeys(functionDirs)
 	if !slices.Equal(got, want) {
 		t.Fatalf("functions = %v, want %v", got, want)
 	}
 	for id, fn := range fns {
 		t.Run(id, func(t *testing.T) {
-			if fn.CodeUri == nil || fn.CodeUri.String == nil {
-				t.Fatal("CodeUri is not a local path")
+			uri, ok := props(fn)["CodeUri"].(string)
+			if !ok {
+				t.Fatalf("CodeUri %v is not a local path", props(fn)["CodeUri"])
 			}
-			if st, err := os.Stat(filepath.Join(repoRoot, *fn.CodeUri.String)); err != nil || !st.IsDir() {
-				t.Errorf("CodeUri %q is not a directory: %v", *fn.CodeUri.String, err)
+			if st, err := os.Stat(filepath.Join(repoRoot, uri)); err != nil || !st.IsDir() {
+				t.Errorf("CodeUri %q is not a directory: %v", uri, err)
 			}
-			if _, err := os.Stat(filepath.Join(repoRoot, *fn.CodeUri.String, "go.mod")); err != nil {
-				t.Errorf("CodeUri %q must be the module root so `sam build` copies go.mod: %v", *fn.CodeUri.String, err)
+			if _, err := os.Stat(filepath.Join(repoRoot, uri, "go.mod")); err != nil {
+				t.Errorf("CodeUri %q must be the module root so `sam build` copies go.mod: %v", uri, err)
 			}
-			if bm := fn.AWSCloudFormationMetadata["BuildMethod"]; bm != "makefile" {
+			if bm := at(t, fn, "Metadata", "BuildMethod"); bm != "makefile" {
 				t.Errorf("Metadata.BuildMethod = %v, want makefile", bm)
 			}
 		})
@@ -149,42 +144,32 @@ func TestGlobals(t *testing.T) {
 // fireARN is the fire function's ARN built from its FunctionName.
 func fireARN(t *testing.T) string {
 	t.Helper()
-	fn, err := loadTemplate(t).GetServerlessFunctionWithName(fireFunctionID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if fn.FunctionName == nil || *fn.FunctionName == "" {
+	name, _ := props(at(t, loadRaw(t), "Resources", fireFunctionID).(map[string]any))["FunctionName"].(string)
+	if name == "" {
 		t.Fatal("FireFunction needs an explicit FunctionName: the scheduler role and FIRE_FUNCTION_ARN are built from it")
 	}
-	return arnPrefix + *fn.FunctionName
+	return arnPrefix + name
 }
 
 func TestPlanParameter(t *testing.T) {
-	tmpl := loadTemplate(t)
-	p, ok := tmpl.Parameters["Plan"]
-	if !ok {
-		t.Fatal("no Plan parameter")
-	}
-	var got []string
-	for _, v := range p.AllowedValues {
-		s, _ := v.(string)
-		got = append(got, s)
-	}
+	raw := loadRaw(t)
+	p := at(t, raw, "Parameters", "Plan")
+	got := strs(t, at(t, p, "AllowedValues"))
 	if !slices.Equal(got, []string{"Free", "Paid"}) {
 		t.Errorf("Plan AllowedValues = %v, want exactly [Free Paid]", got)
 	}
-	if p.Default != "Free" {
-		t.Errorf("Plan default = %v, want Free", p.Default)
+	if d := at(t, p, "Default"); d != "Free" {
+		t.Errorf("Plan default = %v, want Free", d)
 	}
 	// Every allowed value maps to the engine's plan name.
-	raw := loadRaw(t)
 	for _, v := range got {
 		if name := at(t, raw, "Mappings", "Plans", v, "Name"); name != strings.ToLower(v) {
 			t.Errorf("Mappings.Plans.%s.Name = %v, want %s", v, name, strings.ToLower(v))
 		}
 	}
+	params := at(t, raw, "Parameters").(map[string]any)
 	for _, name := range []string{"TablePrefix", "LogLevel"} {
-		if _, ok := tmpl.Parameters[name]; !ok {
+		if _, ok := params[name]; !ok {
 			t.Errorf("no %s parameter", name)
 		}
 	}
@@ -225,57 +210,63 @@ func TestContinuationHopsParameter(t *testing.T) {
 
 type keyAttr struct{ name, keyType, attrType string }
 
-func tableKeys(t *testing.T, tbl *dynamodb.Table, schema []dynamodb.Table_KeySchema) []keyAttr {
+// tableKeys reads a key schema with each attribute's declared type.
+func tableKeys(t *testing.T, table map[string]any, schema any) []keyAttr {
 	t.Helper()
 	types := map[string]string{}
-	for _, d := range tbl.AttributeDefinitions {
-		types[d.AttributeName] = d.AttributeType
+	for _, d := range at(t, table, "Properties", "AttributeDefinitions").([]any) {
+		types[at(t, d, "AttributeName").(string)] = at(t, d, "AttributeType").(string)
 	}
 	var out []keyAttr
-	for _, k := range schema {
-		out = append(out, keyAttr{k.AttributeName, k.KeyType, types[k.AttributeName]})
+	for _, k := range schema.([]any) {
+		name := at(t, k, "AttributeName").(string)
+		out = append(out, keyAttr{name, at(t, k, "KeyType").(string), types[name]})
 	}
 	return out
 }
 
 func TestTables(t *testing.T) {
-	tmpl := loadTemplate(t)
+	raw := loadRaw(t)
 	primary := []keyAttr{{"p", "HASH", "S"}, {"k", "RANGE", "S"}}
 	for _, id := range []string{"SourceTable", "TargetTable"} {
 		t.Run(id, func(t *testing.T) {
-			tbl, err := tmpl.GetDynamoDBTableWithName(id)
-			if err != nil {
-				t.Fatal(err)
+			tbl := at(t, raw, "Resources", id).(map[string]any)
+			if typ := tbl["Type"]; typ != "AWS::DynamoDB::Table" {
+				t.Fatalf("Type = %v", typ)
 			}
-			if got := tableKeys(t, tbl, tbl.KeySchema); !slices.Equal(got, primary) {
+			p := props(tbl)
+			if got := tableKeys(t, tbl, p["KeySchema"]); !slices.Equal(got, primary) {
 				t.Errorf("keys = %v, want %v", got, primary)
 			}
-			if tbl.BillingMode == nil || *tbl.BillingMode != "PAY_PER_REQUEST" {
-				t.Errorf("BillingMode = %v, want PAY_PER_REQUEST", tbl.BillingMode)
+			if bm := p["BillingMode"]; bm != "PAY_PER_REQUEST" {
+				t.Errorf("BillingMode = %v, want PAY_PER_REQUEST", bm)
 			}
-			if pitr := tbl.PointInTimeRecoverySpecification; pitr == nil || pitr.PointInTimeRecoveryEnabled == nil || !*pitr.PointInTimeRecoveryEnabled {
+			if pitr := at(t, p, "PointInTimeRecoverySpecification", "PointInTimeRecoveryEnabled"); pitr != true {
 				t.Error("point-in-time recovery is not enabled")
 			}
-			if tbl.AWSCloudFormationDeletionPolicy != "Retain" {
-				t.Errorf("DeletionPolicy = %q, want Retain: deleting the stack must not drop undelivered rows", tbl.AWSCloudFormationDeletionPolicy)
+			for _, policy := range []string{"DeletionPolicy", "UpdateReplacePolicy"} {
+				if tbl[policy] != "Retain" {
+					t.Errorf("%s = %v, want Retain: deleting or replacing the stack's table must not drop undelivered rows", policy, tbl[policy])
+				}
 			}
+			gsis, _ := p["GlobalSecondaryIndexes"].([]any)
 			wantGSI := id == "SourceTable"
-			if got := len(tbl.GlobalSecondaryIndexes); (got == 1) != wantGSI || got > 1 {
+			if got := len(gsis); (got == 1) != wantGSI || got > 1 {
 				t.Fatalf("%d global secondary indexes", got)
 			}
 			if !wantGSI {
 				return
 			}
-			gsi := tbl.GlobalSecondaryIndexes[0]
-			if gsi.IndexName != "due" {
-				t.Errorf("index name %q, want due", gsi.IndexName)
+			gsi := gsis[0]
+			if name := at(t, gsi, "IndexName"); name != "due" {
+				t.Errorf("index name %v, want due", name)
 			}
 			wantDue := []keyAttr{{"ds", "HASH", "S"}, {"due", "RANGE", "N"}}
-			if got := tableKeys(t, tbl, gsi.KeySchema); !slices.Equal(got, wantDue) {
+			if got := tableKeys(t, tbl, at(t, gsi, "KeySchema")); !slices.Equal(got, wantDue) {
 				t.Errorf("due index keys = %v, want %v", got, wantDue)
 			}
-			if pt := gsi.Projection.ProjectionType; pt == nil || *pt != "KEYS_ONLY" {
-				t.Errorf("due index projection = %v, want KEYS_ONLY", derefOr(pt, "unset"))
+			if pt := at(t, gsi, "Projection", "ProjectionType"); pt != "KEYS_ONLY" {
+				t.Errorf("due index projection = %v, want KEYS_ONLY", pt)
 			}
 		})
 	}
@@ -292,23 +283,165 @@ func TestTables(t *testing.T) {
 	})
 }
 
-func TestFireFunctionAsyncFailuresGoToDLQ(t *testing.T) {
+// TestAsyncFailuresGoToDLQ: fire and sweep are invoked asynchronously
+// (Scheduler, continuations), so Lambda's own retry and event age apply to
+// them; each states its retries and sends what fails to the one
+// dead-letter queue, which an alarm watches.
+func TestAsyncFailuresGoToDLQ(t *testing.T) {
 	raw := loadRaw(t)
-	cfg := at(t, raw, "Resources", fireFunctionID, "Properties", "EventInvokeConfig")
-	retries, ok := at(t, cfg, "MaximumRetryAttempts").(int)
-	if !ok || retries < 0 || retries > 2 {
-		t.Errorf("MaximumRetryAttempts = %v, want 0..2", at(t, cfg, "MaximumRetryAttempts"))
+	for id, wantRetries := range map[string]int{
+		fireFunctionID: 2,
+		// The next sweep is a minute away and covers the same alarms.
+		"SweepFunction": 0,
+	} {
+		t.Run(id, func(t *testing.T) {
+			cfg := at(t, raw, "Resources", id, "Properties", "EventInvokeConfig")
+			if retries, ok := at(t, cfg, "MaximumRetryAttempts").(int); !ok || retries != wantRetries {
+				t.Errorf("MaximumRetryAttempts = %v, want %d", at(t, cfg, "MaximumRetryAttempts"), wantRetries)
+			}
+			if age, ok := at(t, cfg, "MaximumEventAgeInSeconds").(int); !ok || age < 60 || age > 3600 {
+				t.Errorf("MaximumEventAgeInSeconds = %v, want 60..3600", at(t, cfg, "MaximumEventAgeInSeconds"))
+			}
+			if typ := at(t, cfg, "DestinationConfig", "OnFailure", "Type"); typ != "SQS" {
+				t.Errorf("OnFailure.Type = %v, want SQS", typ)
+			}
+			if dest := at(t, cfg, "DestinationConfig", "OnFailure", "Destination"); dest != "${DeadLetterQueue.Arn}" {
+				t.Errorf("OnFailure.Destination = %v, want !GetAtt DeadLetterQueue.Arn", dest)
+			}
+		})
 	}
-	if typ := at(t, cfg, "DestinationConfig", "OnFailure", "Type"); typ != "SQS" {
-		t.Errorf("OnFailure.Type = %v, want SQS", typ)
+	if typ := at(t, raw, "Resources", "DeadLetterQueue", "Type"); typ != "AWS::SQS::Queue" {
+		t.Errorf("DeadLetterQueue is a %v", typ)
 	}
-	dest, _ := at(t, cfg, "DestinationConfig", "OnFailure", "Destination").(string)
-	queue, ok := strings.CutSuffix(strings.TrimPrefix(dest, "${"), ".Arn}")
-	if !ok {
-		t.Fatalf("OnFailure.Destination = %q, want !GetAtt <queue>.Arn", dest)
+	// The sweep's schedule must not retry either: Scheduler's retries would
+	// come on top of Lambda's.
+	for name, ev := range at(t, raw, "Resources", "SweepFunction", "Properties", "Events").(map[string]any) {
+		if n := at(t, ev, "Properties", "RetryPolicy", "MaximumRetryAttempts"); n != 0 {
+			t.Errorf("sweep schedule %s RetryPolicy.MaximumRetryAttempts = %v, want 0", name, n)
+		}
 	}
-	if typ := at(t, raw, "Resources", queue, "Type"); typ != "AWS::SQS::Queue" {
-		t.Errorf("DLQ %s is a %v", queue, typ)
+}
+
+// TestDeadLetterAlarm: a message in the dead-letter queue is an invocation
+// that failed for good; an alarm says so, notifying AlarmTopicArn when one
+// is given and nothing otherwise.
+func TestDeadLetterAlarm(t *testing.T) {
+	raw := loadRaw(t)
+	var watching []string
+	for id, a := range resources(t, raw, "AWS::CloudWatch::Alarm") {
+		p := props(a)
+		dims, _ := p["Dimensions"].([]any)
+		if p["Namespace"] != "AWS/SQS" || len(dims) != 1 || at(t, dims[0], "Value") != "${DeadLetterQueue.QueueName}" {
+			continue
+		}
+		watching = append(watching, id)
+		for key, want := range map[string]any{
+			"MetricName":         "ApproximateNumberOfMessagesVisible",
+			"ComparisonOperator": "GreaterThanThreshold",
+			"Threshold":          0,
+			"TreatMissingData":   "notBreaching",
+		} {
+			if got := p[key]; got != want {
+				t.Errorf("%s.%s = %v, want %v", id, key, got, want)
+			}
+		}
+		if d := at(t, dims[0], "Name"); d != "QueueName" {
+			t.Errorf("%s dimension %v, want QueueName", id, d)
+		}
+		for _, key := range []string{"AlarmActions", "OKActions"} {
+			want := map[string]any{"Fn::If": []any{"NotifyAlarmTopic", []any{"${AlarmTopicArn}"}, "${AWS::NoValue}"}}
+			if got := p[key]; fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("%s.%s = %v, want !If [NotifyAlarmTopic, [!Ref AlarmTopicArn], !Ref AWS::NoValue]", id, key, got)
+			}
+		}
+	}
+	if len(watching) != 1 {
+		t.Fatalf("alarms on the dead-letter queue: %v, want one", watching)
+	}
+	if cond := at(t, raw, "Conditions", "NotifyAlarmTopic"); fmt.Sprint(cond) != fmt.Sprint(map[string]any{"Fn::Not": []any{map[string]any{"Fn::Equals": []any{"${AlarmTopicArn}", ""}}}}) {
+		t.Errorf("Conditions.NotifyAlarmTopic = %v, want AlarmTopicArn not empty", cond)
+	}
+	if d := at(t, raw, "Parameters", "AlarmTopicArn", "Default"); d != "" {
+		t.Errorf("AlarmTopicArn default = %q, want empty (no notifications)", d)
+	}
+}
+
+// TestLogGroups: every function logs to a group the stack owns, with the
+// retention parameter, deleted with the stack; Lambda would otherwise
+// create groups that never expire and outlive the stack.
+func TestLogGroups(t *testing.T) {
+	raw := loadRaw(t)
+	groups := resources(t, raw, "AWS::Logs::LogGroup")
+	used := map[string]string{}
+	for id := range functionDirs {
+		ref, _ := at(t, raw, "Resources", id, "Properties").(map[string]any)["LoggingConfig"].(map[string]any)["LogGroup"].(string)
+		group, ok := strings.CutPrefix(ref, "${")
+		group, _ = strings.CutSuffix(group, "}")
+		if !ok || groups[group] == nil {
+			t.Errorf("%s LoggingConfig.LogGroup = %q, want !Ref to a log group of the stack", id, ref)
+			continue
+		}
+		if other, dup := used[group]; dup {
+			t.Errorf("%s and %s share log group %s", id, other, group)
+		}
+		used[group] = id
+	}
+	for id, g := range groups {
+		if used[id] == "" {
+			t.Errorf("log group %s is used by no function", id)
+		}
+		if r := props(g)["RetentionInDays"]; r != "${LogRetentionDays}" {
+			t.Errorf("%s RetentionInDays = %v, want !Ref LogRetentionDays", id, r)
+		}
+		for _, policy := range []string{"DeletionPolicy", "UpdateReplacePolicy"} {
+			if g[policy] != "Delete" {
+				t.Errorf("%s %s = %v, want Delete", id, policy, g[policy])
+			}
+		}
+	}
+	allowed := at(t, raw, "Parameters", "LogRetentionDays", "AllowedValues").([]any)
+	if d := at(t, raw, "Parameters", "LogRetentionDays", "Default"); !slices.Contains(allowed, d) {
+		t.Errorf("LogRetentionDays default %v not among its allowed values", d)
+	}
+}
+
+// TestSystemLogLevel: Lambda's platform records (start, report with
+// memory, init duration and timeouts) are kept on purpose; docs/deploy.md
+// says why and what they cost.
+func TestSystemLogLevel(t *testing.T) {
+	raw := loadRaw(t)
+	if got := at(t, raw, "Globals", "Function", "LoggingConfig", "SystemLogLevel"); got != "INFO" {
+		t.Errorf("SystemLogLevel = %v, want INFO (WARN hides platform.report)", got)
+	}
+	doc := readDoc(t, "docs/deploy.md")
+	if !strings.Contains(doc, "`SystemLogLevel: INFO`") {
+		t.Error("docs/deploy.md does not document the SystemLogLevel decision")
+	}
+}
+
+// TestFireConcurrency: the self-invoking fire function has reserved
+// concurrency from a parameter, where 0 means no reservation (Lambda's own
+// 0 would throttle every invocation, stopping delivery).
+func TestFireConcurrency(t *testing.T) {
+	raw := loadRaw(t)
+	p := at(t, raw, "Parameters", "FireConcurrency")
+	if d, ok := at(t, p, "Default").(int); !ok || d < 1 {
+		t.Errorf("FireConcurrency default = %v, want a reservation (>= 1)", at(t, p, "Default"))
+	}
+	if m := at(t, p, "MinValue"); m != 0 {
+		t.Errorf("FireConcurrency MinValue = %v, want 0 (no reservation)", m)
+	}
+	want := map[string]any{"Fn::If": []any{"ReserveFireConcurrency", "${FireConcurrency}", "${AWS::NoValue}"}}
+	if got := at(t, raw, "Resources", fireFunctionID, "Properties", "ReservedConcurrentExecutions"); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("FireFunction ReservedConcurrentExecutions = %v, want !If [ReserveFireConcurrency, !Ref FireConcurrency, !Ref AWS::NoValue]", got)
+	}
+	if cond := at(t, raw, "Conditions", "ReserveFireConcurrency"); fmt.Sprint(cond) != fmt.Sprint(map[string]any{"Fn::Not": []any{map[string]any{"Fn::Equals": []any{"${FireConcurrency}", 0}}}}) {
+		t.Errorf("Conditions.ReserveFireConcurrency = %v, want FireConcurrency != 0", cond)
+	}
+	for id := range functionDirs {
+		if _, ok := at(t, raw, "Resources", id, "Properties").(map[string]any)["ReservedConcurrentExecutions"]; ok && id != fireFunctionID {
+			t.Errorf("%s reserves concurrency; only the self-invoking fire function needs a bound", id)
+		}
 	}
 }
 
@@ -331,40 +464,36 @@ func TestSweepRunsEveryMinute(t *testing.T) {
 }
 
 func TestApiFunctionURLUsesIAM(t *testing.T) {
-	fn, err := loadTemplate(t).GetServerlessFunctionWithName("ApiFunction")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if fn.FunctionUrlConfig == nil || fn.FunctionUrlConfig.AuthType != "AWS_IAM" {
-		t.Errorf("ApiFunction FunctionUrlConfig = %+v, want AuthType AWS_IAM", fn.FunctionUrlConfig)
+	if auth := at(t, loadRaw(t), "Resources", "ApiFunction", "Properties", "FunctionUrlConfig", "AuthType"); auth != "AWS_IAM" {
+		t.Errorf("ApiFunction FunctionUrlConfig.AuthType = %v, want AWS_IAM", auth)
 	}
 }
 
 func TestOutputs(t *testing.T) {
-	tmpl := loadTemplate(t)
+	outputs := at(t, loadRaw(t), "Outputs").(map[string]any)
 	for _, name := range []string{
 		"FireFunctionArn", "SweepFunctionArn", "ApiFunctionArn", "ApiUrl",
-		"SourceTableName", "TargetTableName", "FireDeadLetterQueueUrl",
+		"SourceTableName", "TargetTableName", "DeadLetterQueueUrl", "DeadLetterAlarmName",
 	} {
-		if _, ok := tmpl.Outputs[name]; !ok {
+		if _, ok := outputs[name]; !ok {
 			t.Errorf("no output %s", name)
 		}
 	}
 }
 
 func TestScheduleGroup(t *testing.T) {
-	tmpl := loadTemplate(t)
-	groups := tmpl.GetAllSchedulerScheduleGroupResources()
+	raw := loadRaw(t)
+	groups := resources(t, raw, "AWS::Scheduler::ScheduleGroup")
 	if len(groups) != 1 {
 		t.Fatalf("%d schedule groups, want 1 dedicated group", len(groups))
 	}
 	for id, g := range groups {
-		if g.Name == nil {
+		name, ok := props(g)["Name"].(string)
+		if !ok {
 			t.Fatalf("%s has no Name: the scheduler role's SourceArn condition names it", id)
 		}
-		raw := loadRaw(t)
 		src := at(t, schedulerRole(t, raw), "Properties", "AssumeRolePolicyDocument", "Statement", 0, "Condition", "ArnEquals", "aws:SourceArn")
-		want := "arn:${AWS::Partition}:scheduler:${AWS::Region}:${AWS::AccountId}:schedule-group/" + *g.Name
+		want := "arn:${AWS::Partition}:scheduler:${AWS::Region}:${AWS::AccountId}:schedule-group/" + name
 		if src != want {
 			t.Errorf("scheduler role SourceArn = %v, want %v", src, want)
 		}
@@ -380,7 +509,7 @@ func TestReferencesResolve(t *testing.T) {
 	raw := loadRaw(t)
 	known := map[string]bool{
 		"AWS::Partition": true, "AWS::Region": true, "AWS::AccountId": true, "AWS::StackName": true,
-		"AWS::StackId": true, "AWS::URLSuffix": true,
+		"AWS::StackId": true, "AWS::URLSuffix": true, "AWS::NoValue": true,
 		"ApiFunctionUrl": true, // SAM's AWS::Lambda::Url for FunctionUrlConfig
 	}
 	for name := range at(t, raw, "Parameters").(map[string]any) {
@@ -420,11 +549,4 @@ func TestReferencesResolve(t *testing.T) {
 		}
 	}
 	walk("", raw)
-}
-
-func derefOr(p *string, def string) string {
-	if p == nil {
-		return def
-	}
-	return *p
 }
