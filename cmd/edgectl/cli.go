@@ -121,6 +121,9 @@ func statusCmd(g *globals) *cobra.Command {
 				for _, p := range s.Peers {
 					fmt.Fprintf(w, "peer\t%s at %s, %s\n", p.ID, p.Address, circuitLine(p))
 				}
+				if len(s.AcceptFrom) > 0 {
+					fmt.Fprintf(w, "accepts from\t%s (inbound only)\n", strings.Join(s.AcceptFrom, ", "))
+				}
 				fmt.Fprintf(w, "segments\t%d stored, %d relayed\n", s.Segments, s.Relayed)
 				fmt.Fprintf(w, "storage\t%s\n", usageLine(s.Usage))
 				fmt.Fprintf(w, "ledger\tscheduled %d, inflight %d, failed %d, acked %d, deadletter %d\n",

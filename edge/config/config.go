@@ -22,6 +22,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -89,6 +90,12 @@ type Config struct {
 	// inbound and dialled outbound. Every known peer is a required peer for
 	// the success condition.
 	KnownPeers []Peer `yaml:"known_peers"`
+	// AcceptFrom (accept_from, default none) are inbound-only peers: node
+	// ids whose connections are accepted and whose segments are stored and
+	// relayed to the known peers, but that are never dialled and are owed
+	// nothing (a sensor that sends but has no address, or should not get
+	// what others send). A node id is in known_peers or here, not both.
+	AcceptFrom []string `yaml:"accept_from"`
 	// Relay (relay) tunes outbound delivery.
 	Relay Relay `yaml:"relay"`
 	// Storage (storage) bounds local segment storage.
@@ -291,6 +298,15 @@ func (c *Config) Peer(id string) (Peer, bool) {
 		}
 	}
 	return Peer{}, false
+}
+
+// Accepts reports whether inbound connections from node id are accepted:
+// it is a known peer or listed in accept_from.
+func (c *Config) Accepts(id string) bool {
+	if _, ok := c.Peer(id); ok {
+		return true
+	}
+	return slices.Contains(c.AcceptFrom, id)
 }
 
 // PeerIDs returns the known peers' ids in ascending order: the required

@@ -39,6 +39,7 @@ tls:
 known_peers:
   - {id: edge-c, address: 10.0.0.3:7400}
   - {id: edge-b, address: "[fd00::2]:7400"}
+accept_from: [sensor-1]
 relay:
   success_condition: one_peer
   max_retries: 5
@@ -69,6 +70,7 @@ func TestParseFull(t *testing.T) {
 			{ID: "edge-c", Address: "10.0.0.3:7400"},
 			{ID: "edge-b", Address: "[fd00::2]:7400"},
 		},
+		AcceptFrom: []string{"sensor-1"},
 		Relay: Relay{
 			SuccessCondition: OnePeer, MaxRetries: 5,
 			Backoff:      Backoff{Initial: 250 * time.Millisecond, Max: time.Minute},
@@ -76,6 +78,11 @@ func TestParseFull(t *testing.T) {
 		},
 		Storage: Storage{Dir: "/var/lib/edged", QuotaBytes: 2 << 30, QuotaSegments: 500, MaxSegmentBytes: 16 << 20},
 		RPC:     RPC{Listen: "unix:/run/edged/rpc.sock"},
+	}
+	for id, want := range map[string]bool{"edge-b": true, "edge-c": true, "sensor-1": true, "edge-a": false, "edge-d": false} {
+		if c.Accepts(id) != want {
+			t.Errorf("Accepts(%s) = %v", id, !want)
+		}
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("got  %+v\nwant %+v", c, want)
@@ -174,6 +181,11 @@ func TestValidateRules(t *testing.T) {
 		{"mapping for scalar", "node_id: {a: b}", "node_id", "single value"},
 		{"scalar for mapping", "relay: fast", "relay", "mapping"},
 		{"scalar for list", "known_peers: b", "known_peers", "must be a list"},
+		{"accept_from bad id", "accept_from: ['-s']", "accept_from[0]", "must not start with"},
+		{"accept_from own id", "accept_from: [edge-a]", "accept_from[0]", "own node_id"},
+		{"accept_from duplicate", "accept_from: [s, s]", "accept_from[1]", `"s" duplicates accept_from[0]`},
+		{"accept_from known peer", "known_peers: [{id: b, address: 'h:1'}]\naccept_from: [b]", "accept_from[0]", "is known_peers[0] already"},
+		{"accept_from mapping", "accept_from: [{id: s}]", "accept_from[0]", "single value"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -343,7 +355,7 @@ func TestDefaultsDocumented(t *testing.T) {
 			t.Errorf("docs row for %s does not show default `%s`: %s", key, def, row)
 		}
 	}
-	for _, key := range []string{"node_id", "tls.cert", "tls.key", "tls.ca", "known_peers[].id", "known_peers[].address", "storage.dir", "rpc.ingest_dirs"} {
+	for _, key := range []string{"node_id", "tls.cert", "tls.key", "tls.ca", "known_peers[].id", "known_peers[].address", "accept_from", "storage.dir", "rpc.ingest_dirs"} {
 		if _, ok := rows[key]; !ok {
 			t.Errorf("docs/edge-config.md has no row for %s", key)
 		}

@@ -82,6 +82,21 @@ func (c *Config) validatePeers(ps *Problems) {
 		}
 		checkHostPort(ps, key+".address", p.Address, false)
 	}
+	seen := map[string]int{}
+	for i, id := range c.AcceptFrom {
+		key := fmt.Sprintf("accept_from[%d]", i)
+		if err := checkID(id); err != "" {
+			ps.add(key, err)
+		} else if id == c.NodeID {
+			ps.add(key, fmt.Sprintf("%q is this node's own node_id", id))
+		} else if j, dup := seen[id]; dup {
+			ps.add(key, fmt.Sprintf("%q duplicates accept_from[%d]", id, j))
+		} else if j, known := first[id]; known {
+			ps.add(key, fmt.Sprintf("%q is known_peers[%d] already; known peers are accepted too, and are also owed segments", id, j))
+		} else {
+			seen[id] = i
+		}
+	}
 }
 
 func (c *Config) validateRelay(ps *Problems) {

@@ -31,7 +31,7 @@ func (b backend) Status(context.Context) (rpc.Status, error) {
 	}
 	st := rpc.Status{
 		NodeID: d.cfg.NodeID, Version: d.opt.Version, StartedAt: d.started,
-		Listen: d.relayLn.Addr().String(), SuccessCondition: d.cfg.Relay.SuccessCondition,
+		Listen: d.relayLn.Addr().String(), SuccessCondition: d.cfg.Relay.SuccessCondition, AcceptFrom: d.cfg.AcceptFrom,
 		EvictOnRelay: d.cfg.Relay.EvictOnRelay, Ledger: map[string]int{}, Segments: len(entries),
 		Usage: usage(d.store.Usage()),
 	}

@@ -144,7 +144,7 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 	d.met = newMetrics(d)
 	d.tr, err = transport.New(transport.Config{
 		NodeID: cfg.NodeID, CertFile: cfg.TLS.Cert, KeyFile: cfg.TLS.Key, CAFile: cfg.TLS.CA,
-		AllowPeer:        func(id string) bool { _, ok := cfg.Peer(id); return ok },
+		AllowPeer:        cfg.Accepts, // known_peers and inbound-only accept_from
 		HandshakeTimeout: cfg.Relay.DialTimeout,
 		Wire:             wire.Options{MaxSegmentSize: int64(cfg.Storage.MaxSegmentBytes), IdleTimeout: idleTimeout(cfg)},
 		OnReloadError: func(err error) {
@@ -289,7 +289,7 @@ func (d *Daemon) Serve(ctx context.Context) error {
 	}()
 	d.serving.Store(true)
 	d.log.Info("edged serving", "listen", d.relayLn.Addr().String(), "rpc", d.rpcLn.Addr().String(),
-		"peers", d.ex.PeerIDs(), "condition", d.cfg.Relay.SuccessCondition, "evict_on_relay", d.cfg.Relay.EvictOnRelay)
+		"peers", d.ex.PeerIDs(), "accept_from", d.cfg.AcceptFrom, "condition", d.cfg.Relay.SuccessCondition, "evict_on_relay", d.cfg.Relay.EvictOnRelay)
 
 	var first error
 	select {

@@ -40,17 +40,20 @@ import (
 
 // Status is GET /v1/status.
 type Status struct {
-	NodeID           string         `json:"node_id"`
-	Version          string         `json:"version"`
-	StartedAt        time.Time      `json:"started_at"`
-	Listen           string         `json:"listen"`
-	SuccessCondition string         `json:"success_condition"`
-	EvictOnRelay     bool           `json:"evict_on_relay"`
-	Peers            []Peer         `json:"peers"`
-	Ledger           map[string]int `json:"ledger"` // records per state
-	Segments         int            `json:"segments"`
-	Relayed          int            `json:"relayed"`
-	Usage            Usage          `json:"usage"`
+	NodeID           string    `json:"node_id"`
+	Version          string    `json:"version"`
+	StartedAt        time.Time `json:"started_at"`
+	Listen           string    `json:"listen"`
+	SuccessCondition string    `json:"success_condition"`
+	EvictOnRelay     bool      `json:"evict_on_relay"`
+	Peers            []Peer    `json:"peers"`
+	// AcceptFrom are the inbound-only peers (accept_from): accepted, never
+	// dialled, owed nothing.
+	AcceptFrom []string       `json:"accept_from,omitempty"`
+	Ledger     map[string]int `json:"ledger"` // records per state
+	Segments   int            `json:"segments"`
+	Relayed    int            `json:"relayed"`
+	Usage      Usage          `json:"usage"`
 }
 
 // Peer is a configured peer and its dial circuit (docs/edge.md): closed
