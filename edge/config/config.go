@@ -22,8 +22,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -216,12 +218,8 @@ func Load(path string) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load config: %w", err)
 	}
-	c, err := decode(data)
+	c, err := load(data, filepath.Dir(abs))
 	if err != nil {
-		return nil, fmt.Errorf("load config %s: %w", path, err)
-	}
-	c.resolve(filepath.Dir(abs))
-	if err := c.Validate(); err != nil {
 		return nil, fmt.Errorf("load config %s: %w", path, err)
 	}
 	return c, nil
@@ -230,44 +228,103 @@ func Load(path string) (*Config, error) {
 // Parse decodes and validates a configuration held in memory. Relative
 // paths are left as written (relative to the process's working directory).
 func Parse(data []byte) (*Config, error) {
-	c, err := decode(data)
+	c, err := load(data, "")
 	if err != nil {
-		return nil, fmt.Errorf("parse config: %w", err)
-	}
-	if err := c.Validate(); err != nil {
 		return nil, fmt.Errorf("parse config: %w", err)
 	}
 	return c, nil
 }
 
-// decode checks the document against the schema (so that every unknown key
-// and mistyped value is reported with its path, all at once), then decodes
-// it over the defaults. KnownFields(true) stays on as a second guard.
-func decode(data []byte) (*Config, error) {
+// load decodes data and validates it, resolving relative paths against
+// dir unless it is empty. The document's problems (unknown keys, values of
+// the wrong kind) and the rule violations of what remains are reported
+// together: an operator who fixed the first list must not meet a second
+// one. A rule violation at a key the document check already reported, or
+// inside it, is left out (a mistyped node_id is not also "required").
+func load(data []byte, dir string) (*Config, error) {
+	c, docProbs, err := decode(data)
+	if err != nil {
+		return nil, err
+	}
+	if dir != "" {
+		c.resolve(dir)
+	}
+	probs := docProbs
+	var ruleProbs Problems
+	if err := c.Validate(); err != nil && !errors.As(err, &ruleProbs) {
+		return nil, err
+	}
+	for _, p := range ruleProbs {
+		if !docProbs.cover(p.Key) {
+			probs = append(probs, p)
+		}
+	}
+	if len(probs) > 0 {
+		return nil, probs
+	}
+	return c, nil
+}
+
+// decode parses data, checks it against the schema (every unknown key and
+// mistyped value is reported with its path, all at once), and decodes
+// what the check left over the defaults. A YAML syntax error stops
+// everything: nothing after it can be read reliably.
+func decode(data []byte) (*Config, Problems, error) {
 	var doc yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&doc); err != nil {
 		if errors.Is(err, io.EOF) {
-			return nil, errors.New("config is empty")
+			return nil, nil, errors.New("config is empty")
 		}
-		return nil, err
+		return nil, nil, syntaxError(err)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		return nil, errors.New("config holds more than one YAML document")
+		return nil, nil, errors.New("config holds more than one YAML document")
 	}
 	var probs Problems
 	checkSchema("", &doc, configType, &probs)
-	if len(probs) > 0 {
-		return nil, probs
-	}
 	c := Default()
-	strict := yaml.NewDecoder(bytes.NewReader(data))
-	strict.KnownFields(true)
-	if err := strict.Decode(c); err != nil {
-		return nil, err
+	if err := doc.Decode(c); err != nil {
+		// The schema check admits only what decodes; this is a bug guard.
+		return nil, nil, fmt.Errorf("decode config: %w", err)
 	}
-	return c, nil
+	return c, probs, nil
+}
+
+// yamlLine matches yaml.v3's syntax error text.
+var yamlLine = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+
+// parserProblems are the messages of yaml.v3's parser (as opposed to its
+// scanner). For these, yaml.v3 (gopkg.in and go.yaml.in alike) prints a
+// zero-based line number, so a problem on line 2 read "line 1"; scanner
+// errors are one-based already. The line is that of the offending token or
+// of the construct it is in (a flow mapping's "{", say).
+var parserProblems = map[string]bool{
+	"did not find expected ',' or ']'":       true,
+	"did not find expected ',' or '}'":       true,
+	"did not find expected '-' indicator":    true,
+	"did not find expected <document start>": true,
+	"did not find expected <stream-start>":   true,
+	"did not find expected key":              true,
+	"did not find expected node content":     true,
+	"found duplicate %TAG directive":         true,
+	"found duplicate %YAML directive":        true,
+	"found incompatible YAML document":       true,
+	"found undefined tag handle":             true,
+}
+
+// syntaxError rewords a YAML syntax error with a one-based line number.
+func syntaxError(err error) error {
+	m := yamlLine.FindStringSubmatch(err.Error())
+	if m == nil {
+		return fmt.Errorf("YAML syntax error: %w", err)
+	}
+	line, _ := strconv.Atoi(m[1])
+	if parserProblems[m[2]] {
+		line++
+	}
+	return fmt.Errorf("YAML syntax error on line %d: %s", line, m[2])
 }
 
 // resolve makes relative file paths absolute against dir.

@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -233,6 +234,70 @@ func TestAllProblemsAtOnce(t *testing.T) {
 	for _, k := range []string{"node_id", "tls.cert", "tls.key", "tls.ca", "relay.workers", "relay.max_retries", "storage.dir"} {
 		if !keys[k] {
 			t.Errorf("missing problem for %s in %v", k, err)
+		}
+	}
+}
+
+// TestDocumentAndRuleProblemsTogether: document problems (unknown key,
+// wrong kinds) used to hide the rule violations: a file showed 2
+// problems, then 8 once those were fixed. Now one pass lists all, and a key
+// the document check reported is not reported again by a rule.
+func TestDocumentAndRuleProblemsTogether(t *testing.T) {
+	doc := "node_id: [edge-a]\ncolour: blue\nrelay: {workers: [1], max_retries: 0, backoff: {initial: 0s}}\n" +
+		"known_peers: [{id: b, address: 'h:1'}, oops, {id: c}]\nstorage: {dir: d, quota_bytes: 0}\n"
+	_, err := Parse([]byte(doc))
+	var ps Problems
+	if !errors.As(err, &ps) {
+		t.Fatalf("err = %v, want Problems", err)
+	}
+	got := map[string]string{}
+	for _, p := range ps {
+		if _, dup := got[p.Key]; dup {
+			t.Errorf("%s reported twice: %v", p.Key, err)
+		}
+		got[p.Key] = p.Message
+	}
+	want := map[string]string{
+		"node_id":                "must be a single value, not a list (line 1)",
+		"colour":                 "unknown key (line 2)",
+		"relay.workers":          "must be an integer, not a list (line 3)",
+		"relay.max_retries":      "out of range",
+		"relay.backoff.initial":  "must be > 0",
+		"known_peers[1]":         `must be a mapping of keys, not "oops" (line 4)`,
+		"known_peers[2].address": "required",
+		"tls.cert":               "required",
+		"tls.key":                "required",
+		"tls.ca":                 "required",
+		"storage.quota_bytes":    "must be > 0",
+	}
+	for k, msg := range want {
+		if !strings.Contains(got[k], msg) {
+			t.Errorf("%s: got %q, want ...%s...", k, got[k], msg)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("%d problems, want %d:\n%v", len(got), len(want), err)
+	}
+}
+
+// TestSyntaxErrorLines: yaml.v3 prints parser errors with a zero-based
+// line; the message must name the line the problem is on (or the line
+// its enclosing flow collection starts on).
+func TestSyntaxErrorLines(t *testing.T) {
+	for _, tc := range []struct {
+		doc  string
+		line int
+	}{
+		{"node_id: a\nrelay: {workers: 1\n", 2},                    // parser: unclosed flow mapping
+		{"node_id: a\nstorage: {dir: d}\nknown_peers: [a, b\n", 3}, // parser: unclosed flow sequence
+		{"node_id: a\nlisten: x\n- b\n", 3},                        // parser: a list item in a mapping
+		{"node_id: a\nlisten: @x\n", 2},                            // scanner
+		{"node_id: a\n\tlisten: x\n", 2},                           // scanner: tab
+		{"node_id: a\nlisten: x: y\n", 2},                          // scanner
+	} {
+		_, err := Parse([]byte(tc.doc))
+		if want := fmt.Sprintf("YAML syntax error on line %d:", tc.line); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v; want %q", tc.doc, err, want)
 		}
 	}
 }

@@ -36,6 +36,18 @@ func (ps Problems) Error() string {
 
 func (ps *Problems) add(key, msg string) { *ps = append(*ps, Problem{Key: key, Message: msg}) }
 
+// cover reports whether key is one of ps's keys or lies under one
+// (relay under relay, relay.workers under relay, known_peers[1].id under
+// known_peers[1]).
+func (ps Problems) cover(key string) bool {
+	for _, p := range ps {
+		if key == p.Key || strings.HasPrefix(key, p.Key+".") || strings.HasPrefix(key, p.Key+"[") {
+			return true
+		}
+	}
+	return false
+}
+
 // Validate checks every rule and returns Problems listing all violations,
 // or nil. It does not touch the filesystem or network: certificate files
 // are read, and addresses bound, by the daemon at start-up.

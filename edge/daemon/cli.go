@@ -52,8 +52,14 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, reload <
 		fmt.Fprintf(stderr, "edged: %v\n", err)
 		return 2
 	}
+	// The certificate files are part of the configuration to an operator:
+	// check them before anything else, naming their keys.
+	if _, err := transport.NewReloader(cfg.NodeID, cfg.TLS.Cert, cfg.TLS.Key, cfg.TLS.CA, nil); err != nil {
+		fmt.Fprintf(stderr, "edged: %s: %v\n", *cfgPath, tlsProblems(err))
+		return 2
+	}
 	if *check {
-		return checkConfig(cfg, *cfgPath, stdout, stderr)
+		return checkConfig(cfg, *cfgPath, stdout)
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lv}))
 	d, err := New(cfg, Options{Log: log, Version: version})
@@ -78,19 +84,33 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, reload <
 	return 0
 }
 
-// checkConfig also loads the certificate files, because a config that
-// parses but names an unreadable or mismatched certificate would still
-// fail at start.
-func checkConfig(cfg *config.Config, path string, stdout, stderr io.Writer) int {
-	if _, err := transport.NewReloader(cfg.NodeID, cfg.TLS.Cert, cfg.TLS.Key, cfg.TLS.CA, nil); err != nil {
-		fmt.Fprintf(stderr, "edged: %s: tls: %v\n", path, err)
-		return 2
+// tlsProblems turns certificate file errors into configuration problems
+// keyed tls.cert, tls.key and tls.ca (every file that failed), so the
+// first start of a new node says which setting names the missing or bad
+// file. Other errors pass unchanged.
+func tlsProblems(err error) error {
+	fes := transport.FileErrors(err)
+	if len(fes) == 0 {
+		return err
 	}
+	var ps config.Problems
+	for _, fe := range fes {
+		ps = append(ps, config.Problem{Key: "tls." + fe.Role, Message: fe.Err.Error()})
+	}
+	return ps
+}
+
+// checkConfig prints the effective settings of a configuration whose
+// file and certificate files Main has checked.
+func checkConfig(cfg *config.Config, path string, stdout io.Writer) int {
 	fmt.Fprintf(stdout, "%s: OK\n", path)
 	fmt.Fprintf(stdout, "node_id: %s\nlisten: %s\nrpc.listen: %s\n", cfg.NodeID, cfg.Listen, cfg.RPC.Listen)
 	fmt.Fprintf(stdout, "tls: cert=%s key=%s ca=%s\n", cfg.TLS.Cert, cfg.TLS.Key, cfg.TLS.CA)
 	for _, p := range cfg.KnownPeers {
 		fmt.Fprintf(stdout, "known_peer: %s at %s\n", p.ID, p.Address)
+	}
+	for _, id := range cfg.AcceptFrom {
+		fmt.Fprintf(stdout, "accept_from: %s (inbound only)\n", id)
 	}
 	r := cfg.Relay
 	fmt.Fprintf(stdout, "relay: success_condition=%s max_retries=%d backoff=%s..%s evict_on_relay=%t workers=%d ack_timeout=%s dial_timeout=%s\n",

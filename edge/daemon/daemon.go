@@ -157,7 +157,7 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 		},
 	})
 	if err != nil {
-		return nil, err
+		return nil, tlsProblems(err)
 	}
 	peers := map[string]string{}
 	for _, p := range cfg.KnownPeers {

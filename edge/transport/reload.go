@@ -4,10 +4,12 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -60,6 +62,52 @@ type Reloader struct {
 	// ioReported is the text of the last stat or read failure reported by
 	// Current, so a file that stays missing is reported once.
 	ioReported string
+}
+
+// File roles in a FileError.
+const (
+	RoleCert = "cert" // this node's certificate chain
+	RoleKey  = "key"  // its private key
+	RoleCA   = "ca"   // the CA bundle
+)
+
+// FileError says which of the three files a load failed on, so a caller
+// can name it the way its configuration does (edged: tls.cert, tls.key,
+// tls.ca). A stat that fails for several files is an errors.Join of one
+// FileError each.
+type FileError struct {
+	Role string // RoleCert, RoleKey or RoleCA
+	Path string
+	Err  error
+}
+
+func (e *FileError) Error() string { return e.Err.Error() }
+func (e *FileError) Unwrap() error { return e.Err }
+
+// FileErrors lists the FileErrors in err's tree, in order.
+func FileErrors(err error) []*FileError {
+	var out []*FileError
+	var walk func(error)
+	walk = func(err error) {
+		if fe, ok := err.(*FileError); ok {
+			out = append(out, fe)
+			return
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				walk(e)
+			}
+		case interface{ Unwrap() error }:
+			if e := u.Unwrap(); e != nil {
+				walk(e)
+			}
+		}
+	}
+	if err != nil {
+		walk(err)
+	}
+	return out
 }
 
 // racyMargin exceeds the coarsest common timestamp granularity (FAT: 2 s).
@@ -140,14 +188,24 @@ func (r *Reloader) Err() error {
 	return r.lastErr
 }
 
+// files pairs the three paths with their roles.
+func (r *Reloader) files() [3][2]string {
+	return [3][2]string{{RoleCert, r.certFile}, {RoleKey, r.keyFile}, {RoleCA, r.caFile}}
+}
+
+// stamps looks at all three files and reports every one that fails.
 func (r *Reloader) stamps() ([3]fileStamp, error) {
 	var s [3]fileStamp
-	for i, p := range []string{r.certFile, r.keyFile, r.caFile} {
-		st, err := stamp(p)
+	var errs []error
+	for i, f := range r.files() {
+		st, err := stamp(f[1])
 		if err != nil {
-			return s, fmt.Errorf("reload tls files: %w", err)
+			errs = append(errs, &FileError{Role: f[0], Path: f[1], Err: err})
 		}
 		s[i] = st
+	}
+	if len(errs) > 0 {
+		return s, fmt.Errorf("reload tls files: %w", errors.Join(errs...))
 	}
 	return s, nil
 }
@@ -163,9 +221,9 @@ func (r *Reloader) reloadLocked(force bool) error {
 	}
 	var raw [3][]byte
 	h := sha256.New()
-	for i, p := range []string{r.certFile, r.keyFile, r.caFile} {
-		if raw[i], err = os.ReadFile(p); err != nil {
-			err = fmt.Errorf("reload tls files: %w", err)
+	for i, f := range r.files() {
+		if raw[i], err = os.ReadFile(f[1]); err != nil {
+			err = fmt.Errorf("reload tls files: %w", &FileError{Role: f[0], Path: f[1], Err: err})
 			r.lastErr = err
 			return err
 		}
@@ -202,21 +260,32 @@ func (r *Reloader) reloadLocked(force bool) error {
 	return nil
 }
 
+// parse checks the files' content; an error is a *FileError naming the
+// file at fault (the certificate when the key does not match it).
 func (r *Reloader) parse(certPEM, keyPEM, caPEM []byte) (*Material, error) {
+	fail := func(role, path string, format string, args ...any) error {
+		return &FileError{Role: role, Path: path, Err: fmt.Errorf(format, args...)}
+	}
+	if !hasPEM(certPEM, func(t string) bool { return t == "CERTIFICATE" }) {
+		return nil, fail(RoleCert, r.certFile, "load %s: no PEM certificate", r.certFile)
+	}
+	if !hasPEM(keyPEM, func(t string) bool { return strings.HasSuffix(t, "PRIVATE KEY") }) {
+		return nil, fail(RoleKey, r.keyFile, "load %s: no PEM private key", r.keyFile)
+	}
 	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
-		return nil, fmt.Errorf("load %s with %s: %w", r.certFile, r.keyFile, err)
+		return nil, fail(RoleKey, r.keyFile, "load %s with %s: %w", r.certFile, r.keyFile, err)
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(caPEM) {
-		return nil, fmt.Errorf("load %s: no PEM certificates", r.caFile)
+		return nil, fail(RoleCA, r.caFile, "load %s: no PEM certificates", r.caFile)
 	}
 	id, err := pki.NodeID(cert.Leaf)
 	if err != nil {
-		return nil, fmt.Errorf("load %s: %w", r.certFile, err)
+		return nil, fail(RoleCert, r.certFile, "load %s: %w", r.certFile, err)
 	}
 	if id != r.nodeID {
-		return nil, fmt.Errorf("load %s: %w: certificate is for node %q, this node is %q", r.certFile, ErrIdentityMismatch, id, r.nodeID)
+		return nil, fail(RoleCert, r.certFile, "load %s: %w: certificate is for node %q, this node is %q", r.certFile, ErrIdentityMismatch, id, r.nodeID)
 	}
 	inter := x509.NewCertPool()
 	for _, der := range cert.Certificate[1:] {
@@ -227,10 +296,24 @@ func (r *Reloader) parse(certPEM, keyPEM, caPEM []byte) (*Material, error) {
 	for _, usage := range []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth} {
 		_, err := cert.Leaf.Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, CurrentTime: r.now(), KeyUsages: []x509.ExtKeyUsage{usage}})
 		if err != nil {
-			return nil, fmt.Errorf("load %s: not valid under %s for %v: %w", r.certFile, r.caFile, usageName(usage), err)
+			return nil, fail(RoleCert, r.certFile, "load %s: not valid under %s for %v: %w", r.certFile, r.caFile, usageName(usage), err)
 		}
 	}
 	return &Material{Cert: cert, Pool: pool, NodeID: id}, nil
+}
+
+// hasPEM reports whether data holds a PEM block whose type is wanted (what
+// tls.X509KeyPair looks for, told apart so the error names the file).
+func hasPEM(data []byte, want func(string) bool) bool {
+	for {
+		var b *pem.Block
+		if b, data = pem.Decode(data); b == nil {
+			return false
+		}
+		if want(b.Type) {
+			return true
+		}
+	}
 }
 
 func usageName(u x509.ExtKeyUsage) string {

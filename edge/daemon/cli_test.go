@@ -1,0 +1,53 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/relay-dev/relay/edge/pki/pkitest"
+)
+
+// TestCheckConfigNamesTLSKeys: on a node's first start, a missing or bad
+// certificate file is reported under the key that names it (tls.cert,
+// tls.key, tls.ca), every failing file at once, as a configuration
+// problem (exit 2); before, it read "tls: reload tls files: stat ...".
+func TestCheckConfigNamesTLSKeys(t *testing.T) {
+	pkiDir := pkitest.New(t, "a", "b")
+	for _, tc := range []struct {
+		name      string
+		cert, key string
+		ca        string
+		want      []string
+	}{
+		{"cert and ca missing", "missing.crt", "a.key", "missing-ca.crt",
+			[]string{"invalid config (2 problems)", "tls.cert: stat ", "missing.crt: no such file", "tls.ca: stat "}},
+		{"key of another node", "a.crt", "b.key", "ca.crt", []string{"tls.key: load ", "private key does not match"}},
+		{"key file holds a certificate", "a.crt", "a.crt", "ca.crt", []string{"tls.key: load ", "no PEM private key"}},
+		{"certificate of another node", "b.crt", "b.key", "ca.crt", []string{"tls.cert: load ", `certificate is for node "b"`}},
+		{"ca file holds a key", "a.crt", "a.key", "a.key", []string{"tls.ca: load ", "no PEM certificates"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "edged.yaml")
+			doc := "node_id: a\ntls:\n  cert: " + filepath.Join(pkiDir, tc.cert) + "\n  key: " + filepath.Join(pkiDir, tc.key) +
+				"\n  ca: " + filepath.Join(pkiDir, tc.ca) + "\nstorage: {dir: data}\n"
+			if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			var stdout, stderr bytes.Buffer
+			code := Main(context.Background(), []string{"-check-config", "-config", path}, &stdout, &stderr, nil, "test")
+			if code != 2 {
+				t.Fatalf("exit %d, want 2; stderr %s", code, stderr.String())
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(stderr.String(), w) {
+					t.Errorf("stderr lacks %q:\n%s", w, stderr.String())
+				}
+			}
+		})
+	}
+}
