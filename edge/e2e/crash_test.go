@@ -166,7 +166,11 @@ func TestEvictOnRelay(t *testing.T) {
 		if !sawPending {
 			t.Log("never observed the pending window (slow machine); relying on the log order")
 		}
-		// The log gives the order of events regardless of timing.
+		// The log gives the order of events regardless of timing. edged
+		// writes "segment evicted on relay" after the eviction commits, so
+		// the index can be empty a moment before the line is there (a
+		// loaded make test caught it): wait for the line, then judge.
+		eventually(t, "eviction logged", func() bool { return strings.Contains(a.log(), `msg="segment evicted on relay"`) })
 		log := a.log()
 		success := strings.Index(log, `msg="relay success"`)
 		dead := regexp.MustCompile(`msg="relay deadlettered" .*peer=c`).FindStringIndex(log)
