@@ -9,6 +9,7 @@ package demo
 
 import (
 	"context"
+	crand "crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -90,6 +91,13 @@ type Stores struct {
 	// Units, when set, reports the write and read capacity units both
 	// tables consumed so far (DynamoDB's formulas; see docs/dynamodb.md).
 	Units func() (write, read float64)
+	// Transient, when set, tells which store errors the demo's own calls
+	// (its writers' enqueues and its checks) repeat after a back-off
+	// rather than give up on: DynamoDB's stores give up after a few
+	// throttled attempts, which says nothing about the relay. Nil: none.
+	Transient func(error) bool
+	// Faults, when set, reports the faults injected into the store so far.
+	Faults func() (throttled, dropped int64)
 }
 
 // Summary is what the demo reports (and prints as JSON with --json).
@@ -118,16 +126,26 @@ type Summary struct {
 	RowsPerSecond    float64 `json:"rows_per_second"`
 	WriteUnitsPerRow float64 `json:"write_units_per_row,omitempty"`
 	ReadUnitsPerRow  float64 `json:"read_units_per_row,omitempty"`
-	Verified         bool    `json:"verified"`
+	// InjectedThrottles and InjectedDrops count the faults injected into
+	// the store's requests; DemoRetries the demo's own calls it repeated.
+	InjectedThrottles int64 `json:"injected_throttles,omitempty"`
+	InjectedDrops     int64 `json:"injected_drops,omitempty"`
+	DemoRetries       int64 `json:"demo_retries,omitempty"`
+	Verified          bool  `json:"verified"`
+	// Error is why the run stopped or failed its checks; empty when
+	// Verified.
+	Error string `json:"error,omitempty"`
 }
 
 // Run executes the workload to quiescence, writing progress lines to
-// progress (may be io.Discard), and verifies the final state.
+// progress (may be io.Discard), and verifies the final state. The summary
+// describes the run also when Run returns an error (then it is not
+// Verified and says why in Error).
 func Run(ctx context.Context, cfg Config, stores Stores, progress io.Writer, logger *slog.Logger) (Summary, error) {
 	cfg = cfg.withDefaults()
 	budget, err := relaycore.PlanBudget(cfg.Plan)
 	if err != nil {
-		return Summary{}, err
+		return Summary{Store: stores.Name, Plan: cfg.Plan, Seed: cfg.Seed, Error: err.Error()}, err
 	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -141,7 +159,7 @@ func Run(ctx context.Context, cfg Config, stores Stores, progress io.Writer, log
 	dst := relaycore.NewCountingStore(flaky)
 
 	lags := &lagRecorder{}
-	var s Summary
+	retry := &retrier{transient: stores.Transient}
 	var fires, rowsDelivered, targetCalls, blocked atomic.Int64
 	h := &relaycore.RelayHandler{
 		Source: src, Target: dst, Budget: budget, Logger: logger,
@@ -165,9 +183,17 @@ func Run(ctx context.Context, cfg Config, stores Stores, progress io.Writer, log
 	defer func() { stopClock(); <-clockDone }()
 
 	start := time.Now()
+	// Writers commit with an idempotency key per batch, so a batch whose
+	// outcome the store could not tell can be committed again safely; the
+	// run id keeps keys of runs on reused tables apart.
+	runID := crand.Text()[:10]
 	model := newModel()
 	var enqueued, batches, replans atomic.Int64
+	// Writers stop and are waited for before Run returns, also on an
+	// error: none may touch the stores once the caller closes them.
+	wctx, stopWriters := context.WithCancel(ctx)
 	var wg sync.WaitGroup
+	defer func() { stopWriters(); wg.Wait() }()
 	errs := make(chan error, cfg.Sources*cfg.WritersPerSrc)
 	for si := range cfg.Sources {
 		source := relaycore.Partition(fmt.Sprintf("src-%02d", si))
@@ -177,9 +203,25 @@ func Run(ctx context.Context, cfg Config, stores Stores, progress io.Writer, log
 				defer wg.Done()
 				rng := rand.New(rand.NewPCG(cfg.Seed, uint64(si*1000+wi)))
 				w := writer{cfg: cfg, source: source, writer: wi, rng: rng}
-				for rows := w.next(); rows != nil; rows = w.next() {
-					res, err := relaycore.CommitRelayRows(ctx, src, relaycore.SystemClock{}, source, nil, time.Time{}, rows,
-						relaycore.EnqueueConfig{Kicker: ac, Logger: logger})
+				for batch := 0; ; batch++ {
+					rows := w.next()
+					if rows == nil {
+						return
+					}
+					ecfg := relaycore.EnqueueConfig{Kicker: ac, Logger: logger,
+						IdempotencyKey: fmt.Sprintf("demo:%s:%s:w%d:b%d", runID, source, wi, batch)}
+					var res relaycore.CommitResult
+					err := retry.do(wctx, func() error {
+						var err error
+						res, err = relaycore.CommitRelayRows(wctx, src, relaycore.SystemClock{}, source, nil, time.Time{}, rows, ecfg)
+						if errors.Is(err, relaycore.ErrIdempotentRequestTooLarge) {
+							// The rows need several store batches, which
+							// an idempotency record cannot cover.
+							ecfg.IdempotencyKey = ""
+							res, err = relaycore.CommitRelayRows(wctx, src, relaycore.SystemClock{}, source, nil, time.Time{}, rows, ecfg)
+						}
+						return err
+					}, func(err error) bool { return ecfg.IdempotencyKey != "" || !relaycore.MayBeApplied(err) })
 					if err != nil {
 						errs <- fmt.Errorf("enqueue %s: %w", source, err)
 						return
@@ -191,7 +233,7 @@ func Run(ctx context.Context, cfg Config, stores Stores, progress io.Writer, log
 					if cfg.WriteInterval > 0 {
 						select {
 						case <-time.After(cfg.WriteInterval):
-						case <-ctx.Done():
+						case <-wctx.Done():
 							return
 						}
 					}
@@ -208,6 +250,15 @@ func Run(ctx context.Context, cfg Config, stores Stores, progress io.Writer, log
 	for i := range sources {
 		sources[i] = relaycore.Partition(fmt.Sprintf("src-%02d", i))
 	}
+	finish := func(err error) (Summary, error) {
+		s := summarize(cfg, stores, start, enqueued.Load(), batches.Load(), replans.Load(), rowsDelivered.Load(),
+			fires.Load(), targetCalls.Load(), blocked.Load(), flaky.failed.Load(), ac.Stats(), src, dst, lags)
+		s.DemoRetries = retry.retries.Load()
+		if err != nil {
+			s.Error = err.Error()
+		}
+		return s, err
+	}
 	report := func(phase string) {
 		fmt.Fprintf(progress, "%-9s %6.1fs  enqueued %7d  delivered %7d  fires %5d  alarms %5d  blocked %3d  target failures %d\n",
 			phase, time.Since(start).Seconds(), enqueued.Load(), rowsDelivered.Load(), fires.Load(),
@@ -217,9 +268,9 @@ func Run(ctx context.Context, cfg Config, stores Stores, progress io.Writer, log
 	for {
 		select {
 		case err := <-errs:
-			return s, err
+			return finish(err)
 		case <-ctx.Done():
-			return s, ctx.Err()
+			return finish(ctx.Err())
 		case <-writersDone:
 			writersDone = nil
 			writing = false
@@ -229,9 +280,9 @@ func Run(ctx context.Context, cfg Config, stores Stores, progress io.Writer, log
 				report("running")
 				continue
 			}
-			empty, err := allEmpty(ctx, src, sources)
+			empty, err := allEmpty(ctx, retry, src, sources)
 			if err != nil {
-				return s, err
+				return finish(fmt.Errorf("check outboxes: %w", err))
 			}
 			if empty && ac.Idle() {
 				report("quiescent")
@@ -241,13 +292,23 @@ func Run(ctx context.Context, cfg Config, stores Stores, progress io.Writer, log
 		}
 	}
 done:
+	if err := model.verify(ctx, retry, stores.Target); err != nil {
+		return finish(fmt.Errorf("verify: %w", err))
+	}
+	sum, _ := finish(nil)
+	sum.Verified = true
+	return sum, nil
+}
+
+// summarize describes the run so far.
+func summarize(cfg Config, stores Stores, start time.Time, enqueued, batches, replans, delivered, fires, targetCalls, blocked, failed int64,
+	st alarmclock.Stats, src, dst *relaycore.CountingStore, lags *lagRecorder) Summary {
 	elapsed := time.Since(start)
-	st := ac.Stats()
-	s = Summary{
+	s := Summary{
 		Store: stores.Name, Plan: cfg.Plan, Seed: cfg.Seed, Sources: cfg.Sources, Targets: cfg.Targets,
-		RowsEnqueued: enqueued.Load(), EnqueueBatches: batches.Load(), EnqueueReplans: replans.Load(),
-		RowsDelivered: rowsDelivered.Load(), Alarms: st.Alarms, Fires: fires.Load(), Kicks: st.Kicks,
-		TargetCalls: targetCalls.Load(), TargetFailures: flaky.failed.Load(), BlockedEvents: blocked.Load(),
+		RowsEnqueued: enqueued, EnqueueBatches: batches, EnqueueReplans: replans,
+		RowsDelivered: delivered, Alarms: st.Alarms, Fires: fires, Kicks: st.Kicks,
+		TargetCalls: targetCalls, TargetFailures: failed, BlockedEvents: blocked,
 		SourceStoreCalls: src.Gets.Load() + src.Scans.Load() + src.Applies.Load(),
 		TargetStoreCalls: dst.Gets.Load() + dst.Scans.Load() + dst.Applies.Load(),
 		ElapsedMS:        elapsed.Milliseconds(),
@@ -260,18 +321,55 @@ done:
 		w, r := stores.Units()
 		s.WriteUnitsPerRow, s.ReadUnitsPerRow = w/float64(s.RowsEnqueued), r/float64(s.RowsEnqueued)
 	}
-	if err := model.verify(ctx, stores.Target, sources); err != nil {
-		return s, fmt.Errorf("verify: %w", err)
+	if stores.Faults != nil {
+		s.InjectedThrottles, s.InjectedDrops = stores.Faults()
 	}
-	s.Verified = true
-	return s, nil
+	return s
+}
+
+// retrier repeats the demo's own store calls after the failures its
+// Transient func names, with a capped exponential back-off, so a check
+// rides out throttling the relay itself rides out by retrying alarms.
+type retrier struct {
+	transient func(error) bool
+	retries   atomic.Int64
+}
+
+// maxDemoAttempts bounds one call's attempts; each attempt is a store call
+// with its own retries, so giving up means the store is down, not busy.
+const maxDemoAttempts = 12
+
+// do runs call until it succeeds, fails for good, or runs out of
+// attempts. safe, when set, must also hold for an error to be retried.
+func (r *retrier) do(ctx context.Context, call func() error, safe func(error) bool) error {
+	backoff := 20 * time.Millisecond
+	for n := 1; ; n++ {
+		err := call()
+		if err == nil || r.transient == nil || !r.transient(err) || safe != nil && !safe(err) || n >= maxDemoAttempts {
+			return err
+		}
+		r.retries.Add(1)
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		}
+		backoff = min(2*backoff, time.Second)
+	}
 }
 
 func targetName(i int) relaycore.Partition { return relaycore.Partition(fmt.Sprintf("tgt-%03d", i)) }
 
-func allEmpty(ctx context.Context, st relaycore.Store, sources []relaycore.Partition) (bool, error) {
+func allEmpty(ctx context.Context, retry *retrier, st relaycore.Store, sources []relaycore.Partition) (bool, error) {
 	for _, s := range sources {
-		state, err := relaycore.SourceRelayState(ctx, st, s, time.Now())
+		var state relaycore.SourceState
+		err := retry.do(ctx, func() error {
+			var err error
+			state, err = relaycore.SourceRelayState(ctx, st, s, time.Now())
+			return err
+		}, nil)
 		if err != nil {
 			return false, err
 		}
@@ -356,13 +454,21 @@ func (m *model) record(_ relaycore.Partition, rows []relaycore.Row, seqs []uint6
 	}
 }
 
-func (m *model) verify(ctx context.Context, st relaycore.Store, sources []relaycore.Partition) error {
+func (m *model) verify(ctx context.Context, retry *retrier, st relaycore.Store) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var problems []error
 	for target, keys := range m.last {
 		for k, w := range keys {
-			v, found, err := st.Get(ctx, target, k)
+			var (
+				v     []byte
+				found bool
+			)
+			err := retry.do(ctx, func() error {
+				var err error
+				v, found, err = st.Get(ctx, target, k)
+				return err
+			}, nil)
 			if err != nil {
 				return err
 			}

@@ -55,10 +55,20 @@ func demoCmd(stdout, stderr io.Writer) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "demo",
 		Short: "Run the embedded relay on a realistic workload to quiescence and verify the result",
-		Long: `demo starts an embedded relay (bbolt store, in-process alarm clock), runs several
+		Long: `demo starts an embedded relay with an in-process alarm clock, runs several
 sources with concurrent writers appending rows for dozens of targets, lets one
 target fail for a while, waits until every outbox is drained, checks every target
-key against a model of what was written, and prints a summary.`,
+key against a model of what was written, and prints a summary (also when a check
+fails: then it exits 1 after the summary).
+
+The store is chosen by --store:
+  bolt    a bbolt file (--db, default a temporary file removed afterwards)
+  dynamo  two DynamoDB tables, <table-prefix>source and <table-prefix>target,
+          created when missing; tables that already hold items are refused
+          unless --reuse-tables. Without --endpoint an in-process DynamoDB-API
+          endpoint serves them; --endpoint aws uses your AWS credentials.
+          --inject-throttle and --inject-drop make a share of the requests
+          fail as DynamoDB's throttling and lost responses do.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var level slog.Level
@@ -66,6 +76,14 @@ key against a model of what was written, and prints a summary.`,
 				return fmt.Errorf("--log-level: %w", err)
 			}
 			logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+			if store != "dynamo" {
+				for _, name := range []string{"endpoint", "table-prefix", "reuse-tables", "inject-throttle", "inject-drop"} {
+					if cmd.Flags().Changed(name) {
+						return fmt.Errorf("--%s needs --store dynamo", name)
+					}
+				}
+			}
+			dyn.seed = cfg.Seed
 			stores, closeStores, err := openStores(cmd.Context(), store, dbPath, dyn)
 			if err != nil {
 				return err
@@ -77,17 +95,19 @@ key against a model of what was written, and prints a summary.`,
 			}
 			fmt.Fprintf(progress, "relay demo: store %s, plan %s, %d sources x %d writers, %d targets, %d rows per source, seed %d\n",
 				stores.Name, cfg.Plan, cfg.Sources, cfg.WritersPerSrc, cfg.Targets, cfg.RowsPerSource, cfg.Seed)
+			// The summary prints whatever happened: what was delivered is
+			// worth seeing most when a check failed.
 			sum, err := demo.Run(cmd.Context(), cfg, stores, progress, logger)
-			if err != nil {
-				return err
-			}
 			if asJSON {
 				enc := json.NewEncoder(stdout)
 				enc.SetIndent("", "  ")
-				return enc.Encode(sum)
+				if jerr := enc.Encode(sum); jerr != nil && err == nil {
+					err = jerr
+				}
+			} else {
+				printSummary(stdout, sum)
 			}
-			printSummary(stdout, sum)
-			return nil
+			return err
 		},
 	}
 	f := c.Flags()
@@ -106,6 +126,9 @@ key against a model of what was written, and prints a summary.`,
 	f.StringVar(&store, "store", "bolt", "store backend: bolt or dynamo")
 	f.StringVar(&dyn.endpoint, "endpoint", "", `DynamoDB endpoint URL for --store dynamo ("aws" = the SDK default; empty = an in-process DynamoDB-API endpoint)`)
 	f.StringVar(&dyn.tablePrefix, "table-prefix", "relay-demo-", "DynamoDB table name prefix for --store dynamo")
+	f.BoolVar(&dyn.reuse, "reuse-tables", false, "with --store dynamo, run on tables that already hold items")
+	f.Float64Var(&dyn.throttle, "inject-throttle", 0, "with --store dynamo, the share of requests (0..1) answered with a ThrottlingException")
+	f.Float64Var(&dyn.drop, "inject-drop", 0, "with --store dynamo, the share of requests (0..1) whose response is lost after the endpoint ran them")
 	f.StringVar(&dbPath, "db", "", "bbolt file (default: a new file in a temporary directory, removed afterwards)")
 	f.StringVar(&logLevel, "log-level", "error", "log level: debug, info, warn, error")
 	return c
@@ -188,13 +211,27 @@ summary (%s, plan %s, seed %d)
   store calls        source %d, target %d
   lag at apply       p50 %d ms, p99 %d ms, max %d ms
   elapsed            %.2fs (%.0f rows/s delivered)
-  verified           %v (every target key matches the newest row written)
+  verified           %s
 `, s.Store, s.Plan, s.Seed, s.RowsEnqueued, s.EnqueueBatches, s.EnqueueReplans, s.RowsDelivered, s.Targets, s.Sources,
 		s.Alarms, s.Fires, s.Kicks, s.TargetCalls, s.TargetFailures, s.BlockedEvents,
 		s.SourceStoreCalls, s.TargetStoreCalls, s.LagP50MS, s.LagP99MS, s.LagMaxMS,
-		float64(s.ElapsedMS)/1000, s.RowsPerSecond, s.Verified)
+		float64(s.ElapsedMS)/1000, s.RowsPerSecond, verdict(s))
+	if s.InjectedThrottles > 0 || s.InjectedDrops > 0 {
+		fmt.Fprintf(w, "  injected faults    %d throttled requests, %d dropped responses (%d demo retries)\n",
+			s.InjectedThrottles, s.InjectedDrops, s.DemoRetries)
+	}
 	if s.WriteUnitsPerRow > 0 {
 		fmt.Fprintf(w, "  DynamoDB units     %.2f write, %.2f read per enqueued row (includes the injected failures' retries)\n",
 			s.WriteUnitsPerRow, s.ReadUnitsPerRow)
 	}
+}
+
+func verdict(s demo.Summary) string {
+	switch {
+	case s.Verified:
+		return "true (every target key matches the newest row written)"
+	case s.Error != "":
+		return "false: " + s.Error
+	}
+	return "false"
 }
