@@ -8,12 +8,19 @@ RIE_VERSION := v0.0.0-20261030222936-bef5c4ba774d
 # staticcheck 2026.2.2, the first release line that knows Go 1.26.
 STATICCHECK := $(BIN)/staticcheck
 STATICCHECK_VERSION := v0.8.2
+# govulncheck reads a vulnerability database built from the pinned
+# golang.org/x/vulndb module (its data/osv reports, indexed by the module's
+# own indexdb command): `make vuln` needs the module proxy once, never
+# vuln.go.dev. Move VULNDB_VERSION to see newer reports.
+GOVULNCHECK_VERSION := v1.9.0
+VULNDB_VERSION := v0.0.0-20261105234957-e22db6528018
+VULNDB   := $(BIN)/vulndb-$(VULNDB_VERSION)
 SEEDS    ?= 1000
 PKGS     := ./...
 
 export PATH := $(BIN):$(PATH)
 
-.PHONY: all build test test-short run sim bench lint lint-template tools clean
+.PHONY: all build test test-short run sim bench lint lint-template vuln tools clean
 
 all: build
 
@@ -30,6 +37,16 @@ $(RIE):
 $(BIN)/.staticcheck-$(STATICCHECK_VERSION):
 	GOBIN=$(BIN) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 	touch $@
+
+$(BIN)/.govulncheck-$(GOVULNCHECK_VERSION):
+	GOBIN=$(BIN) $(GO) install golang.org/x/vuln/cmd/govulncheck@$(GOVULNCHECK_VERSION)
+	touch $@
+
+$(VULNDB)/index/db.json:
+	GOBIN=$(BIN) $(GO) install golang.org/x/vulndb/cmd/indexdb@$(VULNDB_VERSION)
+	$(GO) mod download golang.org/x/vulndb@$(VULNDB_VERSION)
+	rm -rf $(VULNDB)
+	$(BIN)/indexdb -vulns "$$($(GO) env GOMODCACHE)/golang.org/x/vulndb@$(VULNDB_VERSION)/data/osv" -out $(VULNDB)
 
 ## test: everything, with the race detector. Needs only loopback networking.
 test: tools
@@ -70,6 +87,12 @@ lint-template:
 	else \
 		echo "cfn-lint not installed: template.yaml not linted (pip install cfn-lint; CI requires it)"; \
 	fi
+
+## vuln: govulncheck against the local database; fails on any called
+## vulnerability that vuln-accepted.txt does not accept with a reason.
+vuln: $(BIN)/.govulncheck-$(GOVULNCHECK_VERSION) $(VULNDB)/index/db.json
+	$(BIN)/govulncheck -db file://$(VULNDB) -format json $(PKGS) > $(BIN)/vuln.json
+	$(GO) run ./internal/vulngate -accepted vuln-accepted.txt < $(BIN)/vuln.json
 
 clean:
 	rm -rf $(BIN)
