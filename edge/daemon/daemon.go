@@ -153,6 +153,11 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 		},
 		OnReject: func(remote net.Addr, err error) {
 			d.met.rejected.Inc()
+			// A HELLO that breaks the protocol comes after TLS: from an
+			// authenticated node, so it counts like any protocol error.
+			if reason, ok := wire.ProtocolViolation(err); ok {
+				d.met.protocolErrors.WithLabelValues(reason).Inc()
+			}
 			d.log.Warn("inbound connection refused", "remote", addrString(remote), "err", err)
 		},
 	})

@@ -3,9 +3,12 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
+	"io"
 	"log/slog"
 	"net"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -147,5 +150,33 @@ func TestSenderAbortMidSegment(t *testing.T) {
 	})
 	if ix, _ := b.client.Index(ctx); len(ix.Segments) != 0 {
 		t.Fatalf("stored %+v", ix.Segments)
+	}
+}
+
+// TestBadHelloCounted: a node that passes TLS but sends a HELLO of another
+// protocol version is refused, and counted as a protocol error (version)
+// as well as a rejected connection.
+func TestBadHelloCounted(t *testing.T) {
+	dir, b, logs := receiverB(t)
+	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, "a.crt"), filepath.Join(dir, "a.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc, err := tls.Dial("tcp", b.cfg.Listen, &tls.Config{
+		Certificates: []tls.Certificate{cert}, InsecureSkipVerify: true, MinVersion: tls.VersionTLS13, // only b's reaction matters
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tc.Close()
+	if err := wire.WriteFrame(tc, wire.TypeHello, []byte(`{"version":2,"node_id":"a"}`)); err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, tc) // b's HELLO, then b closes
+	waitUntil(t, "version error counted", func() bool {
+		return testMetric(b, `edged_inbound_protocol_errors_total{reason="version"} 1`)
+	})
+	if !strings.Contains(logs.String(), "unsupported protocol version") {
+		t.Errorf("log lacks the refusal:\n%s", logs.String())
 	}
 }
