@@ -207,6 +207,7 @@ func (c *checker) afterSource(a *actor, req *request) {
 		c.checkEnqueuer(a, req, sh)
 	}
 
+	c.checkCheckpoint(req)
 	c.checkRS(p, view, cur)
 	if len(cur) > 0 && view.Alarm == nil {
 		s.violate("source %s: %d rows in the outbox but no durable alarm (lost wake-up)", p, len(cur))
@@ -215,6 +216,43 @@ func (c *checker) afterSource(a *actor, req *request) {
 	c.sourceChecks++
 	if n := s.cfg.QueryEvery; n <= 1 || c.sourceChecks%n == 0 {
 		c.checkQueries(p, false)
+	}
+}
+
+// checkCheckpoint checks a fire checkpoint that cleaned up pages: its
+// page writes (deletes and rewrites of partly delivered pages) leave room
+// for the largest rs within the source's batch-byte limit, so the
+// checkpoint fits whatever the blocked set holds. It also counts it (see
+// Result.Checkpoints).
+func (c *checker) checkCheckpoint(req *request) {
+	s := c.s
+	b := req.batch
+	if len(b.Preconditions) != 1 || b.Preconditions[0].Key != relaycore.KeyRS || b.Preconditions[0].Absent || len(b.Writes) < 2 {
+		return
+	}
+	caps := s.raw.Source.Capabilities()
+	rewrites, pageBytes := 0, 0
+	for _, w := range b.Writes {
+		if !strings.HasPrefix(w.Key, relaycore.PagePrefix) {
+			continue
+		}
+		if !w.Delete {
+			rewrites++
+		}
+		pageBytes += caps.ItemSize(req.p, w.Key, len(w.Value))
+	}
+	s.res.Checkpoints++
+	room := caps.MaxBatchBytes - rsReserve(caps, req.p)
+	if caps.MaxBatchBytes > 0 && pageBytes > room {
+		s.violate("source %s: checkpoint writes %d bytes of pages (%d rewritten), more than the %d bytes its batch limit %d leaves beside the largest rs",
+			req.p, pageBytes, rewrites, room, caps.MaxBatchBytes)
+	}
+	if rewrites < 2 {
+		return
+	}
+	s.res.Rewrites++
+	if caps.MaxBatchBytes > 0 && 2*pageBytes >= room {
+		s.res.NearLimit++
 	}
 }
 

@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/relay-dev/relay/relaycore"
@@ -77,6 +78,14 @@ type Scenario struct {
 	writers  []*writerPlan
 	hookObs  map[relaycore.Partition][]relaycore.KV
 
+	// Bulk scenarios (about one in three) commit large incompressible
+	// values against source limits that hold only a few pages beside the
+	// room a checkpoint keeps for rs, target limits that take a row or two
+	// per batch, and long target names (so a blocked set makes rs large):
+	// fires then rewrite several partly delivered pages in checkpoints near
+	// the source's batch-byte limit.
+	Bulk bool
+
 	SourceLimits, TargetLimits Limits
 	PageBytes                  int
 	Budget                     relaycore.RelayBudget
@@ -99,8 +108,12 @@ func (sc *Scenario) String() string {
 			down++
 		}
 	}
-	return fmt.Sprintf("seed %d: %d sources (lease %q), %d targets (%d failing), %d writers, budget %+v, caps src %+v tgt %+v, page %dB, skew ±%dms, crash %d‰, ambiguous %d‰",
-		sc.Seed, len(sc.Sources), sc.LeaseSource, len(sc.Targets), down, len(sc.writers), sc.Budget, sc.SourceLimits, sc.TargetLimits, sc.PageBytes, sc.maxSkewMS, sc.crashPer1000, sc.ambiguousPer1000)
+	kind := ""
+	if sc.Bulk {
+		kind = "bulk "
+	}
+	return fmt.Sprintf("%sseed %d: %d sources (lease %q), %d targets (%d failing), %d writers, budget %+v, caps src %+v tgt %+v, page %dB, skew ±%dms, crash %d‰, ambiguous %d‰",
+		kind, sc.Seed, len(sc.Sources), sc.LeaseSource, len(sc.Targets), down, len(sc.writers), sc.Budget, sc.SourceLimits, sc.TargetLimits, sc.PageBytes, sc.maxSkewMS, sc.crashPer1000, sc.ambiguousPer1000)
 }
 
 func pick[T any](r *rand.Rand, xs ...T) T { return xs[r.IntN(len(xs))] }
@@ -108,9 +121,15 @@ func pick[T any](r *rand.Rand, xs ...T) T { return xs[r.IntN(len(xs))] }
 // NewScenario derives a scenario from seed; the same seed always gives the
 // same scenario. It does not depend on the step budget, so a run with a
 // smaller budget is a prefix of the full run (shrinking relies on it).
-func NewScenario(seed uint64) *Scenario {
+// With noBulk no seed makes a bulk scenario: every seed then gives the
+// scenario it gave before bulk scenarios existed.
+func NewScenario(seed uint64, noBulk bool) *Scenario {
 	r := rand.New(rand.NewPCG(seed, 0x5eed5eed))
+	// Bulk decisions draw from their own stream, so every other scenario is
+	// the same as before bulk scenarios existed (regression seeds replay).
+	rb := rand.New(rand.NewPCG(seed, 0xb0b0b0b0))
 	sc := &Scenario{
+		Bulk:     rb.IntN(3) == 0 && !noBulk,
 		Seed:     seed,
 		keys:     map[relaycore.Partition][]keySpec{},
 		failures: map[relaycore.Partition]failure{},
@@ -122,7 +141,12 @@ func NewScenario(seed uint64) *Scenario {
 	}
 	nTgt := 3 + r.IntN(10)
 	for i := range nTgt {
-		sc.Targets = append(sc.Targets, relaycore.Partition(fmt.Sprintf("t%02d", i)))
+		name := fmt.Sprintf("t%02d", i)
+		if sc.Bulk && i%2 == 1 {
+			// "<" makes rs store the name in base64, its longest encoding.
+			name += "<" + strings.Repeat("x", 60+rb.IntN(relaycore.MaxPartitionLen-64))
+		}
+		sc.Targets = append(sc.Targets, relaycore.Partition(name))
 	}
 	if r.IntN(3) > 0 {
 		sc.LeaseSource = sc.Sources[len(sc.Sources)-1]
@@ -229,6 +253,9 @@ func NewScenario(seed uint64) *Scenario {
 				sc.writers = append(sc.writers, wp)
 			}
 		}
+	}
+	if sc.Bulk {
+		sc.bulk(rb)
 	}
 	return sc
 }

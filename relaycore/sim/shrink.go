@@ -27,7 +27,7 @@ func Shrink(ctx context.Context, cfg Config) (Config, Result) {
 		}
 	}
 	cfg.Steps = hi
-	sc := NewScenario(cfg.Seed)
+	sc := NewScenario(cfg.Seed, cfg.NoBulk)
 	for i := range sc.writers {
 		if cfg.DropWriters[i] {
 			continue
