@@ -386,3 +386,20 @@ func TestAckClearsLastError(t *testing.T) {
 		t.Fatalf("acked record %+v: want no last error and 2 attempts", r)
 	}
 }
+
+// TestOldAckedRecordHidesLastError: a record acked by a version that kept
+// the earlier attempt's error on disk does not show it either.
+func TestOldAckedRecordHidesLastError(t *testing.T) {
+	f := newLedger(t, nil)
+	err := f.db.Update(func(tx *bolt.Tx) error {
+		v := []byte(`{"state":3,"attempts":2,"budget_base":0,"last_error":"connection refused","updated_ns":1}`)
+		return tx.Bucket(rootBucket).Bucket(recordsBucket).Put(recKey("s", "p"), v)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := must[Record](t)(f.l.Get("s", "p"))
+	if r.State != StateAcked || r.LastError != "" || r.Attempts != 2 {
+		t.Fatalf("old acked record %+v: want no last error", r)
+	}
+}

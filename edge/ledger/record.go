@@ -115,10 +115,16 @@ func decode(key, val []byte) (Record, error) {
 	if err := json.Unmarshal(val, &s); err != nil {
 		return Record{}, fmt.Errorf("decode ledger record %s/%s: %w", seg, peer, err)
 	}
-	return Record{
+	r := Record{
 		SegmentID: seg, PeerID: peer, State: s.State, Attempts: s.Attempts, BudgetBase: s.BudgetBase,
 		NextAttemptAfter: fromNanos(s.NextNS), LastError: s.LastError, UpdatedAt: fromNanos(s.UpdatedNS),
-	}, nil
+	}
+	if r.State == StateAcked {
+		// Versions before TransitionAcked cleared it stored the error of
+		// an earlier attempt with the ACK; it is not shown either.
+		r.LastError = ""
+	}
+	return r, nil
 }
 
 func nanos(t time.Time) int64 {
