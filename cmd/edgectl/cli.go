@@ -106,6 +106,7 @@ func newRoot(stdout io.Writer) *cobra.Command {
 	root.PersistentFlags().BoolVar(&g.json, "json", false, "print the RPC's JSON reply")
 	root.AddCommand(statusCmd(g), indexCmd(g), storageCmd(g), quotaCmd(g), ledgerCmd(g), deadletterCmd(g),
 		segmentCmd(g), assuranceCmd(g), pkiCmd(stdout))
+	root.AddCommand(versionCmd(stdout))
 	return root
 }
 

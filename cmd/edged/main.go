@@ -15,12 +15,17 @@ import (
 	"syscall"
 
 	"github.com/relay-dev/relay/edge/daemon"
+	"github.com/relay-dev/relay/internal/buildversion"
 )
 
-// version is set at build time: -ldflags "-X main.version=v1.2.3".
-var version = "dev"
+// version overrides the version read from the build info when set at
+// build time: -ldflags "-X main.version=v1.2.3".
+var version = ""
 
 func main() {
+	if version == "" {
+		version = buildversion.String()
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)

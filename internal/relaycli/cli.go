@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/relay-dev/relay/infra/bolt"
+	"github.com/relay-dev/relay/internal/buildversion"
 	"github.com/relay-dev/relay/internal/demo"
 	"github.com/relay-dev/relay/relaycore"
 )
@@ -36,6 +37,15 @@ func RunWithInput(ctx context.Context, args []string, stdin io.Reader, stdout, s
 	root.SetErr(stderr)
 	root.SetArgs(args)
 	root.AddCommand(demoCmd(stdout, stderr), statusCmd(stdout), enqueueCmd(stdinOr(stdin), stdout), fireCmd(stdout))
+	root.AddCommand(&cobra.Command{
+		Use:   "version",
+		Short: "Print relay's version: module version, commit, Go version and platform",
+		Args:  cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			_, err := fmt.Fprintln(stdout, "relay", buildversion.String())
+			return err
+		},
+	})
 	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(stderr, "relay:", err)
 		return 1

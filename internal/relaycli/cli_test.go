@@ -205,3 +205,10 @@ func TestSummarySaysWhyItFailed(t *testing.T) {
 		t.Fatalf("summary:\n%s", out.String())
 	}
 }
+
+func TestVersion(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := Run(context.Background(), []string{"version"}, &out, &errb); code != 0 || !strings.HasPrefix(out.String(), "relay ") || !strings.Contains(out.String(), "go1.") {
+		t.Fatalf("exit %d: %q %q", code, out.String(), errb.String())
+	}
+}
