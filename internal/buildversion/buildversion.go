@@ -13,6 +13,11 @@ import (
 	"strings"
 )
 
+// commit is the VCS commit when the build info lacks one, stamped by
+// `make dist` (-ldflags -X): the go command records no VCS information in a
+// git worktree (its .git is a file) or with -buildvcs=false.
+var commit string
+
 // String describes the running binary, e.g.
 //
 //	v0.0.0-20261130120000-0123456789ab (commit 0123456789abcdef0123456789abcdef01234567, 2026-11-30T12:00:00Z; go1.26.0 linux/arm v7)
@@ -21,7 +26,19 @@ func String() string {
 	if !ok {
 		return "unknown (no build info)"
 	}
+	if commit != "" && !hasSetting(bi, "vcs.revision") {
+		bi.Settings = append(bi.Settings, debug.BuildSetting{Key: "vcs.revision", Value: commit})
+	}
 	return FromBuildInfo(bi)
+}
+
+func hasSetting(bi *debug.BuildInfo, key string) bool {
+	for _, s := range bi.Settings {
+		if s.Key == key && s.Value != "" {
+			return true
+		}
+	}
+	return false
 }
 
 // FromBuildInfo describes a binary from its build info.
