@@ -102,7 +102,45 @@ type RelayEnqueueSnapshot struct {
 	leaseRaw []byte
 	alarmRaw []byte // alarm exactly as read (nil: absent or hand-built snapshot)
 	nonce    string
+	// targets holds the enqueue-side record of every target the rows name
+	// (ReadTargets), read after os, so the os guard also covers them.
+	targets map[Partition]targetEnq
 }
+
+// ReadTargets reads the enqueue-side record (t/<hex>/e) of every target
+// rows name: each batch that commits rows for a target rewrites it with
+// the new totals. Call it after ReadEnqueueSnapshot (CommitRelayRows does);
+// the batches' os guard then covers these reads too, because every writer
+// of the records also writes os.
+func (s *RelayEnqueueSnapshot) ReadTargets(ctx context.Context, st Store, rows []Row) error {
+	if s.targets == nil {
+		s.targets = map[Partition]targetEnq{}
+	}
+	var todo []Partition
+	for _, r := range rows {
+		if _, ok := s.targets[r.Target]; !ok && !slices.Contains(todo, r.Target) {
+			todo = append(todo, r.Target)
+		}
+	}
+	// One read after another: the store calls of one enqueue stay in a
+	// deterministic order (the simulation schedules them one at a time).
+	for _, t := range todo {
+		raw, found, err := st.Get(ctx, s.Source, targetEnqKey(t))
+		if err != nil {
+			return fmt.Errorf("read target record %s/%q: %w", s.Source, t, err)
+		}
+		e, err := decodeTargetEnq(raw, found)
+		if err != nil {
+			return err
+		}
+		s.targets[t] = e
+	}
+	return nil
+}
+
+// targetEnqMaxBytes bounds an encoded targetEnq (maxEnqRuns runs of three
+// numbers of at most 20 digits, and the scalar fields).
+const targetEnqMaxBytes = 160 + maxEnqRuns*66
 
 // ReadEnqueueSnapshot reads os (and the lease record when lease is non-nil)
 // and computes the deadline: min(deadline, lease expiry − SkewMargin). A zero
@@ -270,16 +308,32 @@ func EnqueueRelayRows(snap RelayEnqueueSnapshot, rows []Row, caps Capabilities, 
 	if dueMS <= 0 { // hand-built snapshot without a clock reading
 		dueMS = commitMS
 	}
+	enq := make(map[Partition]targetEnq, len(pages))
+	for _, pg := range pages {
+		if _, ok := enq[pg.target]; !ok {
+			e, ok := snap.targets[pg.target]
+			if !ok {
+				return nil, fmt.Errorf("plan enqueue %s: the snapshot has no record of target %q (ReadTargets)", snap.Source, pg.target)
+			}
+			enq[pg.target] = e
+		}
+	}
 	var out []SourceBatch
 	for i := 0; i < len(pages); {
 		items, size := fixedItems, fixedBytes
 		j := i
+		inBatch := map[Partition]bool{}
 		for j < len(pages) {
-			s := caps.ItemSize(snap.Source, PageKey(pages[j].first), pages[j].size)
-			if (caps.MaxBatchItems > 0 && items+1 > caps.MaxBatchItems) || (caps.MaxBatchBytes > 0 && size+s > caps.MaxBatchBytes) {
+			s, n := caps.ItemSize(snap.Source, PageKey(pages[j].first), pages[j].size), 1
+			if t := pages[j].target; !inBatch[t] {
+				// The batch rewrites the target's enqueue-side record.
+				s, n = s+caps.ItemSize(snap.Source, targetEnqKey(t), targetEnqMaxBytes), 2
+			}
+			if (caps.MaxBatchItems > 0 && items+n > caps.MaxBatchItems) || (caps.MaxBatchBytes > 0 && size+s > caps.MaxBatchBytes) {
 				break
 			}
-			items, size = items+1, size+s
+			inBatch[pages[j].target] = true
+			items, size = items+n, size+s
 			j++
 		}
 		if j == i {
@@ -317,9 +371,24 @@ func EnqueueRelayRows(snap RelayEnqueueSnapshot, rows []Row, caps Capabilities, 
 			sb.Batch.Writes = append(sb.Batch.Writes, aw)
 			alarm, sb.AlarmDueMS = aw.Value, aw.Due
 		}
+		var batchTargets []Partition
+		runs := map[Partition][2]uint64{}
 		for _, pg := range pages[i:j] {
 			sb.Batch.Writes = append(sb.Batch.Writes, Write{Key: PageKey(pg.first), Value: assemblePage(pg.first, commitMS, tag, pg.target, pg.flags, pg.body)})
 			sb.Rows = append(sb.Rows, pg.rows...)
+			run, ok := runs[pg.target]
+			if !ok {
+				batchTargets = append(batchTargets, pg.target)
+				run[0] = pg.first
+			}
+			run[1] = pg.first + uint64(len(pg.rows)) - 1
+			runs[pg.target] = run
+		}
+		// A target's rows in one batch have contiguous seqs (one run).
+		for _, t := range batchTargets {
+			run := runs[t]
+			enq[t] = enq[t].add(run[0], run[1], commitMS)
+			sb.Batch.Writes = append(sb.Batch.Writes, Write{Key: targetEnqKey(t), Value: encodeJSON(enq[t])})
 		}
 		if err := caps.Check(snap.Source, sb.Batch); err != nil {
 			return nil, fmt.Errorf("plan enqueue %s: %w", snap.Source, err)
@@ -384,7 +453,7 @@ func planPages(source Partition, seq uint64, rows []Row, caps Capabilities, cfg 
 func packPage(codec *pageCodec, source, target Partition, first uint64, rows []Row, idx []int, caps Capabilities, limit int) plannedPage {
 	hdr := pageHeaderMax(strings.Repeat("x", maxTagLen), target)
 	itemSize := func(bodyLen int) int { return caps.ItemSize(source, PageKey(first), hdr+bodyLen) }
-	itemLimit := pageItemLimit(source, caps)
+	itemLimit := pageItemLimit(source, target, caps)
 	// Longest prefix within the rewrite and raw-section bounds (maxN), and
 	// within limit uncompressed (n0).
 	n0, maxN := 0, 0
@@ -444,13 +513,14 @@ func packPage(codec *pageCodec, source, target Partition, first uint64, rows []R
 // page reserves that size in its checkpoint in case it must rewrite the
 // page's remaining rows. A page beyond it could never be collected and
 // would stall its source for good.
-func pageItemLimit(source Partition, caps Capabilities) int {
+func pageItemLimit(source, target Partition, caps Capabilities) int {
 	limit := math.MaxInt
 	if caps.MaxItemBytes > 0 {
-		limit = caps.MaxItemBytes
+		// The page may be moved aside under its target's (longer) held key.
+		limit = caps.MaxItemBytes - (caps.ItemSize(source, heldPageKey(target, 0), 0) - caps.ItemSize(source, PageKey(0), 0))
 	}
 	if caps.MaxBatchBytes > 0 {
-		limit = min(limit, caps.MaxBatchBytes-caps.ItemSize(source, KeyRS, rsMaxBytes))
+		limit = min(limit, caps.MaxBatchBytes-checkpointReserve(source, caps))
 	}
 	return limit
 }
@@ -525,7 +595,7 @@ func rowProblem(source Partition, r Row, caps, tc Capabilities) string {
 		return fmt.Sprintf("keys sum to %d bytes, page limit %d", kb, maxPageKeyBytes)
 	}
 	ps := caps.ItemSize(source, PageKey(0), pageHeaderMax(strings.Repeat("x", maxTagLen), r.Target)+rowEncodedLen(r))
-	if limit := pageItemLimit(source, caps); ps > limit {
+	if limit := pageItemLimit(source, r.Target, caps); ps > limit {
 		return fmt.Sprintf("row needs a %d-byte page, source limit %d (its item limit, and room beside rs in a fire's checkpoint)", ps, limit)
 	}
 	return ""
@@ -599,6 +669,9 @@ func CommitRelayRows(ctx context.Context, st Store, clock Clock, source Partitio
 		sub := make([]Row, len(pending))
 		for i, ri := range pending {
 			sub[i] = rows[ri]
+		}
+		if err := snap.ReadTargets(ctx, st, sub); err != nil {
+			return res, err
 		}
 		plan, err := EnqueueRelayRows(snap, sub, caps, cfg)
 		if err != nil {

@@ -131,6 +131,9 @@ func commitIdempotent(ctx context.Context, st Store, clock Clock, source Partiti
 		if err != nil {
 			return err
 		}
+		if err := snap.ReadTargets(ctx, st, rows); err != nil {
+			return err
+		}
 		plan, err := EnqueueRelayRows(snap, rows, caps, cfg)
 		if err != nil {
 			return err

@@ -3,6 +3,7 @@ package relaycore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -16,14 +17,20 @@ type SourceState struct {
 	Empty bool
 	// NextSeq is os.next: rows 1..NextSeq-1 have been committed.
 	NextSeq uint64
-	// FirstUndelivered is the lowest seq still in the outbox (0 when Empty).
+	// FirstUndelivered is the lowest seq still in the outbox (0 when Empty);
+	// while rows are held it may be lower than the truth (a lower bound).
 	FirstUndelivered uint64
+	// HeldRows counts rows held for quarantined, paused or retried targets;
+	// HeldOldestMS is a lower bound of their commit times (0: none held).
+	HeldRows     uint64
+	HeldOldestMS int64
 }
 
 // SourceRelayState returns the source's lower bound and whether its relay
-// outbox is empty, in one scan of the partition's head: os sorts before the
-// row pages, and the first page holds both the lowest undelivered seq and,
-// because commit times are monotonic in seq, the lowest commit time.
+// outbox is empty, in one scan of the partition's head: os and the hold
+// summary q sort before the row pages, the first page holds both the
+// lowest undelivered seq and, because commit times are monotonic in seq,
+// the lowest commit time of the outbox, and q bounds the held rows'.
 func SourceRelayState(ctx context.Context, st Store, source Partition, now time.Time) (SourceState, error) {
 	s, err := sourceState(ctx, st, source)
 	// Smaller is always a valid lower bound; never report the future.
@@ -35,12 +42,14 @@ func sourceState(ctx context.Context, st Store, source Partition) (SourceState, 
 	var (
 		osRaw   []byte
 		osFound bool
+		qRaw    []byte
+		qFound  bool
 		first   *Page
 		after   string
 	)
 scan:
 	for {
-		pg, err := st.Scan(ctx, source, ScanRequest{Start: "", End: pageEnd, After: after, Limit: 4})
+		pg, err := st.Scan(ctx, source, ScanRequest{Start: "", End: pageEnd, After: after, Limit: 5})
 		if err != nil {
 			return SourceState{}, fmt.Errorf("source state %s: %w", source, err)
 		}
@@ -48,6 +57,8 @@ scan:
 			switch {
 			case it.Key == KeyOS:
 				osRaw, osFound = it.Value, true
+			case it.Key == KeyHold:
+				qRaw, qFound = it.Value, true
 			case isPageKey(it.Key):
 				p, err := DecodePage(it.Key, it.Value)
 				if err != nil {
@@ -66,10 +77,23 @@ scan:
 	if err != nil {
 		return SourceState{}, fmt.Errorf("source state %s: %w", source, err)
 	}
-	s := SourceState{NextSeq: os.NextSeq, Empty: first == nil, LowerBoundMS: os.LastCommitMS}
+	hold, err := decodeHold(qRaw, qFound)
+	if err != nil {
+		return SourceState{}, fmt.Errorf("source state %s: %w", source, err)
+	}
+	s := SourceState{NextSeq: os.NextSeq, Empty: first == nil && hold.HeldRows == 0, LowerBoundMS: os.LastCommitMS, HeldRows: hold.HeldRows}
 	if first != nil {
 		s.FirstUndelivered = first.First
 		s.LowerBoundMS = first.CommitMS
+	}
+	// Held rows (quarantined, paused or retried targets) are undelivered
+	// too; q keeps lower bounds of their seqs and commit times.
+	if hold.HeldRows > 0 {
+		if s.FirstUndelivered == 0 || hold.MinSeq < s.FirstUndelivered {
+			s.FirstUndelivered = hold.MinSeq
+		}
+		s.LowerBoundMS = min(s.LowerBoundMS, hold.OldestMS)
+		s.HeldOldestMS = hold.OldestMS
 	}
 	return s, nil
 }
@@ -120,17 +144,33 @@ type SourceView struct {
 	Lease   *Lease
 	Alarm   *AlarmRecord
 	Pages   []Page
+	// Hold is the hold summary (q).
+	Hold HoldSummary
+	// Targets are the per-target records, in target-name order.
+	Targets []TargetStatus
+	// Held are the held pages (u/), by target then seq.
+	Held []Page
+	// Retries are the retry markers (v/), by due time.
+	Retries []RetryMarker
+	// Archive is the dead-row archive (w/), by id.
+	Archive []ArchiveEntry
 	// Idempotency lists the keys of idempotency records (IdemPrefix).
 	Idempotency []string
 	// Other lists keys relay does not own (there should be none).
 	Other []string
 }
 
-// Rows returns every undelivered row in seq order.
+// Rows returns every undelivered row, in the outbox or held, in seq order.
 func (v SourceView) Rows() []Row {
 	var out []Row
 	for _, p := range v.Pages {
 		out = append(out, p.Rows...)
+	}
+	if len(v.Held) > 0 {
+		for _, p := range v.Held {
+			out = append(out, p.Rows...)
+		}
+		slices.SortFunc(out, func(a, b Row) int { return cmpU64(a.Seq, b.Seq) })
 	}
 	return out
 }
@@ -138,6 +178,7 @@ func (v SourceView) Rows() []Row {
 // InspectSource reads and decodes source's whole partition.
 func InspectSource(ctx context.Context, st Store, source Partition) (SourceView, error) {
 	var v SourceView
+	var recs, dead []Item
 	after := ""
 	for {
 		pg, err := st.Scan(ctx, source, ScanRequest{After: after})
@@ -175,6 +216,28 @@ func InspectSource(ctx context.Context, st Store, source Partition) (SourceView,
 					return v, fmt.Errorf("inspect %s: %w", source, err)
 				}
 				v.Pages = append(v.Pages, p)
+			case it.Key == KeyHold:
+				h, err := decodeHold(it.Value, true)
+				if err != nil {
+					return v, fmt.Errorf("inspect %s: %w", source, err)
+				}
+				v.Hold = HoldSummary(h)
+			case strings.HasPrefix(it.Key, TargetPrefix):
+				recs = append(recs, it)
+			case strings.HasPrefix(it.Key, HeldPrefix):
+				p, err := DecodePage(it.Key, it.Value)
+				if err != nil {
+					return v, fmt.Errorf("inspect %s: %w", source, err)
+				}
+				v.Held = append(v.Held, p)
+			case strings.HasPrefix(it.Key, RetryPrefix):
+				due, t, err := parseRetryKey(it.Key)
+				if err != nil {
+					return v, fmt.Errorf("inspect %s: %w", source, err)
+				}
+				v.Retries = append(v.Retries, RetryMarker{DueMS: due, Target: t})
+			case strings.HasPrefix(it.Key, DeadPrefix):
+				dead = append(dead, it)
 			case strings.HasPrefix(it.Key, IdemPrefix):
 				v.Idempotency = append(v.Idempotency, it.Key)
 			default:
@@ -188,6 +251,13 @@ func InspectSource(ctx context.Context, st Store, source Partition) (SourceView,
 	}
 	if !v.OSFound {
 		v.OS = emptyOS()
+	}
+	var err error
+	if v.Targets, err = targetStatuses(recs); err != nil {
+		return v, fmt.Errorf("inspect %s: %w", source, err)
+	}
+	if v.Archive, err = archiveEntries(dead); err != nil {
+		return v, fmt.Errorf("inspect %s: %w", source, err)
 	}
 	return v, nil
 }

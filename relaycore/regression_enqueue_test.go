@@ -83,14 +83,14 @@ func TestRegressionEnqueueValidation(t *testing.T) {
 func chainRows(n int, tag string) []relaycore.Row {
 	rows := make([]relaycore.Row, n)
 	for i := range rows {
-		rows[i] = put(relaycore.Partition(fmt.Sprintf("t%03d", i%150)), fmt.Sprintf("%s%d", tag, i), "v")
+		rows[i] = put(relaycore.Partition(fmt.Sprintf("t%03d", i%60)), fmt.Sprintf("%s%d", tag, i), "v")
 	}
 	return rows
 }
 
 func TestRegressionOSRaceReplansOnlySuffix(t *testing.T) {
 	e := newEnv(t, "free")
-	rows := chainRows(300, "a") // 150 targets: two batches of at most 97 pages
+	rows := chainRows(300, "a") // 60 targets, a page and a target record each: two batches
 	sourceApplies := 0
 	e.srcF.set(func(c call) error {
 		if c.Op != "apply" {

@@ -15,6 +15,7 @@ func (a *actor) body() {
 	h := &relaycore.RelayHandler{
 		Source: src, Target: tgt, Budget: s.sc.Budget, Clock: a, Kicker: a,
 		ClaimTTL: s.sc.ClaimTTL, BackoffBase: 100 * time.Millisecond, BackoffMax: s.sc.BackoffMax,
+		RetryBase: 100 * time.Millisecond, RetryMax: s.sc.BackoffMax,
 	}
 	if len(s.sc.hookObs) > 0 {
 		h.Hook = relaycore.HolderRelayHook{Prefix: hookPrefix, Observations: s.sc.hookObs}
@@ -132,6 +133,7 @@ func (a *actor) drain(h *relaycore.RelayHandler) {
 	for round := 0; round < maxDrainRounds && !s.chk.drained(); round++ {
 		s.res.QuiesceRounds++
 		for _, src := range s.sc.Sources {
+			a.releaseQuarantined(h, src)
 			_, err := h.Alarm(s.ctx, src)
 			a.engineError("alarm", err)
 		}
@@ -161,3 +163,20 @@ func (a *actor) drain(h *relaycore.RelayHandler) {
 // maxDrainRounds bounds the drain. A scenario's whole workload fits in far
 // fewer rounds unless a healthy target is starved, which is a violation.
 const maxDrainRounds = 1500
+
+// releaseQuarantined is the operator after an outage: every quarantined
+// target of src is released (one that still fails returns to quarantine).
+func (a *actor) releaseQuarantined(h *relaycore.RelayHandler, src relaycore.Partition) {
+	s := a.sim
+	ts, _, err := relaycore.ListTargets(s.ctx, h.Source, src, relaycore.TargetFilter{State: relaycore.StateQuarantined, Limit: 1000}, a.Now().UnixMilli())
+	if err != nil {
+		a.engineError("list targets", err)
+		return
+	}
+	for _, t := range ts {
+		_, err := h.Release(s.ctx, src, t.Target, relaycore.Actor{By: a.name, Reason: "drain"})
+		if !errors.Is(err, relaycore.ErrSourceBusy) && !errors.Is(err, relaycore.ErrWrongState) {
+			a.engineError("release", err)
+		}
+	}
+}

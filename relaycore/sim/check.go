@@ -147,6 +147,15 @@ func (c *checker) afterSource(a *actor, req *request) {
 			cur[r.Seq] = r
 		}
 	}
+	outbox := maps.Clone(cur)
+	for _, pg := range view.Held {
+		for _, r := range pg.Rows {
+			if _, dup := cur[r.Seq]; dup {
+				s.violate("source %s: seq %d is in two pages (held page %s)", p, r.Seq, pg.Key)
+			}
+			cur[r.Seq] = r
+		}
+	}
 	if len(view.Other) > 0 {
 		s.violate("source %s: keys the engine does not own: %v", p, view.Other)
 	}
@@ -208,9 +217,12 @@ func (c *checker) afterSource(a *actor, req *request) {
 	}
 
 	c.checkCheckpoint(req)
-	c.checkRS(p, view, cur)
-	if len(cur) > 0 && view.Alarm == nil {
-		s.violate("source %s: %d rows in the outbox but no durable alarm (lost wake-up)", p, len(cur))
+	c.checkRS(p, view, outbox)
+	c.checkHeld(p, view, outbox)
+	// Rows held for a quarantined or paused target wait for an operator,
+	// not for an alarm; the outbox and held rows with a retry marker do.
+	if (len(view.Pages) > 0 || len(view.Retries) > 0) && view.Alarm == nil {
+		s.violate("source %s: %d rows in the outbox and %d retry markers but no durable alarm (lost wake-up)", p, len(view.Pages), len(view.Retries))
 	}
 	sh.view, sh.rows = view, cur
 	c.sourceChecks++
@@ -327,6 +339,70 @@ func (c *checker) checkRS(p relaycore.Partition, view relaycore.SourceView, cur 
 	}
 }
 
+// checkHeld checks the held rows against the outbox and the records: a
+// target's undelivered held rows are all older than its undelivered rows
+// in the outbox (so redriving them first keeps seq order); each target
+// record counts exactly its held pages' rows; a target has a retry marker
+// exactly when it is active with held rows, at the record's time; and the
+// hold summary totals the records.
+func (c *checker) checkHeld(p relaycore.Partition, view relaycore.SourceView, outbox map[uint64]relaycore.Row) {
+	s := c.s
+	rh := func(t relaycore.Partition) uint64 { return c.tgt[t].rh[p] }
+	minOutbox := map[relaycore.Partition]uint64{}
+	for seq, r := range outbox {
+		if seq > rh(r.Target) && (minOutbox[r.Target] == 0 || seq < minOutbox[r.Target]) {
+			minOutbox[r.Target] = seq
+		}
+	}
+	heldRows := map[relaycore.Partition]uint64{}
+	for _, pg := range view.Held {
+		for _, r := range pg.Rows {
+			heldRows[r.Target]++
+			if m := minOutbox[r.Target]; r.Seq > rh(r.Target) && m != 0 && r.Seq > m {
+				s.violate("source %s: held row %d of %s is newer than its outbox row %d (redrive would break seq order)", p, r.Seq, r.Target, m)
+				return
+			}
+		}
+	}
+	markers := map[relaycore.Partition]int64{}
+	for _, m := range view.Retries {
+		if _, dup := markers[m.Target]; dup {
+			s.violate("source %s: two retry markers for %s", p, m.Target)
+		}
+		markers[m.Target] = m.DueMS
+	}
+	var q relaycore.HoldSummary
+	for _, t := range view.Targets {
+		if t.Held != heldRows[t.Target] {
+			s.violate("source %s: target %s record holds %d rows, its held pages %d", p, t.Target, t.Held, heldRows[t.Target])
+		}
+		due, has := markers[t.Target]
+		want := t.State == relaycore.StateActive && t.Held > 0
+		if has != want || (has && due != t.RetryMS) {
+			s.violate("source %s: target %s (%s, %d held, retry %d) has marker %v at %d", p, t.Target, t.State, t.Held, t.RetryMS, has, due)
+		}
+		q.HeldRows += t.Held
+		if t.Held > 0 {
+			q.HeldTargets++
+		}
+		switch t.State {
+		case relaycore.StateQuarantined:
+			q.Quarantined++
+		case relaycore.StatePaused:
+			q.Paused++
+		}
+	}
+	for t := range heldRows {
+		if !slices.ContainsFunc(view.Targets, func(s relaycore.TargetStatus) bool { return s.Target == t }) {
+			s.violate("source %s: held rows of %s without a target record", p, t)
+		}
+	}
+	h := view.Hold
+	if h.HeldRows != q.HeldRows || h.HeldTargets != q.HeldTargets || h.Quarantined != q.Quarantined || h.Paused != q.Paused {
+		s.violate("source %s: hold summary %+v, records total %+v", p, h, q)
+	}
+}
+
 // checkQueries compares SourceRelayState, RelayWatermark and
 // RelayDeliveredThrough, read from the raw store, with the outbox.
 func (c *checker) checkQueries(p relaycore.Partition, all bool) {
@@ -348,13 +424,19 @@ func (c *checker) checkQueries(p relaycore.Partition, all bool) {
 		}
 	}
 	lower = min(lower, s.now)
-	if st.Empty != (len(seqs) == 0) || st.NextSeq != sh.view.OS.NextSeq || st.FirstUndelivered != first || st.LowerBoundMS != lower {
+	// While rows are held (quarantined, paused or retried targets) the
+	// hold summary keeps lower bounds of their seqs and commit times: the
+	// answers may then be early (smaller), never late.
+	held := st.HeldRows > 0
+	exact := st.FirstUndelivered == first && st.LowerBoundMS == lower
+	bounded := held && st.FirstUndelivered <= first && st.FirstUndelivered > 0 && st.LowerBoundMS <= lower
+	if st.Empty != (len(seqs) == 0) || st.NextSeq != sh.view.OS.NextSeq || !(exact || bounded) {
 		s.violate("source %s: SourceRelayState %+v, model empty=%v next=%d first=%d lower=%d", p, st, len(seqs) == 0, sh.view.OS.NextSeq, first, lower)
 	}
 	check := func(seq uint64) {
 		got, err := relaycore.RelayDeliveredThrough(s.ctx, s.raw.Source, p, seq)
 		want := seq < sh.view.OS.NextSeq && (first == 0 || first > seq)
-		if err != nil || got != want {
+		if err != nil || got != want && !(held && want && !got && seq >= st.FirstUndelivered) {
 			s.violate("source %s: RelayDeliveredThrough(%d) = %v, %v; model %v", p, seq, got, err, want)
 		}
 	}
@@ -365,7 +447,7 @@ func (c *checker) checkQueries(p relaycore.Partition, all bool) {
 		return
 	}
 	wm, err := relaycore.RelayWatermark(s.ctx, s.raw.Source, p, now)
-	if err != nil || wm != lower {
+	if err != nil || wm != lower && !(held && wm <= lower) {
 		s.violate("source %s: RelayWatermark = %d, %v; model %d", p, wm, err, lower)
 	}
 	for seq := uint64(1); seq <= sh.view.OS.NextSeq; seq++ {

@@ -1,0 +1,175 @@
+package relaycore
+
+import (
+	"context"
+	"fmt"
+)
+
+// Alarm handles one alarm for source: up to FiresPerAlarm fires (stopping
+// early when a fire makes no progress or the outbox is drained), then either
+// deletes the alarm record, when the outbox is empty, guarded on os and the
+// alarm being unchanged so an append landing meanwhile keeps its wake-up, or
+// re-arms it (due now after progress, back-off after none) and kicks.
+func (h *RelayHandler) Alarm(ctx context.Context, source Partition) (AlarmResult, error) {
+	b := h.budget()
+	token := newNonce()
+	var ar AlarmResult
+	var last FireResult
+	for i := 0; i < b.FiresPerAlarm; i++ {
+		fr, err := h.fire(ctx, source, token, i < b.FiresPerAlarm-1)
+		ar.add(fr)
+		if err != nil {
+			return ar, err
+		}
+		if fr.Busy {
+			ar.Busy = true
+			return ar, nil
+		}
+		last = fr
+		ar.Progress = fr.Progress
+		if !fr.continues() {
+			break
+		}
+	}
+	return ar, h.rearm(ctx, source, last, &ar)
+}
+
+// continues is the one rule, shared by the fire (to keep or release its
+// claim) and Alarm (to run another fire), for going on within an alarm.
+func (f FireResult) continues() bool { return f.More && f.Progress }
+
+func (h *RelayHandler) rearm(ctx context.Context, source Partition, last FireResult, ar *AlarmResult) error {
+	log := loggerOr(h.Logger)
+	for attempt := 0; attempt < 4; attempt++ {
+		osRaw, osFound, err := h.Source.Get(ctx, source, KeyOS)
+		if err != nil {
+			return fmt.Errorf("alarm %s: read os: %w", source, err)
+		}
+		alarmRaw, alarmFound, err := h.Source.Get(ctx, source, KeyAlarm)
+		if err != nil {
+			return fmt.Errorf("alarm %s: read alarm: %w", source, err)
+		}
+		empty, err := outboxEmpty(ctx, h.Source, source)
+		if err != nil {
+			return fmt.Errorf("alarm %s: %w", source, err)
+		}
+		if empty {
+			// Held rows that are due later keep the source's wake-up.
+			if due, ok, err := firstRetry(ctx, h.Source, source); err != nil {
+				return fmt.Errorf("alarm %s: %w", source, err)
+			} else if ok {
+				last.NextDueMS = max(due, unixMS(h.clock().Now()))
+				empty = false
+			}
+		}
+		if empty {
+			if !alarmFound {
+				ar.Cleared = true
+				return nil
+			}
+			caps := h.Source.Capabilities()
+			gcPre, gcDel, err := expiredIdem(ctx, h.Source, source, unixMS(h.clock().Now()), 2, caps.ItemSize(source, KeyAlarm, 0))
+			if err != nil {
+				return fmt.Errorf("alarm %s: %w", source, err)
+			}
+			err = h.Source.Apply(ctx, source, Batch{
+				Preconditions: append([]Precondition{osGuard(osRaw, osFound), {Key: KeyAlarm, Value: alarmRaw}}, gcPre...),
+				Writes:        append([]Write{{Key: KeyAlarm, Delete: true}}, gcDel...),
+			})
+			if err == nil {
+				ar.Cleared = true
+				return nil
+			}
+			if _, ok := FailedPrecondition(err); ok || MayBeApplied(err) {
+				continue // an append or another alarm got in: look again
+			}
+			return fmt.Errorf("alarm %s: clear: %w", source, err)
+		}
+		due := last.NextDueMS
+		if due == 0 {
+			due = unixMS(h.clock().Now())
+		}
+		if r := last.NextRetryMS; r > 0 && r < due {
+			due = max(r, unixMS(h.clock().Now()))
+		}
+		pre := Precondition{Key: KeyAlarm, Absent: true}
+		if alarmFound {
+			pre = Precondition{Key: KeyAlarm, Value: alarmRaw}
+			if a, err := decodeAlarm(alarmRaw); err == nil && a.DueMS == due {
+				ar.NextDueMS = due
+				h.kick(ctx, source, due)
+				return nil
+			}
+		}
+		aw := alarmWrite(due)
+		gcPre, gcDel, err := expiredIdem(ctx, h.Source, source, unixMS(h.clock().Now()), 1, h.Source.Capabilities().ItemSize(source, KeyAlarm, len(aw.Value)))
+		if err != nil {
+			return fmt.Errorf("alarm %s: %w", source, err)
+		}
+		err = h.Source.Apply(ctx, source, Batch{Preconditions: append([]Precondition{pre}, gcPre...), Writes: append([]Write{aw}, gcDel...)})
+		if i, ok := FailedPrecondition(err); ok && i > 0 {
+			continue // an expired idempotency record was reused meanwhile: look again
+		}
+		if _, ok := FailedPrecondition(err); ok {
+			// An enqueue re-armed it meanwhile (due at its commit time,
+			// never later than ours matters) and kicked: keep theirs.
+			return nil
+		}
+		if err != nil && !MayBeApplied(err) {
+			return fmt.Errorf("alarm %s: re-arm: %w", source, err)
+		}
+		if err != nil {
+			log.Warn("relay alarm re-arm outcome unknown; the old alarm or the sweeper covers it", "source", string(source), "err", err)
+		}
+		ar.NextDueMS = due
+		h.kick(ctx, source, due)
+		return nil
+	}
+	return fmt.Errorf("alarm %s: clear: %w", source, ErrContention)
+}
+
+func (h *RelayHandler) kick(ctx context.Context, source Partition, due int64) {
+	if h.Kicker == nil {
+		return
+	}
+	if err := h.Kicker.Kick(ctx, source, due); err != nil {
+		loggerOr(h.Logger).Warn("relay kick failed; the durable alarm still holds", "source", string(source), "due_ms", due, "err", err)
+	}
+}
+
+// outboxEmpty reports whether source has no row pages.
+func outboxEmpty(ctx context.Context, st Store, source Partition) (bool, error) {
+	after := ""
+	for {
+		pg, err := st.Scan(ctx, source, ScanRequest{Start: PagePrefix, End: pageEnd, After: after, Limit: 1})
+		if err != nil {
+			return false, fmt.Errorf("scan pages %s: %w", source, err)
+		}
+		if len(pg.Items) > 0 {
+			return false, nil
+		}
+		if pg.Next == "" {
+			return true, nil
+		}
+		after = pg.Next
+	}
+}
+
+// firstRetry returns the due time of source's earliest retry marker.
+func firstRetry(ctx context.Context, st Store, source Partition) (int64, bool, error) {
+	after := ""
+	for {
+		pg, err := st.Scan(ctx, source, ScanRequest{Start: RetryPrefix, End: retryEnd, After: after, Limit: 1})
+		if err != nil {
+			return 0, false, fmt.Errorf("scan retry markers %s: %w", source, err)
+		}
+		if len(pg.Items) > 0 {
+			due, _, err := parseRetryKey(pg.Items[0].Key)
+			return due, err == nil, err
+		}
+		if pg.Next == "" {
+			return 0, false, nil
+		}
+		after = pg.Next
+	}
+}

@@ -1,0 +1,357 @@
+package relaycore
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// fireOnce is one attempt; retry reports an rs conflict at checkpoint with
+// no live competing claim (the target side is idempotent, so starting over
+// is safe). spent carries the budget used by earlier attempts.
+func (h *RelayHandler) fireOnce(ctx context.Context, source Partition, token string, keep bool, spent *fireSpend) (res FireResult, retry bool, err error) {
+	now := unixMS(h.clock().Now())
+	start, busy, err := h.claim(ctx, source, token, now, false)
+	if err != nil || busy {
+		res.Busy = busy
+		return res, false, err
+	}
+	res.NewCycle = start.rs.newCycle
+	f := h.newFireRun(ctx, source, start, now, spent, &res)
+	if err := f.collectDue(); err != nil {
+		return res, false, err
+	}
+	if err := f.scan(); err != nil {
+		return res, false, err
+	}
+	// Deliver, one target at a time: held rows that are due first.
+	for _, tw := range f.redrive {
+		res.TargetsRedriven++
+		h.deliver(ctx, source, tw, &res, f.b, spent)
+	}
+	for _, tw := range f.sel {
+		res.TargetsAttempted++
+		h.deliver(ctx, source, tw, &res, f.b, spent)
+	}
+	return f.checkpoint(token, keep)
+}
+
+// markerValue is what a retry marker holds: the key says everything.
+var markerValue = []byte("1")
+
+// checkpoint writes, in one batch guarded on rs (which holds the claim):
+// the new rs, the hold summary, every target record the fire changed, the
+// retry markers, and the page changes — delivered pages deleted, partly
+// delivered ones rewritten, and pages of targets that hold moved aside.
+func (f *fireRun) checkpoint(token string, keep bool) (FireResult, bool, error) {
+	h, res, cur := f.h, f.res, f.cur
+	next := cur
+	next.Version++
+	next.Cursor, next.From = f.stop, f.stopFrom
+	newBlocked := slices.Clone(cur.Blocked)
+	var writes []Write
+	var codec pageCodec
+	quarantineAfter := h.quarantineAfter()
+
+	// clean deletes tw's delivered rows from its pages (rewriting a partly
+	// delivered page under its key); moveTo, when set, moves the remaining
+	// rows aside under the held prefix instead.
+	clean := func(tw *targetWork, slot *recSlot, moveAside bool) {
+		for _, pg := range tw.pages {
+			i, _ := slices.BinarySearchFunc(pg.Rows, tw.dt+1, func(r Row, s uint64) int { return cmpU64(r.Seq, s) })
+			res.RowsCleaned += i
+			slot.rec.Done += uint64(i)
+			if tw.held {
+				slot.rec.Held -= min(slot.rec.Held, uint64(i))
+			}
+			switch {
+			case i == len(pg.Rows):
+				writes = append(writes, Write{Key: pg.Key, Delete: true})
+			case moveAside:
+				rest := *pg
+				rest.Rows = pg.Rows[i:]
+				rest.First = rest.Rows[0].Seq
+				writes = append(writes, Write{Key: pg.Key, Delete: true}, Write{Key: heldKeyFor(*pg), Value: codec.encode(rest)})
+				addHeld(&slot.rec, rest)
+				res.RowsHeld += len(rest.Rows)
+			case i > 0:
+				rest := *pg
+				rest.Rows = pg.Rows[i:]
+				rest.First = rest.Rows[0].Seq
+				// Never longer than the page's rows with full keys, which the
+				// planner kept within the item limit.
+				writes = append(writes, Write{Key: pg.Key, Value: codec.encode(rest)})
+			}
+		}
+		slot.rec.Through = max(slot.rec.Through, tw.dt)
+	}
+
+	// Held rows that were due.
+	for _, tw := range f.redrive {
+		slot := f.recs[tw.target]
+		clean(tw, slot, false)
+		r := &slot.rec
+		if first, ms, ok := tw.remainingHeld(); ok {
+			r.HeldFirst, r.HeldMS = first, ms
+		} else {
+			r.Held, r.HeldFirst, r.HeldLast, r.HeldMS = 0, 0, 0, 0
+		}
+		if tw.failed {
+			r.failed(tw, f.now)
+			if r.Released || r.FailedRounds >= quarantineAfter {
+				r.setState(StateQuarantined, f.now)
+				res.TargetsQuarantined++
+				continue
+			}
+			r.RetryMS = f.now + h.RetryDelay(r.FailedRounds).Milliseconds()
+			continue
+		}
+		r.succeeded()
+		r.RetryMS = f.now // more held rows are due at once; cleared below when none are left
+	}
+
+	// Targets selected by the outbox scan.
+	for _, tw := range f.sel {
+		slot := f.recs[tw.target]
+		r := &slot.rec
+		if tw.failed {
+			r.failed(tw, f.now)
+			switch {
+			case (r.FailedRounds >= quarantineAfter || len(newBlocked) >= MaxBlockedTargets) && !f.roomToHold(tw, slot):
+				// No room left in this checkpoint to move its rows aside:
+				// the cursor pauses before them instead. The next fire meets
+				// the target first, with room kept for that (it has failed).
+				clean(tw, slot, false)
+				if row, pg, ok := tw.firstUndelivered(); ok && row.Seq-1 < next.Cursor {
+					next.Cursor, next.From = row.Seq-1, pg.Key
+				}
+			case r.FailedRounds >= quarantineAfter:
+				clean(tw, slot, true)
+				r.setState(StateQuarantined, f.now)
+				res.TargetsQuarantined++
+			case len(newBlocked) < MaxBlockedTargets:
+				clean(tw, slot, false)
+				newBlocked = append(newBlocked, tw.target)
+				res.TargetsBlocked++
+			default:
+				// The blocked set is full: rather than end the cycle (which
+				// would retry the same targets from the head for ever), the
+				// target's rows are moved aside and retried on its own
+				// schedule, while the scan goes on past them.
+				clean(tw, slot, true)
+				r.RetryMS = f.now + h.RetryDelay(r.FailedRounds).Milliseconds()
+				res.TargetsHeld++
+			}
+			continue
+		}
+		r.succeeded()
+		clean(tw, slot, false)
+		r.Next, r.NextMS = 0, 0
+		if row, pg, ok := tw.firstUndelivered(); ok {
+			r.Next, r.NextMS = row.Seq, row.CommitMS
+			if row.Seq-1 < next.Cursor {
+				next.Cursor, next.From = row.Seq-1, pg.Key
+			}
+		} else {
+			res.TargetsDelivered++
+		}
+	}
+
+	// Pages of targets that hold.
+	for _, m := range f.moves {
+		slot := f.recs[m.page.Target]
+		writes = append(writes, Write{Key: m.page.Key, Delete: true}, Write{Key: heldKeyFor(m.page), Value: m.raw})
+		addHeld(&slot.rec, m.page)
+		res.RowsHeld += len(m.page.Rows)
+	}
+
+	// Target records, retry markers and the hold summary.
+	q := f.start.q
+	qBefore := q
+	nextRetry := f.nextDue
+	more := f.dueLeft
+	targets := mapsKeys(f.recs)
+	slices.Sort(targets)
+	for _, t := range targets {
+		slot := f.recs[t]
+		r := &slot.rec
+		if !slot.reserved {
+			continue // read, but the scan stopped before it: unchanged
+		}
+		if r.State == StateActive && r.Held > 0 {
+			if r.RetryMS == 0 {
+				r.RetryMS = f.now
+			}
+		} else {
+			r.RetryMS = 0
+			if r.Held == 0 {
+				r.Released = false
+			}
+		}
+		have := slot.marker
+		if have == "" && slot.before.State == StateActive && slot.before.Held > 0 {
+			have = retryKey(slot.before.RetryMS, t)
+		}
+		want := ""
+		if r.RetryMS > 0 {
+			want = retryKey(r.RetryMS, t)
+			if nextRetry == 0 || r.RetryMS < nextRetry {
+				nextRetry = r.RetryMS
+			}
+			more = more || r.RetryMS <= f.now
+		}
+		if have != want {
+			if have != "" {
+				writes = append(writes, Write{Key: have, Delete: true})
+			}
+			if want != "" {
+				writes = append(writes, Write{Key: want, Value: markerValue})
+			}
+		}
+		if raw := encodeTargetRec(*r); !bytes.Equal(raw, encodeTargetRec(slot.before)) {
+			writes = append(writes, Write{Key: targetStateKey(t), Value: raw})
+			q.account(slot.before, *r)
+		}
+	}
+	if q != qBefore {
+		q.Version++
+		writes = append(writes, Write{Key: KeyHold, Value: encodeJSON(q)})
+	}
+
+	slices.Sort(newBlocked)
+	next.Blocked = slices.Compact(newBlocked)
+	if next.Cursor >= next.CycleEnd {
+		next.From = ""
+	}
+
+	// spent.delivered includes this fire's earlier attempts.
+	moved := res.RowsCleaned > 0 || res.RowsHeld > 0
+	res.Progress = f.spent.delivered > 0 || moved ||
+		(!res.NewCycle && next.Cursor > cur.Cursor && res.TargetsBlocked == 0)
+	if f.spent.delivered > 0 || moved {
+		next.Idle = 0
+	} else if !res.Progress {
+		next.Idle++
+	}
+	completed := next.Cursor >= next.CycleEnd
+	res.More = !(completed && len(next.Blocked) == 0 && f.start.os.NextSeq-1 == next.CycleEnd) || more
+	if res.Progress {
+		res.NextDueMS = f.now
+	} else {
+		res.NextDueMS = f.now + h.Backoff(next.Idle).Milliseconds()
+	}
+	res.NextRetryMS = nextRetry
+	next.Claim = nil
+	if keep && res.continues() {
+		next.Claim = &Claim{Owner: token, UntilMS: unixMS(h.clock().Now()) + h.claimTTL().Milliseconds()}
+	}
+	res.Blocked, res.Cursor, res.CycleEnd = len(next.Blocked), next.Cursor, next.CycleEnd
+	nextRaw := encodeJSON(next)
+	writes = append([]Write{{Key: KeyRS, Value: nextRaw}}, writes...)
+
+	err := h.Source.Apply(f.ctx, f.source, Batch{Preconditions: []Precondition{{Key: KeyRS, Value: f.start.rsRaw}}, Writes: writes})
+	if err == nil {
+		return *res, false, nil
+	}
+	_, cond := FailedPrecondition(err)
+	if !cond && !MayBeApplied(err) {
+		return *res, false, fmt.Errorf("fire %s: checkpoint: %w", f.source, err)
+	}
+	// Conflict or unknown outcome: look at rs.
+	raw, found, rerr := h.Source.Get(f.ctx, f.source, KeyRS)
+	if rerr != nil {
+		return *res, false, fmt.Errorf("fire %s: checkpoint: %v; re-read rs: %w", f.source, err, rerr)
+	}
+	if found && bytes.Equal(raw, nextRaw) {
+		return *res, false, nil // it landed
+	}
+	if found {
+		if other, derr := decodeRS(raw); derr == nil && other.Claim != nil && other.Claim.Owner != token && other.Claim.UntilMS > unixMS(h.clock().Now()) {
+			res.Busy = true // another fire took over; our deliveries are idempotent
+			return *res, false, nil
+		}
+	}
+	loggerOr(h.Logger).Info("relay checkpoint conflict; starting the fire over", "source", string(f.source), "err", err)
+	res.RowsCleaned, res.TargetsBlocked, res.TargetsDelivered, res.TargetsAttempted = 0, 0, 0, 0
+	res.RowsHeld, res.TargetsHeld, res.TargetsQuarantined, res.TargetsRedriven = 0, 0, 0, 0
+	return *res, true, nil
+}
+
+// roomToHold reports whether moving tw's pages aside (and putting a retry
+// marker) fits the checkpoint, taking the room if so.
+func (f *fireRun) roomToHold(tw *targetWork, slot *recSlot) bool {
+	if slot.holdRoom {
+		return true
+	}
+	items, bytes := 1, f.caps.ItemSize(f.source, retryKey(0, tw.target), 0) // the new marker's put
+	for _, pg := range tw.pages {
+		i, b := f.holdExtra(pg)
+		items, bytes = items+i, bytes+b
+	}
+	if items > f.itemsRoom || bytes > f.bytesRoom {
+		return false
+	}
+	f.itemsRoom -= items
+	f.bytesRoom -= bytes
+	slot.holdRoom = true
+	return true
+}
+
+func mapsKeys[K comparable, V any](m map[K]V) []K {
+	out := make([]K, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+// addHeld adds page p's rows to r's held rows; p is newer than every row
+// r already holds.
+func addHeld(r *targetRec, p Page) {
+	if len(p.Rows) == 0 {
+		return
+	}
+	if r.Held == 0 {
+		r.HeldFirst, r.HeldMS = p.Rows[0].Seq, p.CommitMS
+	}
+	r.Held += uint64(len(p.Rows))
+	r.HeldLast = max(r.HeldLast, p.Last())
+}
+
+// failed records a failed round of tw at r.
+func (r *targetRec) failed(tw *targetWork, now int64) {
+	r.FailedRounds++
+	r.FailedAttempts += max(1, tw.failedCalls)
+	e := tw.failure
+	e.AtMS = now
+	e.Message = sanitize(e.Message, maxErrorMessage)
+	r.LastError = &e
+}
+
+// succeeded ends r's run of failures (the last error stays for operators).
+func (r *targetRec) succeeded() { r.FailedRounds, r.FailedAttempts = 0, 0 }
+
+func (r *targetRec) setState(s TargetState, now int64) {
+	if r.State != s {
+		r.State, r.SinceMS = s, now
+	}
+	r.Released = false
+	r.RetryMS = 0
+}
+
+// sanitize bounds s to n bytes of valid UTF-8 without control characters,
+// so its JSON encoding stays within 2n bytes (targetRecMaxBytes).
+func sanitize(s string, n int) string {
+	s = strings.ToValidUTF8(s, "?")
+	s = strings.Map(func(c rune) rune {
+		if c < 0x20 || c == 0x7f || c == '<' || c == '>' || c == '&' || c == '\u2028' || c == '\u2029' {
+			return ' '
+		}
+		return c
+	}, s)
+	return truncateUTF8(s, n)
+}
+
+func encodeTargetRec(r targetRec) []byte { return encodeJSON(r) }

@@ -1,0 +1,244 @@
+package relaycore
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// deliver applies tw's rows newer than the target's rh, in ascending seq,
+// in as many target batches as the limits and CallsPerTarget allow. It sets
+// tw.dt to the rh it last knew and tw.failed on a delivery or hook failure.
+func (h *RelayHandler) deliver(ctx context.Context, source Partition, tw *targetWork, res *FireResult, b RelayBudget, spent *fireSpend) {
+	log := loggerOr(h.Logger).With("source", string(source), "target", string(tw.target))
+	fail := func(class, msg string, err error) {
+		log.Warn("relay target failed: "+msg, "class", class, "err", err)
+		tw.failed = true
+		tw.failure = LastError{Class: class, Message: msg + ": " + err.Error()}
+		if len(tw.rows) > 0 {
+			tw.failure.Seq = tw.rows[0].Seq
+			if i, _ := slices.BinarySearchFunc(tw.rows, tw.dt+1, func(r Row, s uint64) int { return cmpU64(r.Seq, s) }); i < len(tw.rows) {
+				tw.failure.Seq = tw.rows[i].Seq
+			}
+		}
+	}
+	rhKey := RHKey(source)
+	readRH := func() ([]byte, bool, uint64, error) {
+		res.TargetReads++
+		raw, found, err := h.Target.Get(ctx, tw.target, rhKey)
+		if err != nil {
+			return nil, false, 0, err
+		}
+		v, err := decodeRH(raw, found)
+		return raw, found, v, err
+	}
+	raw, found, rh, err := readRH()
+	if err != nil {
+		fail(ErrorClassRead, "read rh", err)
+		return
+	}
+	tw.dt = rh
+	newer := func(rows []Row) []Row {
+		i, _ := slices.BinarySearchFunc(rows, tw.dt+1, func(r Row, s uint64) int { return cmpU64(r.Seq, s) })
+		return rows[i:]
+	}
+	pending := newer(tw.rows)
+	tc := h.Target.Capabilities()
+	attempt := 0
+	for len(pending) > 0 {
+		if spent.callsLeft(b, tw.target) == 0 {
+			return // budget spent; not a failure: the cursor pauses before these rows
+		}
+		attempt++
+		n := fitRows(source, tw.target, pending, tc, 0, 0)
+		if n == 0 {
+			// Enqueue validation keeps every row within one target batch
+			// of the limits it was given; a target store with smaller
+			// limits (or a hostile page) can still hold one that is not.
+			fail(ErrorClassTooLarge, "row does not fit one target batch", fmt.Errorf("row %d: %w", pending[0].Seq, ErrBatchTooLarge))
+			return
+		}
+		var hookWrites []Write
+		for {
+			items, size := targetLoad(source, tw.target, pending[:n], tc)
+			req := HookRequest{Source: source, Target: tw.target, Rows: slices.Clone(pending[:n]), Attempt: attempt,
+				RoomItems: room(tc.MaxBatchItems, items), RoomBytes: room(tc.MaxBatchBytes, size)}
+			hookWrites, err = h.hook().BeforeApply(ctx, req)
+			if err != nil {
+				fail(ErrorClassHook, "hook", err)
+				return
+			}
+			if err := checkHookWrites(hookWrites, pending[:n]); err != nil {
+				fail(ErrorClassHook, "hook writes", err)
+				return
+			}
+			extra := 0
+			for _, w := range hookWrites {
+				extra += tc.ItemSize(tw.target, w.Key, len(w.Value))
+			}
+			m := fitRows(source, tw.target, pending[:n], tc, len(hookWrites), extra)
+			if m == n {
+				break
+			}
+			if m == 0 {
+				fail(ErrorClassHook, "hook additions leave no room for a row", ErrBatchTooLarge)
+				return
+			}
+			n = m // shrink and ask the hook again for the smaller group
+		}
+		last := pending[n-1].Seq
+		batch := targetBatch(rhKey, raw, found, last, pending[:n], hookWrites)
+		if err := tc.Check(tw.target, batch); err != nil {
+			fail(ErrorClassTooLarge, "plan target batch", err)
+			return
+		}
+		spent.calls[tw.target]++
+		spent.total++
+		res.TargetCalls++
+		err := h.Target.Apply(ctx, tw.target, batch)
+		if err == nil {
+			res.RowsDelivered += n
+			spent.delivered += n
+			tw.dt, raw, found = last, encodeRH(last), true
+			pending = pending[n:]
+			continue
+		}
+		_, cond := FailedPrecondition(err)
+		if !cond && !MayBeApplied(err) {
+			tw.failedCalls++
+			fail(ErrorClassApply, "apply", err)
+			return
+		}
+		// rh moved (another deliverer) or the outcome is unknown: rh says
+		// what is applied, because every target batch advances it.
+		var rerr error
+		raw, found, rh, rerr = readRH()
+		if rerr != nil {
+			fail(ErrorClassRead, "re-read rh", rerr)
+			return
+		}
+		if rh >= last && MayBeApplied(err) {
+			res.RowsDelivered += n
+			spent.delivered += n
+		}
+		tw.dt = max(tw.dt, rh)
+		pending = newer(pending)
+	}
+}
+
+func room(limit, used int) int {
+	if limit <= 0 {
+		return 1 << 30
+	}
+	return limit - used
+}
+
+// coalesce folds rows (ascending seq) into one write per key: the newest
+// put or delete wins, because a transaction cannot touch a key twice.
+func coalesce(rows []Row) map[string]Write {
+	out := map[string]Write{}
+	for _, r := range rows {
+		for _, kv := range r.Puts {
+			out[kv.Key] = Write{Key: kv.Key, Value: kv.Value}
+		}
+		for _, k := range r.Deletes {
+			out[k] = Write{Key: k, Delete: true}
+		}
+	}
+	return out
+}
+
+// targetLoad is the items and bytes of rows' coalesced writes plus rh.
+func targetLoad(source, target Partition, rows []Row, tc Capabilities) (int, int) {
+	items, size := 1, tc.ItemSize(target, RHKey(source), 20)
+	for _, w := range coalesce(rows) {
+		items++
+		size += tc.ItemSize(target, w.Key, len(w.Value))
+	}
+	return items, size
+}
+
+// fitRows is how many leading rows fit one target batch together with rh
+// and extraItems/extraBytes of hook writes.
+func fitRows(source, target Partition, rows []Row, tc Capabilities, extraItems, extraBytes int) int {
+	sizes := map[string]int{}
+	items, total := 1+extraItems, tc.ItemSize(target, RHKey(source), 20)+extraBytes
+	for i, r := range rows {
+		addItems, addBytes := 0, 0
+		visit := func(k string, vlen int) {
+			s := tc.ItemSize(target, k, vlen)
+			if old, ok := sizes[k]; ok {
+				addBytes += s - old
+			} else {
+				addItems++
+				addBytes += s
+			}
+		}
+		for _, kv := range r.Puts {
+			visit(kv.Key, len(kv.Value))
+		}
+		for _, k := range r.Deletes {
+			visit(k, 0)
+		}
+		if (tc.MaxBatchItems > 0 && items+addItems > tc.MaxBatchItems) || (tc.MaxBatchBytes > 0 && total+addBytes > tc.MaxBatchBytes) {
+			return i
+		}
+		items, total = items+addItems, total+addBytes
+		for _, kv := range r.Puts {
+			sizes[kv.Key] = tc.ItemSize(target, kv.Key, len(kv.Value))
+		}
+		for _, k := range r.Deletes {
+			sizes[k] = tc.ItemSize(target, k, 0)
+		}
+	}
+	return len(rows)
+}
+
+func checkHookWrites(ws []Write, rows []Row) error {
+	keys := coalesce(rows)
+	seen := map[string]bool{}
+	for _, w := range ws {
+		switch {
+		case w.Key == "":
+			return fmt.Errorf("%w: hook write with an empty key", ErrInvalidBatch)
+		case strings.HasPrefix(w.Key, ReservedPrefix):
+			return fmt.Errorf("%w: hook write to reserved key %q", ErrInvalidBatch, w.Key)
+		case seen[w.Key]:
+			return fmt.Errorf("%w: hook writes key %q twice", ErrInvalidBatch, w.Key)
+		}
+		if _, ok := keys[w.Key]; ok {
+			return fmt.Errorf("%w: hook writes key %q that a row writes", ErrInvalidBatch, w.Key)
+		}
+		seen[w.Key] = true
+	}
+	return nil
+}
+
+// targetBatch guards rh on the value read and advances it to last, with the
+// rows' coalesced writes and the hook's writes, atomically.
+func targetBatch(rhKey string, rhRaw []byte, rhFound bool, last uint64, rows []Row, hookWrites []Write) Batch {
+	pre := Precondition{Key: rhKey, Absent: true}
+	if rhFound {
+		pre = Precondition{Key: rhKey, Value: rhRaw}
+	}
+	cw := coalesce(rows)
+	writes := make([]Write, 0, len(cw)+len(hookWrites)+1)
+	for _, w := range cw {
+		writes = append(writes, w)
+	}
+	slices.SortFunc(writes, func(a, b Write) int { return strings.Compare(a.Key, b.Key) })
+	writes = append(writes, hookWrites...)
+	writes = append(writes, Write{Key: rhKey, Value: encodeRH(last)})
+	return Batch{Preconditions: []Precondition{pre}, Writes: writes}
+}

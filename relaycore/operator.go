@@ -1,0 +1,492 @@
+package relaycore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"unicode/utf8"
+)
+
+// Operator actions on one (source, target): quarantine, release, pause,
+// resume and skip. Each takes the source's fire claim first (as a fire
+// would), so no fire is running while it reads and writes: a fire that
+// started before the action has finished (or its claim has lapsed), and the
+// next one sees the new state. A live fire makes the action fail with
+// ErrSourceBusy; retrying a moment later is safe.
+
+// Actor says who does an operator action and why. Reason is required for
+// skips; both are kept in the target's record (and in the archive for a
+// skip), bounded by MaxReasonLen and MaxActorLen bytes of UTF-8 without
+// control characters.
+type Actor struct {
+	By     string
+	Reason string
+}
+
+func (a Actor) validate(reasonRequired bool) error {
+	switch {
+	case len(a.Reason) > MaxReasonLen:
+		return fmt.Errorf("%w: reason is %d bytes, limit %d", ErrInvalidOperatorInput, len(a.Reason), MaxReasonLen)
+	case len(a.By) > MaxActorLen:
+		return fmt.Errorf("%w: actor is %d bytes, limit %d", ErrInvalidOperatorInput, len(a.By), MaxActorLen)
+	case reasonRequired && a.Reason == "":
+		return fmt.Errorf("%w: a reason is required", ErrInvalidOperatorInput)
+	case !printable(a.Reason) || !printable(a.By):
+		return fmt.Errorf("%w: reason and actor must be UTF-8 text without control characters", ErrInvalidOperatorInput)
+	}
+	return nil
+}
+
+func printable(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, c := range s {
+		if c < 0x20 || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// opRun is an operator action holding the source's claim.
+type opRun struct {
+	h      *RelayHandler
+	ctx    context.Context
+	source Partition
+	now    int64
+	start  claimed
+	writes []Write
+	pre    []Precondition
+	q      holdSummary
+	kick   bool
+}
+
+// operate takes the claim, runs fn, and commits fn's writes with the claim
+// released, all guarded on rs as claimed.
+func (h *RelayHandler) operate(ctx context.Context, source Partition, fn func(o *opRun) error) error {
+	now := unixMS(h.clock().Now())
+	token := "op-" + newNonce()
+	start, busy, err := h.claim(ctx, source, token, now, true)
+	if err != nil {
+		return err
+	}
+	if busy {
+		return fmt.Errorf("%s: %w", source, ErrSourceBusy)
+	}
+	o := &opRun{h: h, ctx: ctx, source: source, now: now, start: start, q: start.q}
+	ferr := fn(o)
+	next := start.rs.RelayState
+	next.Version++
+	next.Claim = nil
+	writes := []Write{{Key: KeyRS, Value: encodeJSON(next)}}
+	pre := []Precondition{{Key: KeyRS, Value: start.rsRaw}}
+	if ferr == nil {
+		writes = append(writes, o.writes...)
+		pre = append(pre, o.pre...)
+		if o.q != start.q {
+			o.q.Version++
+			writes = append(writes, Write{Key: KeyHold, Value: encodeJSON(o.q)})
+		}
+	}
+	err = h.Source.Apply(ctx, source, Batch{Preconditions: pre, Writes: writes})
+	if ferr != nil {
+		return ferr // the claim is released (or lapses)
+	}
+	if err != nil {
+		if i, ok := FailedPrecondition(err); ok && i > 0 {
+			return fmt.Errorf("%s: %w", source, ErrContention)
+		}
+		if _, ok := FailedPrecondition(err); ok {
+			// Our claim lapsed and a fire took over: nothing was written.
+			return fmt.Errorf("%s: claim lapsed: %w", source, ErrSourceBusy)
+		}
+		return fmt.Errorf("%s: %w", source, err)
+	}
+	if o.kick {
+		h.kick(ctx, source, now)
+	}
+	return nil
+}
+
+// loadTarget reads target's records; ErrUnknownTarget when it has none.
+func (o *opRun) loadTarget(t Partition) (targetEnq, targetRec, bool, error) {
+	prefix := TargetPrefix + targetHex(t) + "/"
+	items, err := scanItems(o.ctx, o.h.Source, o.source, prefix, prefixEnd(prefix))
+	if err != nil {
+		return targetEnq{}, targetRec{}, false, fmt.Errorf("%s/%q: %w", o.source, t, err)
+	}
+	var e targetEnq
+	r := targetRec{Target: t, State: StateActive}
+	found := false
+	for _, it := range items {
+		switch it.Key {
+		case targetEnqKey(t):
+			if e, err = decodeTargetEnq(it.Value, true); err != nil {
+				return e, r, false, err
+			}
+		case targetStateKey(t):
+			if r, err = decodeTargetRec(t, it.Value, true); err != nil {
+				return e, r, false, err
+			}
+			found = true
+		}
+	}
+	if len(items) == 0 {
+		return e, r, false, fmt.Errorf("%s/%q: %w", o.source, t, ErrUnknownTarget)
+	}
+	return e, r, found, nil
+}
+
+// putRec writes r (from before) with its marker and the q totals.
+func (o *opRun) putRec(before, r targetRec) {
+	have, want := "", ""
+	if before.State == StateActive && before.Held > 0 {
+		have = retryKey(before.RetryMS, r.Target)
+	}
+	if r.State == StateActive && r.Held > 0 {
+		if r.RetryMS == 0 {
+			r.RetryMS = o.now
+		}
+		want = retryKey(r.RetryMS, r.Target)
+	} else {
+		r.RetryMS = 0
+	}
+	if have != want {
+		if have != "" {
+			o.writes = append(o.writes, Write{Key: have, Delete: true})
+		}
+		if want != "" {
+			o.writes = append(o.writes, Write{Key: want, Value: markerValue})
+		}
+	}
+	o.writes = append(o.writes, Write{Key: targetStateKey(r.Target), Value: encodeTargetRec(r)})
+	o.q.account(before, r)
+}
+
+// wake makes the source's durable alarm due now (guarded on the alarm as
+// read), so held rows released for redrive go out without waiting for the
+// sweeper, and kicks after the commit.
+func (o *opRun) wake() error {
+	raw, found, err := o.h.Source.Get(o.ctx, o.source, KeyAlarm)
+	if err != nil {
+		return fmt.Errorf("%s: read alarm: %w", o.source, err)
+	}
+	if found {
+		if a, err := decodeAlarm(raw); err == nil && a.DueMS <= o.now {
+			o.pre = append(o.pre, Precondition{Key: KeyAlarm, Value: raw})
+			o.kick = true
+			return nil
+		}
+		o.pre = append(o.pre, Precondition{Key: KeyAlarm, Value: raw})
+	} else {
+		o.pre = append(o.pre, Precondition{Key: KeyAlarm, Absent: true})
+	}
+	o.writes = append(o.writes, alarmWrite(o.now))
+	o.kick = true
+	return nil
+}
+
+func (o *opRun) note(r *targetRec, action string, a Actor) {
+	r.Note = &OperatorNote{Action: action, By: a.By, Reason: a.Reason, AtMS: o.now}
+}
+
+// setTargetState is quarantine and pause: rows, existing and new, are held
+// in order from the next fire on; nothing is tried until release/resume.
+func (h *RelayHandler) setTargetState(ctx context.Context, source, target Partition, state TargetState, action string, from []TargetState, a Actor) (TargetStatus, error) {
+	if err := a.validate(false); err != nil {
+		return TargetStatus{}, err
+	}
+	var out TargetStatus
+	err := h.operate(ctx, source, func(o *opRun) error {
+		e, r, _, err := o.loadTarget(target)
+		if err != nil {
+			return err
+		}
+		if !slices.Contains(from, r.State) {
+			return &TargetStateError{Target: target, State: r.State, Action: action}
+		}
+		before := r
+		r.setState(state, o.now)
+		r.FailedRounds, r.FailedAttempts = 0, 0
+		o.note(&r, action, a)
+		o.putRec(before, r)
+		out = statusOf(target, e, r)
+		return nil
+	})
+	return out, err
+}
+
+// Quarantine stops delivery to target: its rows, existing and new, are
+// held in order and no calls are spent on it until Release. Allowed from
+// active and paused; quarantining a quarantined target is an error
+// (TargetStateError), so a script notices it did nothing.
+func (h *RelayHandler) Quarantine(ctx context.Context, source, target Partition, a Actor) (TargetStatus, error) {
+	return h.setTargetState(ctx, source, target, StateQuarantined, "quarantine", []TargetState{StateActive, StatePaused}, a)
+}
+
+// Pause stops delivery to target on purpose (maintenance): rows are held in
+// order and failures are not counted until Resume. Allowed from active.
+func (h *RelayHandler) Pause(ctx context.Context, source, target Partition, a Actor) (TargetStatus, error) {
+	return h.setTargetState(ctx, source, target, StatePaused, "pause", []TargetState{StateActive}, a)
+}
+
+// Release ends a quarantine: held rows are redriven oldest first, before
+// any newer row of the target, starting with the next fire (the source's
+// alarm is made due now). If they fail again the target returns to
+// quarantine at once.
+func (h *RelayHandler) Release(ctx context.Context, source, target Partition, a Actor) (TargetStatus, error) {
+	return h.reactivate(ctx, source, target, StateQuarantined, "release", a)
+}
+
+// Resume ends a pause: held rows are delivered oldest first, before any
+// newer row, from the next fire on; failures count as usual.
+func (h *RelayHandler) Resume(ctx context.Context, source, target Partition, a Actor) (TargetStatus, error) {
+	return h.reactivate(ctx, source, target, StatePaused, "resume", a)
+}
+
+func (h *RelayHandler) reactivate(ctx context.Context, source, target Partition, from TargetState, action string, a Actor) (TargetStatus, error) {
+	if err := a.validate(false); err != nil {
+		return TargetStatus{}, err
+	}
+	var out TargetStatus
+	err := h.operate(ctx, source, func(o *opRun) error {
+		e, r, _, err := o.loadTarget(target)
+		if err != nil {
+			return err
+		}
+		if r.State != from {
+			return &TargetStateError{Target: target, State: r.State, Action: action}
+		}
+		before := r
+		r.setState(StateActive, o.now)
+		r.FailedRounds, r.FailedAttempts = 0, 0
+		if r.Held > 0 {
+			r.RetryMS = o.now
+			r.Released = from == StateQuarantined
+		}
+		o.note(&r, action, a)
+		o.putRec(before, r)
+		if err := o.wake(); err != nil {
+			return err
+		}
+		out = statusOf(target, e, r)
+		return nil
+	})
+	return out, err
+}
+
+// SkipRequest names the rows to skip: the target's held rows from
+// ExpectFirst (which must be its first undelivered held seq, so a skip raced
+// by delivery fails cleanly) through Through.
+type SkipRequest struct {
+	Target      Partition
+	ExpectFirst uint64
+	Through     uint64
+	Actor
+}
+
+// SkipResult reports a skip: the archive entry's id and the rows it holds.
+type SkipResult struct {
+	ArchiveID uint64       `json:"archive_id"`
+	Rows      int          `json:"rows"`
+	First     uint64       `json:"first"`
+	Last      uint64       `json:"last"`
+	Status    TargetStatus `json:"status"`
+}
+
+// Skip removes a quarantined or paused target's held rows ExpectFirst..
+// Through from the outbox without applying them, copying them in the same
+// atomic source batch to the dead-row archive with who, why and the last
+// error. They are never applied afterwards: deliveries of the target's
+// later rows move its rh past them. Held rows the target already has
+// (rh covers them) are cleaned, not archived. One request skips at most
+// what fits one source batch (ErrSkipTooLarge names how far it may go).
+func (h *RelayHandler) Skip(ctx context.Context, source Partition, req SkipRequest) (SkipResult, error) {
+	if err := req.Actor.validate(true); err != nil {
+		return SkipResult{}, err
+	}
+	if req.ExpectFirst == 0 || req.Through < req.ExpectFirst {
+		return SkipResult{}, fmt.Errorf("%w: skip %d..%d: want 0 < expect_first <= through", ErrInvalidOperatorInput, req.ExpectFirst, req.Through)
+	}
+	var out SkipResult
+	err := h.operate(ctx, source, func(o *opRun) error {
+		e, r, _, err := o.loadTarget(req.Target)
+		if err != nil {
+			return err
+		}
+		if r.State != StateQuarantined && r.State != StatePaused {
+			return &TargetStateError{Target: req.Target, State: r.State, Action: "skip"}
+		}
+		rh, err := TargetWatermark(ctx, h.Target, req.Target, source)
+		if err != nil {
+			return err
+		}
+		prefix := heldPrefix(req.Target)
+		items, err := scanItems(ctx, h.Source, source, prefix, prefixEnd(prefix))
+		if err != nil {
+			return fmt.Errorf("%s/%q: read held rows: %w", source, req.Target, err)
+		}
+		var pages []Page
+		for _, it := range items {
+			p, err := DecodePage(it.Key, it.Value)
+			if err != nil {
+				return err
+			}
+			pages = append(pages, p)
+		}
+		first := uint64(0)
+		for _, p := range pages {
+			for _, row := range p.Rows {
+				if row.Seq > rh && first == 0 {
+					first = row.Seq
+				}
+			}
+		}
+		if first == 0 {
+			return &SkipConflictError{Target: req.Target, Expected: req.ExpectFirst, Reason: "no held rows (the target's rows are held by the next fire that meets them)"}
+		}
+		if first != req.ExpectFirst {
+			return &SkipConflictError{Target: req.Target, Expected: req.ExpectFirst, Actual: first, Reason: "the first undelivered held row is another"}
+		}
+		if req.Through > r.HeldLast {
+			return fmt.Errorf("%w: through %d is past the last held seq %d", ErrSkipRange, req.Through, r.HeldLast)
+		}
+		caps := h.Source.Capabilities()
+		before := r
+		var codec pageCodec
+		items2, bytes2 := 4, caps.ItemSize(source, KeyRS, rsMaxBytes)+caps.ItemSize(source, KeyHold, holdMaxBytes)+
+			caps.ItemSize(source, targetStateKey(req.Target), targetRecMaxBytes)+2*caps.ItemSize(source, retryKey(0, req.Target), 0)+
+			caps.ItemSize(source, deadKey(first), 2048+2*MaxReasonLen)
+		var skipped, cleaned uint64
+		var last uint64
+		var writes []Write
+		remainingFirst, remainingMS := uint64(0), int64(0)
+		for _, p := range pages {
+			if p.First > req.Through {
+				if remainingFirst == 0 {
+					remainingFirst, remainingMS = p.First, p.CommitMS
+				}
+				break
+			}
+			var skip, rest []Row
+			var clean uint64
+			for _, row := range p.Rows {
+				switch {
+				case row.Seq <= rh:
+					clean++
+				case row.Seq <= req.Through:
+					skip = append(skip, row)
+				default:
+					rest = append(rest, row)
+				}
+			}
+			var w []Write
+			n := 1
+			size := caps.ItemSize(source, p.Key, 0)
+			if len(rest) > 0 {
+				rp := p
+				rp.Rows, rp.First = rest, rest[0].Seq
+				v := codec.encode(rp)
+				w = append(w, Write{Key: p.Key, Value: v})
+				size = caps.ItemSize(source, p.Key, len(v))
+				if remainingFirst == 0 {
+					remainingFirst, remainingMS = rest[0].Seq, p.CommitMS
+				}
+			} else {
+				w = append(w, Write{Key: p.Key, Delete: true})
+			}
+			if len(skip) > 0 {
+				sp := p
+				sp.Rows, sp.First = skip, skip[0].Seq
+				v := codec.encode(sp)
+				w = append(w, Write{Key: deadPageKey(first, skip[0].Seq), Value: v})
+				n++
+				size += caps.ItemSize(source, deadPageKey(first, skip[0].Seq), len(v))
+			}
+			if (caps.MaxBatchItems > 0 && items2+n > caps.MaxBatchItems) || (caps.MaxBatchBytes > 0 && bytes2+size > caps.MaxBatchBytes) {
+				return fmt.Errorf("%w: skip through at most seq %d in one request", ErrSkipTooLarge, max(last, first))
+			}
+			items2, bytes2 = items2+n, bytes2+size
+			writes = append(writes, w...)
+			skipped += uint64(len(skip))
+			cleaned += clean
+			if len(skip) > 0 {
+				last = skip[len(skip)-1].Seq
+			}
+		}
+		r.Done += skipped + cleaned
+		r.Held -= min(r.Held, skipped+cleaned)
+		r.Skipped += skipped
+		r.Through = max(r.Through, rh)
+		if r.Held == 0 || remainingFirst == 0 {
+			r.Held, r.HeldFirst, r.HeldLast, r.HeldMS = 0, 0, 0, 0
+		} else {
+			r.HeldFirst, r.HeldMS = remainingFirst, remainingMS
+		}
+		o.note(&r, "skip", req.Actor)
+		entry := deadEntry{V: 1, TargetHex: targetHex(req.Target), First: first, Last: last, Rows: int(skipped),
+			By: req.By, Reason: req.Reason, AtMS: o.now, LastError: r.LastError}
+		if utf8.ValidString(string(req.Target)) {
+			entry.Target = string(req.Target)
+		}
+		o.writes = append(o.writes, Write{Key: deadKey(first), Value: encodeJSON(entry)})
+		o.pre = append(o.pre, Precondition{Key: deadKey(first), Absent: true})
+		o.writes = append(o.writes, writes...)
+		o.putRec(before, r)
+		out = SkipResult{ArchiveID: first, Rows: int(skipped), First: first, Last: last, Status: statusOf(req.Target, e, r)}
+		return nil
+	})
+	return out, err
+}
+
+// Operator errors.
+var (
+	// ErrSourceBusy: a fire holds the source's claim; retry shortly.
+	ErrSourceBusy = errors.New("source busy: a fire is running")
+	// ErrUnknownTarget: the source has no record of the target.
+	ErrUnknownTarget = errors.New("unknown target")
+	// ErrInvalidOperatorInput: a malformed operator request (reason too
+	// long, bad range); nothing was written.
+	ErrInvalidOperatorInput = errors.New("invalid operator request")
+	// ErrSkipRange: the skip goes past the target's last held row.
+	ErrSkipRange = errors.New("skip past the last held row")
+	// ErrSkipTooLarge: the skip does not fit one batch; skip in steps.
+	ErrSkipTooLarge = errors.New("skip too large for one request")
+	// ErrWrongState: the action does not apply in the target's state
+	// (TargetStateError says which).
+	ErrWrongState = errors.New("action not allowed in the target's state")
+	// ErrSkipConflict: the skip's expected first seq is not the target's
+	// first undelivered held row (SkipConflictError says which is).
+	ErrSkipConflict = errors.New("skip expectation does not hold")
+)
+
+// TargetStateError: action is not allowed while the target is in State.
+type TargetStateError struct {
+	Target Partition
+	State  TargetState
+	Action string
+}
+
+func (e *TargetStateError) Error() string {
+	return fmt.Sprintf("%s target %q: it is %s", e.Action, e.Target, e.State)
+}
+
+// Unwrap makes errors.Is(err, ErrWrongState) true.
+func (e *TargetStateError) Unwrap() error { return ErrWrongState }
+
+// SkipConflictError: the skip expected ExpectFirst to be the first
+// undelivered held row; Actual is (0: none is held).
+type SkipConflictError struct {
+	Target           Partition
+	Expected, Actual uint64
+	Reason           string
+}
+
+func (e *SkipConflictError) Error() string {
+	return fmt.Sprintf("skip target %q from %d: %s (first undelivered held seq: %d)", e.Target, e.Expected, e.Reason, e.Actual)
+}
+
+// Unwrap makes errors.Is(err, ErrSkipConflict) true.
+func (e *SkipConflictError) Unwrap() error { return ErrSkipConflict }

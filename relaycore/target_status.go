@@ -1,0 +1,259 @@
+package relaycore
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"strings"
+)
+
+// TargetStatus is one (source, target)'s delivery state, from the engine's
+// records (t/<hex>/e and t/<hex>/s); nothing here scans the outbox.
+type TargetStatus struct {
+	Target  Partition   `json:"target"`
+	State   TargetState `json:"state"`
+	SinceMS int64       `json:"since_ms,omitempty"`
+	// Pending counts rows enqueued for the target and not yet delivered
+	// (in the outbox or held); Held the ones held aside.
+	Pending uint64 `json:"pending"`
+	Held    uint64 `json:"held"`
+	// FirstSeq is the first undelivered seq and OldestMS its commit time
+	// (0 when nothing is pending). Exact is false when they come from the
+	// enqueue log after older entries were dropped: then FirstSeq and
+	// OldestMS are upper bounds of the truth, and the target's fires refine
+	// them as they reach its rows.
+	FirstSeq uint64 `json:"first_seq,omitempty"`
+	OldestMS int64  `json:"oldest_ms,omitempty"`
+	Exact    bool   `json:"exact"`
+	// Enqueued counts rows ever enqueued for the target, Done the ones that
+	// left the outbox (delivered, or skipped into the archive).
+	Enqueued uint64 `json:"enqueued"`
+	Done     uint64 `json:"done"`
+	Skipped  uint64 `json:"skipped,omitempty"`
+	// DeliveredThrough is the target's rh as the engine last saw it.
+	DeliveredThrough uint64 `json:"delivered_through,omitempty"`
+	// HeldFirst and HeldLast bound the held seqs (0 when none).
+	HeldFirst uint64 `json:"held_first,omitempty"`
+	HeldLast  uint64 `json:"held_last,omitempty"`
+	// FailedAttempts and FailedRounds count consecutive failures (reset by
+	// a delivery); LastError is the latest failure, kept after recovery.
+	FailedAttempts int        `json:"failed_attempts"`
+	FailedRounds   int        `json:"failed_rounds"`
+	LastError      *LastError `json:"last_error,omitempty"`
+	// RetryMS: when held rows are next tried (0: not scheduled).
+	RetryMS int64 `json:"retry_ms,omitempty"`
+	// Released: redriving after an operator release; a failure sends it
+	// back to quarantine.
+	Released bool          `json:"released,omitempty"`
+	Note     *OperatorNote `json:"note,omitempty"`
+}
+
+func statusOf(t Partition, e targetEnq, s targetRec) TargetStatus {
+	st := TargetStatus{Target: t, State: s.State, SinceMS: s.SinceMS, Held: s.Held, Enqueued: e.N, Done: s.Done,
+		Skipped: s.Skipped, DeliveredThrough: s.Through, HeldFirst: s.HeldFirst, HeldLast: s.HeldLast,
+		FailedAttempts: s.FailedAttempts, FailedRounds: s.FailedRounds, LastError: s.LastError, RetryMS: s.RetryMS,
+		Released: s.Released, Note: s.Note, Exact: true}
+	if e.N > s.Done {
+		st.Pending = e.N - s.Done
+	}
+	if st.Pending == 0 {
+		return st
+	}
+	switch {
+	case s.Held > 0: // held rows are older than anything left in the outbox
+		st.FirstSeq, st.OldestMS = s.HeldFirst, s.HeldMS
+	case s.Next > s.Through:
+		st.FirstSeq, st.OldestMS = s.Next, s.NextMS
+	default:
+		for i, run := range e.Runs {
+			first, last := uint64(run[0]), uint64(run[1])
+			if last <= s.Through {
+				continue
+			}
+			st.FirstSeq, st.OldestMS = max(first, s.Through+1), run[2]
+			st.Exact = !(i == 0 && e.Dropped && first > s.Through+1)
+			break
+		}
+	}
+	return st
+}
+
+// targetStatuses groups t/ items (e then s per target, in key order).
+func targetStatuses(items []Item) ([]TargetStatus, error) {
+	var out []TargetStatus
+	for i := 0; i < len(items); {
+		th, _, ok := cutTargetKey(items[i].Key)
+		if !ok {
+			return nil, fmt.Errorf("%w: target record key %q", ErrCorruptRecord, items[i].Key)
+		}
+		name, err := hex.DecodeString(th)
+		if err != nil {
+			return nil, fmt.Errorf("%w: target record key %q", ErrCorruptRecord, items[i].Key)
+		}
+		t := Partition(name)
+		var eRaw, sRaw []byte
+		var eFound, sFound bool
+		for ; i < len(items); i++ {
+			h, kind, ok := cutTargetKey(items[i].Key)
+			if !ok || h != th {
+				break
+			}
+			switch kind {
+			case "e":
+				eRaw, eFound = items[i].Value, true
+			case "s":
+				sRaw, sFound = items[i].Value, true
+			default:
+				return nil, fmt.Errorf("%w: target record key %q", ErrCorruptRecord, items[i].Key)
+			}
+		}
+		e, err := decodeTargetEnq(eRaw, eFound)
+		if err != nil {
+			return nil, err
+		}
+		s, err := decodeTargetRec(t, sRaw, sFound)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, statusOf(t, e, s))
+	}
+	return out, nil
+}
+
+func cutTargetKey(k string) (hexName, kind string, ok bool) {
+	rest, ok := strings.CutPrefix(k, TargetPrefix)
+	if !ok {
+		return "", "", false
+	}
+	i := strings.LastIndexByte(rest, '/')
+	if i <= 0 {
+		return "", "", false
+	}
+	return rest[:i], rest[i+1:], true
+}
+
+// TargetFilter selects targets for ListTargets.
+type TargetFilter struct {
+	// State keeps only targets in that state ("" any).
+	State TargetState
+	// All includes idle targets too: no pending rows, active, no failure
+	// in the last day. By default they are left out.
+	All bool
+	// After resumes a listing after this target name (ListTargets' next).
+	After Partition
+	// Limit bounds the targets returned (default 100, at most 1000).
+	Limit int
+}
+
+// recentFailure is how long a recovered target's last error keeps it in
+// the default listing.
+const recentFailureMS = 24 * 3600 * 1000
+
+func (f TargetFilter) keep(s TargetStatus, nowMS int64) bool {
+	if f.State != "" && s.State != f.State {
+		return false
+	}
+	if f.All {
+		return true
+	}
+	return s.Pending > 0 || s.State != StateActive || s.FailedRounds > 0 ||
+		(s.LastError != nil && nowMS-s.LastError.AtMS < recentFailureMS)
+}
+
+// ListTargets lists source's targets that have undelivered rows, are not
+// active, or failed recently (TargetFilter.All: every target the source
+// ever relayed to), in target-name order, from the engine's per-target
+// records. next is the last target returned when more may follow (pass it
+// as After); empty at the end. One call reads at most a few thousand
+// records, so a listing of a source with many idle targets may return
+// fewer than Limit targets with a next to go on from.
+func ListTargets(ctx context.Context, st Store, source Partition, f TargetFilter, now int64) (out []TargetStatus, next Partition, err error) {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	limit = min(limit, 1000)
+	after := ""
+	if f.After != "" {
+		after = TargetPrefix + targetHex(f.After) + "/~" // past both of its records
+	}
+	var pending []Item
+	read := 0
+	for {
+		pg, err := st.Scan(ctx, source, ScanRequest{Start: TargetPrefix, End: targetEnd, After: after, Limit: 256})
+		if err != nil {
+			return nil, "", fmt.Errorf("list targets %s: %w", source, err)
+		}
+		read += len(pg.Items)
+		pending = append(pending, pg.Items...)
+		// Decode complete groups only: the last target may continue on the
+		// next page.
+		cut := len(pending)
+		if pg.Next != "" && cut > 0 {
+			last, _, _ := cutTargetKey(pending[cut-1].Key)
+			for cut > 0 {
+				h, _, _ := cutTargetKey(pending[cut-1].Key)
+				if h != last {
+					break
+				}
+				cut--
+			}
+		}
+		sts, err := targetStatuses(pending[:cut])
+		if err != nil {
+			return nil, "", fmt.Errorf("list targets %s: %w", source, err)
+		}
+		for _, s := range sts {
+			if f.keep(s, now) {
+				out = append(out, s)
+				if len(out) == limit {
+					return out, s.Target, nil
+				}
+			}
+		}
+		pending = append([]Item(nil), pending[cut:]...)
+		if pg.Next == "" {
+			return out, "", nil
+		}
+		after = pg.Next
+		if read >= 4096 && len(sts) > 0 {
+			// Enough for one call: resume after the last decoded target.
+			return out, sts[len(sts)-1].Target, nil
+		}
+	}
+}
+
+// GetTarget returns one target's status. ErrUnknownTarget: the source has
+// no record of it (it never relayed to it).
+func GetTarget(ctx context.Context, st Store, source, target Partition) (TargetStatus, error) {
+	prefix := TargetPrefix + targetHex(target) + "/"
+	items, err := scanItems(ctx, st, source, prefix, prefixEnd(prefix))
+	if err != nil {
+		return TargetStatus{}, fmt.Errorf("target %s/%q: %w", source, target, err)
+	}
+	if len(items) == 0 {
+		return TargetStatus{}, fmt.Errorf("target %s/%q: %w", source, target, ErrUnknownTarget)
+	}
+	sts, err := targetStatuses(items)
+	if err != nil || len(sts) != 1 {
+		return TargetStatus{}, fmt.Errorf("target %s/%q: %w", source, target, err)
+	}
+	return sts[0], nil
+}
+
+// scanItems reads every item in [start, end) of p, in key order.
+func scanItems(ctx context.Context, st Store, p Partition, start, end string) ([]Item, error) {
+	var out []Item
+	after := ""
+	for {
+		pg, err := st.Scan(ctx, p, ScanRequest{Start: start, End: end, After: after})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, pg.Items...)
+		if pg.Next == "" {
+			return out, nil
+		}
+		after = pg.Next
+	}
+}
