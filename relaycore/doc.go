@@ -46,13 +46,41 @@
 //   - blocked set: sorted targets (at most MaxBlockedTargets) whose delivery
 //     failed this cycle; fires skip their rows. Only delivery failures
 //     (including hook errors) block; reaching the target budget only pauses
-//     the cursor before the next target. One more failing target than the
-//     cap resets the cycle. Blocked targets are retried at each cycle start.
+//     the cursor before the next target. Blocked targets are retried at
+//     each cycle start. A target that fails while the set is full is held
+//     instead (below); the cycle goes on.
+//   - target record: per (source, target), kept in the source partition by
+//     the engine: t/<hex>/e (rows enqueued, written by enqueue batches) and
+//     t/<hex>/s (state, rows done, held rows, consecutive failures, last
+//     error, operator note; written by fires and operator actions).
+//     TargetStatus, ListTargets and GetTarget read them; nothing scans the
+//     outbox to answer.
+//   - held rows: a target's rows moved out of the outbox scan into held
+//     pages (u/<hex>/<seq>), oldest first: always older than the target's
+//     rows still in the outbox, so delivering them first keeps seq order.
+//     A target holds when it is quarantined or paused, or has held rows.
+//   - quarantine: a target that failed QuarantineAfter rounds in a row (or
+//     an operator said so) holds its rows, existing and new, and costs
+//     fires nothing until released. Pause is the same on purpose
+//     (maintenance), without counting failures.
+//   - retry marker: v/<due>/<hex>, the schedule of an active target's held
+//     rows (a retry after it failed with the blocked set full, or a redrive
+//     after Release/Resume). Fires serve due markers first, with at most
+//     half of their targets.
+//   - dead-row archive: w/<first seq>, rows an operator skipped (Skip),
+//     removed from the outbox without being applied, with who, why and the
+//     last error; listable and requeueable (Requeue).
+//   - hold summary: q, totals over the target records (held rows,
+//     quarantined and paused targets) and lower bounds of the held rows'
+//     seqs and commit times, for the one-scan queries.
 //   - fire: one bounded unit of delivery work for one source (Fire): claim
-//     the source, scan from the cursor, deliver to up to TargetsPerFire
-//     targets, then one guarded checkpoint that advances rs and deletes the
-//     delivered rows. Duplicate and overlapping fires are safe: the claim
-//     makes them step aside, and every write is guarded.
+//     the source (claim.go), take held rows that are due (redrive.go), scan
+//     from the cursor (scan.go), deliver to up to TargetsPerFire targets
+//     (deliver.go), then one guarded checkpoint that advances rs, deletes
+//     the delivered rows, moves aside the rows of targets that hold and
+//     updates the target records (checkpoint.go). Duplicate and overlapping
+//     fires are safe: the claim makes them step aside, and every write is
+//     guarded. Operator actions (operator.go) take the same claim.
 //   - alarm: the source's durable wake-up record (due time), written in the
 //     same batch as the rows it wakes for, so a committed row can never
 //     lose its wake-up; plus a best-effort fast-path Kick, and a sweeper for

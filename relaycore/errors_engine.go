@@ -76,7 +76,8 @@ var ErrIdempotencyKeyReused = errors.New("idempotency key reused with different 
 // not fit one source batch together with the idempotency record (the
 // guarantee needs one atomic commit). Nothing was written. On DynamoDB a
 // batch holds 100 items and 4 MB; os, alarm and the record take three
-// (a lease a fourth), leaving 97 pages: with the default 8 KB pages about
-// 775 KB of row data (more where it compresses) for at most 97 distinct
+// (a lease a fourth), leaving 97 items for the pages and one target record
+// per distinct target: with the default 8 KB pages about 760 KB of row data
+// (more where it compresses) for a few targets, and at most 48 distinct
 // targets. Split larger requests into several keyed requests.
 var ErrIdempotentRequestTooLarge = errors.New("idempotent enqueue does not fit one batch")

@@ -23,14 +23,32 @@ import (
 	"github.com/relay-dev/relay/relaycore"
 )
 
-// simClock is the simulated time: it moves only when the driver runs a
-// schedule at its at() time.
+// simClock is the simulated time: it moves when the driver runs a schedule
+// at its at() time and, while an invocation runs, by the latency of the
+// requests it has made so far (elapsed), so a re-arm kicked at the end of a
+// long alarm is due after that alarm, as it would be on AWS.
 type simClock struct {
-	mu  sync.Mutex
-	now time.Time
+	mu      sync.Mutex
+	now     time.Time
+	elapsed func() time.Duration // nil between invocations
 }
 
-func (c *simClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *simClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.elapsed != nil {
+		return c.now.Add(c.elapsed())
+	}
+	return c.now
+}
+
+// during makes Now include elapsed until the returned func is called.
+func (c *simClock) during(elapsed func() time.Duration) (end func()) {
+	c.mu.Lock()
+	c.elapsed = elapsed
+	c.mu.Unlock()
+	return func() { c.mu.Lock(); c.elapsed = nil; c.mu.Unlock() }
+}
 
 func (c *simClock) AdvanceTo(t time.Time) {
 	c.mu.Lock()
@@ -192,7 +210,9 @@ func run(tb testing.TB, b backlog, hops int) figures {
 		}
 		clock.AdvanceTo(at)
 		before := requests(src, tgt, sched, lam)
+		endRun := clock.during(func() time.Duration { return requests(src, tgt, sched, lam).since(before) })
 		res, err := fireH.Handle(ctx, payload)
+		endRun()
 		if err != nil {
 			tb.Fatalf("alarm %d: %v", f.alarms+1, err)
 		}
