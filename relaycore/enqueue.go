@@ -520,7 +520,7 @@ func pageItemLimit(source, target Partition, caps Capabilities) int {
 		limit = caps.MaxItemBytes - (caps.ItemSize(source, heldPageKey(target, 0), 0) - caps.ItemSize(source, PageKey(0), 0))
 	}
 	if caps.MaxBatchBytes > 0 {
-		limit = min(limit, caps.MaxBatchBytes-checkpointReserve(source, caps))
+		limit = min(limit, caps.MaxBatchBytes-CheckpointReserve(source, caps))
 	}
 	return limit
 }

@@ -63,12 +63,13 @@ const targetRecMaxBytes = 640 + 2*(maxErrorMessage+8) + 2*(MaxReasonLen+8) + 2*(
 // holdMaxBytes bounds the encoded q record.
 const holdMaxBytes = 400
 
-// checkpointReserve is the room a checkpoint keeps for rs, q, one target
-// record and two retry markers, and for moving a page aside (the delete of
-// its outbox key and the longer held key), besides the page itself: a page
-// that fits beside it can always be collected, rewritten or moved aside by
-// a fire that meets it first.
-func checkpointReserve(source Partition, caps Capabilities) int {
+// CheckpointReserve is the room (as the store's item sizes) a fire
+// checkpoint keeps for rs, q, one target record and two retry markers, and
+// for moving a page aside (the delete of its outbox key and the longer held
+// key), besides the page itself: a page that fits beside it can always be
+// collected, rewritten or moved aside by a fire that meets it first, so
+// enqueue plans pages within MaxBatchBytes − CheckpointReserve.
+func CheckpointReserve(source Partition, caps Capabilities) int {
 	long := Partition(strings.Repeat("x", MaxPartitionLen))
 	return caps.ItemSize(source, KeyRS, rsMaxBytes) + caps.ItemSize(source, KeyHold, holdMaxBytes) +
 		caps.ItemSize(source, targetStateKey(long), targetRecMaxBytes) + 2*caps.ItemSize(source, retryKey(0, long), 0) +

@@ -20,10 +20,12 @@ import (
 // equal to it, because the checkpoint-room invariant is checked with it.
 const RSMaxBytes = 512 + (relaycore.MaxBlockedTargets+1)*(len(`"\u0000",`)+(relaycore.MaxPartitionLen*4+2)/3)
 
-// rsReserve is what a fire checkpoint keeps for rs beside the pages it may
-// rewrite, as a source item of caps.
+// rsReserve is what a fire checkpoint keeps beside the pages it may
+// rewrite, as source items of caps: rs (RSMaxBytes) and the rest of the
+// engine's checkpoint reserve (q, a target record, retry markers, the keys
+// of a page moved aside), which relaycore.CheckpointReserve includes.
 func rsReserve(caps relaycore.Capabilities, source relaycore.Partition) int {
-	return caps.ItemSize(source, relaycore.KeyRS, RSMaxBytes)
+	return max(caps.ItemSize(source, relaycore.KeyRS, RSMaxBytes), relaycore.CheckpointReserve(source, caps))
 }
 
 // sizing is the item accounting bulk scenarios are sized with: the
