@@ -13,10 +13,11 @@ import (
 	"github.com/relay-dev/relay/relaycore/sim"
 )
 
-// A fire's checkpoint (rs plus the deletes and rewrites of the pages it
-// collected) must fit the source store's batch-byte limit whatever rs
-// holds, so the scan keeps room for the largest rs (RSMaxBytes) and counts
-// each collected page at the size of its rewrite. These tests put a
+// A fire's checkpoint (rs, q, the target records and the deletes and
+// rewrites of the pages it collected) must fit the source store's
+// batch-byte limit whatever rs holds, so the scan keeps room for the
+// largest rs (RSMaxBytes) and q, one target record per selected target,
+// and counts each collected page at the size of its rewrite. These tests put a
 // checkpoint exactly at that line: 32 blocked targets with the longest
 // names at their longest encoding make rs nearly as large as it can be, and
 // three partly delivered pages fill the rest of the limit to the byte.
@@ -103,14 +104,28 @@ func newBoundEnv(t *testing.T, limit int) *boundEnv {
 		commit(boundRows(rng, tg, 10)) // one page per target
 	}
 
-	res, err := e.h.Fire(e.ctx, boundSource)
-	if err != nil {
-		t.Fatalf("limit %d: blocking fire: %v", limit, err)
+	// The checkpoint keeps room for one record per target it selects, so
+	// the 32 are blocked by fires of 4 targets each (which fit any limit
+	// the test uses); the fire measured then gets the whole budget.
+	full := e.h.Budget
+	e.h.Budget.TargetsPerFire = 4
+	var res relaycore.FireResult
+	for f := 0; f < relaycore.MaxBlockedTargets && res.Blocked < relaycore.MaxBlockedTargets; f++ {
+		var err error
+		if res, err = e.h.Fire(e.ctx, boundSource); err != nil {
+			t.Fatalf("limit %d: blocking fire: %v", limit, err)
+		}
 	}
+	e.h.Budget = full
 	if res.Blocked != relaycore.MaxBlockedTargets || res.Cursor != uint64(relaycore.MaxBlockedTargets) {
-		t.Fatalf("limit %d: blocking fire left %d blocked, cursor %d; want %d, %d (%+v)", limit, res.Blocked, res.Cursor, relaycore.MaxBlockedTargets, relaycore.MaxBlockedTargets, res)
+		t.Fatalf("limit %d: blocking fires left %d blocked, cursor %d; want %d, %d (%+v)", limit, res.Blocked, res.Cursor, relaycore.MaxBlockedTargets, relaycore.MaxBlockedTargets, res)
 	}
 	return e
+}
+
+// recRoom is what the scan reserves for a selected target's record.
+func (e *boundEnv) recRoom(t relaycore.Partition) int {
+	return e.caps.ItemSize(boundSource, relaycore.TargetStateKey(t), relaycore.TargetRecMaxBytes)
 }
 
 // reserved is what the scan counts for each healthy target's page: its
@@ -171,8 +186,9 @@ func TestCheckpointAtBatchLimit(t *testing.T) {
 	t.Logf("values from PCG seed %d", boundSeed)
 	probe := newBoundEnv(t, 4<<20)
 	reserved := probe.reserved(t)
-	rsRoom := probe.caps.ItemSize(boundSource, relaycore.KeyRS, relaycore.RSMaxBytes)
-	limit := rsRoom + reserved["ta"] + reserved["tb"] + reserved["tc"]
+	rsRoom := probe.caps.ItemSize(boundSource, relaycore.KeyRS, relaycore.RSMaxBytes) + probe.caps.ItemSize(boundSource, relaycore.KeyHold, relaycore.HoldMaxBytes)
+	recRooms := probe.recRoom("ta") + probe.recRoom("tb") + probe.recRoom("tc")
+	limit := rsRoom + recRooms + reserved["ta"] + reserved["tb"] + reserved["tc"]
 	if reserved["te"] >= rsRoom {
 		t.Fatalf("fixture: te's page (%d bytes) must fit the rs room (%d) so that a scan without it would take te", reserved["te"], rsRoom)
 	}
@@ -210,7 +226,9 @@ func TestCheckpointAtBatchLimit(t *testing.T) {
 			}
 			// The fixture is only a boundary if rs takes nearly all of its
 			// room and the rewrites nearly all of theirs.
-			if tc.targets == 3 && tc.limit-total > 1024 {
+			// (Target records are reserved at their largest and written
+			// small, and q is reserved but unchanged here.)
+			if tc.targets == 3 && tc.limit-total > 1024+recRooms+probe.caps.ItemSize(boundSource, relaycore.KeyHold, relaycore.HoldMaxBytes) {
 				t.Fatalf("fixture: checkpoint leaves %d of %d bytes unused; it should sit near the limit", tc.limit-total, tc.limit)
 			}
 			// The rows left behind are delivered by later fires.

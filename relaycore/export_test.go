@@ -6,7 +6,14 @@ const (
 	// RSMaxBytes is the bound on an encoded rs a fire checkpoint keeps room
 	// for beside the pages it may rewrite.
 	RSMaxBytes = rsMaxBytes
+	// TargetRecMaxBytes and HoldMaxBytes bound a target record and q, which
+	// a checkpoint also keeps room for (one record per target it selects).
+	TargetRecMaxBytes = targetRecMaxBytes
+	HoldMaxBytes      = holdMaxBytes
 )
+
+// TargetStateKey is the key of target's delivery-state record.
+func TargetStateKey(t Partition) string { return targetStateKey(t) }
 
 // PageRewriteBound is the largest encoding of any suffix of p's rows: what
 // a fire reserves in its checkpoint for a page it may rewrite.
