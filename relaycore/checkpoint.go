@@ -243,6 +243,7 @@ func (f *fireRun) checkpoint(token string, keep bool) (FireResult, bool, error) 
 		res.NextDueMS = f.now + h.Backoff(next.Idle).Milliseconds()
 	}
 	res.NextRetryMS = nextRetry
+	res.Hold = HoldSummary(q)
 	next.Claim = nil
 	if keep && res.continues() {
 		next.Claim = &Claim{Owner: token, UntilMS: unixMS(h.clock().Now()) + h.claimTTL().Milliseconds()}

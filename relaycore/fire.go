@@ -120,6 +120,9 @@ type FireResult struct {
 	// NextRetryMS is the earliest retry marker the fire left (0: none
 	// known): when held rows are next due.
 	NextRetryMS int64
+	// Hold is the source's hold summary (q) as the fire left it: held rows,
+	// quarantined and paused targets (for metrics and alarms).
+	Hold HoldSummary
 }
 
 // AlarmResult counts one alarm's fires and what it did with the alarm.
@@ -137,6 +140,10 @@ type AlarmResult struct {
 	// TargetsHeld, TargetsQuarantined, RowsHeld, TargetsRedriven: sums of
 	// the fires' figures.
 	TargetsHeld, TargetsQuarantined, RowsHeld, TargetsRedriven int
+	// Blocked is the blocked set's size and Hold the hold summary after
+	// the alarm's last fire (zero when busy).
+	Blocked int
+	Hold    HoldSummary
 	// Cleared: the outbox was empty and the alarm record was deleted.
 	Cleared bool
 	// Progress: the alarm's last fire made progress (delivered or cleaned
@@ -160,6 +167,9 @@ func (a *AlarmResult) add(f FireResult) {
 	a.TargetsQuarantined += f.TargetsQuarantined
 	a.RowsHeld += f.RowsHeld
 	a.TargetsRedriven += f.TargetsRedriven
+	if !f.Busy {
+		a.Blocked, a.Hold = f.Blocked, f.Hold
+	}
 }
 
 func (h *RelayHandler) budget() RelayBudget { return h.Budget.orFree() }
