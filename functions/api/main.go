@@ -1,5 +1,7 @@
-// Command api is the API Lambda function behind a function URL: enqueue
-// rows and read delivery state (lambda/api).
+// Command api is the API Lambda function behind a function URL
+// (lambda/api). RELAY_API_ROUTES selects its routes: producer (default:
+// enqueue and reads), operator (reads and operator actions) or all; any
+// other value stops the function at start-up.
 package main
 
 import (
@@ -15,15 +17,25 @@ import (
 	"github.com/relay-dev/relay/relaycore"
 )
 
+// VarRoutes names the variable selecting the route set.
+const VarRoutes = "RELAY_API_ROUTES"
+
 func main() { os.Exit(run(context.Background(), os.Getenv, os.Stdout, os.Stderr)) }
 
 func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writer) int {
+	routes, err := api.ParseRouteSet(getenv(VarRoutes))
+	if err != nil {
+		fmt.Fprintf(stderr, "api: start: %s: %v\n", VarRoutes, err)
+		return 1
+	}
 	d, err := env.Load(ctx, getenv, stdout)
 	if err != nil {
 		fmt.Fprintln(stderr, "api: start:", err)
 		return 1
 	}
 	enq := relaycore.EnqueueConfig{Kicker: d.Kicker, TargetCaps: d.Target.Capabilities(), Logger: d.Logger}
-	lambda.StartWithOptions((&api.Handler{Source: d.Source, Clock: d.Clock, Enqueue: enq, Logger: d.Logger}).Handle, lambda.WithContext(ctx))
+	h := &api.Handler{Source: d.Source, Clock: d.Clock, Enqueue: enq, Relay: d.Relay, Routes: routes, Logger: d.Logger}
+	d.Logger.Info("api: serving", "routes", string(routes))
+	lambda.StartWithOptions(h.Handle, lambda.WithContext(ctx))
 	return 0
 }

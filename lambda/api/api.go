@@ -1,22 +1,20 @@
-// Package api is the API function's handler: a Lambda function URL
-// (payload format 2.0, AuthType AWS_IAM) through which producers not
-// written in Go enqueue relay rows and anyone allowed to invoke the URL
-// reads delivery state.
+// Package api is the relay's HTTP API: producers enqueue rows and read
+// delivery state; operators list targets, quarantine, release, pause,
+// resume and skip them, and list, export and re-enqueue the dead-row
+// archive. docs/api.md documents every route and docs/openapi.yaml
+// describes them (a test checks it against Routes).
 //
-// Routes (docs/deploy.md, "API"):
+// The core (Handler.Serve) takes a host-independent Request and returns a
+// Response; Handle adapts a Lambda function URL event (payload format 2.0,
+// AuthType AWS_IAM) to it. A Handler serves one RouteSet: producer (enqueue
+// and the read routes), operator (the read routes and every operator
+// route) or all; a route outside the set answers 404, so a producer's URL
+// cannot reach an operator route whatever its IAM policy says.
 //
-//	POST /v1/sources/{id}/rows                    enqueue rows → seqs
-//	GET  /v1/sources/{id}/delivered-through?seq=N RelayDeliveredThrough
-//	GET  /v1/sources/{id}/watermark               RelayWatermark
-//	GET  /v1/sources/{id}/state                   SourceRelayState
-//
-// An Idempotency-Key request header on POST .../rows makes the enqueue
-// idempotent: a retry with the same key and body returns the first
-// request's seqs with "replayed": true and writes nothing.
-//
-// {id} is one path segment, percent-decoded. Responses are JSON; errors
-// are {"error":{"code":"...","message":"..."}} with a 4xx status for
-// anything the caller can fix and 5xx otherwise.
+// {source}, {target} and {entry} are one path segment each,
+// percent-decoded. Responses are JSON; errors are
+// {"error":{"code":"...","message":"..."}} with a 4xx status for anything
+// the caller can fix and 5xx otherwise.
 //
 // Authentication happens at the URL (SigV4, lambda:InvokeFunctionUrl);
 // the handler still refuses requests without an IAM caller in the request
@@ -30,8 +28,8 @@ package api
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -50,24 +48,36 @@ const (
 	DefaultMaxBodyBytes = 1 << 20
 	// DefaultMaxRows bounds the rows of one enqueue request.
 	DefaultMaxRows = 1000
+	// DefaultMaxExportBytes bounds one archive export page's JSON body:
+	// Lambda answers at most 6 MB (the body as an escaped JSON string in
+	// the invocation's response), so 4 MiB leaves room for the escaping
+	// and the envelope.
+	DefaultMaxExportBytes = 4 << 20
 	// commitMargin is kept between the enqueue deadline and the
 	// invocation's deadline, so the handler can still answer with the
 	// seqs that committed.
 	commitMargin = 2 * time.Second
 )
 
-// Handler serves function URL requests. Source is required; a nil Clock
-// is the system clock, a nil Logger discards. Enqueue configures
-// CommitRelayRows (its Kicker arms the fast-path alarm; its TargetCaps
-// should be the target store's limits so undeliverable rows are refused
-// at enqueue).
+// Handler serves API requests. Source is required; a nil Clock is the
+// system clock, a nil Logger discards. Enqueue configures CommitRelayRows
+// and archive requeues (its Kicker arms the fast-path alarm; its
+// TargetCaps should be the target store's limits so undeliverable rows are
+// refused at enqueue). Relay runs operator actions (it needs both stores:
+// a skip reads the target's rh); the operator routes answer 500 without
+// it. Routes selects the routes served (zero: RoutesProducer).
 type Handler struct {
 	Source  relaycore.Store
 	Clock   relaycore.Clock
 	Enqueue relaycore.EnqueueConfig
+	Relay   *relaycore.RelayHandler
+	Routes  RouteSet
 	Logger  *slog.Logger
 
 	MaxBodyBytes, MaxRows int
+	// MaxExportBytes bounds the JSON body of one archive export page
+	// (default DefaultMaxExportBytes).
+	MaxExportBytes int
 }
 
 func (h *Handler) clock() relaycore.Clock {
@@ -77,27 +87,49 @@ func (h *Handler) clock() relaycore.Clock {
 	return h.Clock
 }
 
-// Handle serves one request.
+// Handle serves one function URL request: the Lambda adapter of Serve.
 func (h *Handler) Handle(ctx context.Context, payload json.RawMessage) (events.LambdaFunctionURLResponse, error) {
 	log := event.Logger(ctx, h.Logger)
-	req, err := ParseRequest(payload)
+	ev, err := ParseRequest(payload)
 	if err != nil {
 		log.Warn("api event refused", "err", err)
 		return events.LambdaFunctionURLResponse{}, err
 	}
-	log = log.With("method", req.RequestContext.HTTP.Method, "path", req.RawPath)
-	if a := req.RequestContext.Authorizer; a != nil && a.IAM != nil {
+	log = log.With("method", ev.RequestContext.HTTP.Method, "path", ev.RawPath)
+	req := Request{Method: ev.RequestContext.HTTP.Method, Path: ev.RawPath, Query: ev.RawQueryString, Headers: ev.Headers, Body: []byte(ev.Body)}
+	if a := ev.RequestContext.Authorizer; a != nil && a.IAM != nil {
+		req.Caller = a.IAM.UserARN
 		log = log.With("caller", a.IAM.UserARN)
 	}
-	resp := h.serve(ctx, req, log)
+	var resp Response
+	if ev.IsBase64Encoded {
+		resp, req.Body = h.decodeBody(ev.Body)
+	}
+	if resp.Status == 0 {
+		resp = h.serve(ctx, req, log)
+	}
 	level := slog.LevelInfo
-	if resp.StatusCode >= 500 {
+	if resp.Status >= 500 {
 		level = slog.LevelError
-	} else if resp.StatusCode >= 400 {
+	} else if resp.Status >= 400 {
 		level = slog.LevelWarn
 	}
-	log.Log(ctx, level, "api request", "status", resp.StatusCode)
-	return resp, nil
+	log.Log(ctx, level, "api request", "status", resp.Status)
+	return events.LambdaFunctionURLResponse{StatusCode: resp.Status, Headers: resp.Headers, Body: string(resp.Body)}, nil
+}
+
+// decodeBody decodes a base64 body, refusing one that would exceed
+// MaxBodyBytes before decoding it (a non-zero Response: the refusal).
+func (h *Handler) decodeBody(b64 string) (Response, []byte) {
+	maxBody, _ := h.limits()
+	if base64.StdEncoding.DecodedLen(len(b64)) > maxBody+3 {
+		return errorResponse(fail(413, "too_large", "body exceeds %d bytes", maxBody)), nil
+	}
+	body, err := base64.StdEncoding.DecodeString(b64)
+	if err != nil {
+		return errorResponse(fail(400, "bad_request", "body is flagged base64 but does not decode: %v", err)), nil
+	}
+	return Response{}, body
 }
 
 // ParseRequest decodes a function URL request and checks it is one: a
@@ -118,91 +150,4 @@ func ParseRequest(payload []byte) (events.LambdaFunctionURLRequest, error) {
 		return req, &event.InvalidEventError{Function: "api", Reason: fmt.Sprintf("not a function URL request: rawPath %q", req.RawPath)}
 	}
 	return req, nil
-}
-
-// apiError is a response the handler chose; code is a stable
-// machine-readable word, message is for people.
-type apiError struct {
-	status  int
-	code    string
-	message string
-	row     *int
-	seqs    []uint64
-	allow   string
-}
-
-func (e *apiError) Error() string { return e.code + ": " + e.message }
-
-func fail(status int, code, format string, args ...any) *apiError {
-	return &apiError{status: status, code: code, message: fmt.Sprintf(format, args...)}
-}
-
-func (h *Handler) serve(ctx context.Context, req events.LambdaFunctionURLRequest, log *slog.Logger) events.LambdaFunctionURLResponse {
-	if a := req.RequestContext.Authorizer; a == nil || a.IAM == nil || a.IAM.UserARN == "" {
-		return errorResponse(fail(403, "forbidden", "no IAM caller in the request context: the function URL must use AuthType AWS_IAM"))
-	}
-	rt, aerr := route(req)
-	if aerr != nil {
-		return errorResponse(aerr)
-	}
-	var (
-		body any
-		err  error
-	)
-	switch rt.action {
-	case actionRows:
-		body, err = h.enqueue(ctx, rt.source, req, log)
-	case actionDeliveredThrough:
-		body, err = h.deliveredThrough(ctx, rt.source, req)
-	case actionWatermark:
-		body, err = h.watermark(ctx, rt.source, req)
-	case actionState:
-		body, err = h.state(ctx, rt.source, req)
-	}
-	if err != nil {
-		var ae *apiError
-		if !errors.As(err, &ae) {
-			log.Error("api: storage error", "err", err)
-			ae = fail(500, "internal", "%v", err)
-		}
-		return errorResponse(ae)
-	}
-	return jsonResponse(200, body)
-}
-
-func jsonResponse(status int, body any) events.LambdaFunctionURLResponse {
-	data, err := json.Marshal(body)
-	if err != nil {
-		// Only the handler's own plain structs are encoded.
-		status, data = 500, []byte(`{"error":{"code":"internal","message":"encode response"}}`)
-	}
-	return events.LambdaFunctionURLResponse{
-		StatusCode: status,
-		Headers:    map[string]string{"content-type": "application/json"},
-		Body:       string(data),
-	}
-}
-
-// ErrorBody is the JSON body of every error response.
-type ErrorBody struct {
-	Error ErrorDetail `json:"error"`
-	// Seqs, on a failed enqueue, holds the seq of each input row that did
-	// commit (0: not committed), so a caller retries only the rest.
-	Seqs []uint64 `json:"seqs,omitempty"`
-}
-
-// ErrorDetail says what went wrong. Code is stable; Message is not.
-type ErrorDetail struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
-	// Row is the index of the refused row, for code invalid_row.
-	Row *int `json:"row,omitempty"`
-}
-
-func errorResponse(e *apiError) events.LambdaFunctionURLResponse {
-	resp := jsonResponse(e.status, ErrorBody{Error: ErrorDetail{Code: e.code, Message: e.message, Row: e.row}, Seqs: e.seqs})
-	if e.allow != "" {
-		resp.Headers["allow"] = e.allow
-	}
-	return resp
 }

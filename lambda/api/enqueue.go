@@ -12,8 +12,6 @@ import (
 	"mime"
 	"time"
 
-	"github.com/aws/aws-lambda-go/events"
-
 	"github.com/relay-dev/relay/lambda/event"
 	"github.com/relay-dev/relay/relaycore"
 )
@@ -118,28 +116,16 @@ func ParseRows(body []byte, maxRows int) ([]relaycore.Row, error) {
 	return rows, nil
 }
 
-func (h *Handler) enqueue(ctx context.Context, src relaycore.Partition, req events.LambdaFunctionURLRequest, log *slog.Logger) (any, error) {
-	maxBody, maxRows := h.limits()
+func (h *Handler) enqueue(ctx context.Context, m matched, req Request, log *slog.Logger) (any, error) {
+	src := m.source
+	_, maxRows := h.limits()
 	if _, e := query(req); e != nil {
 		return nil, e
 	}
-	ct := req.Headers["content-type"]
-	if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
-		return nil, fail(415, "unsupported_media_type", "content-type %q, want application/json", ct)
+	if e := jsonContent(req); e != nil {
+		return nil, e
 	}
-	body := []byte(req.Body)
-	if req.IsBase64Encoded {
-		if base64.StdEncoding.DecodedLen(len(req.Body)) > maxBody+3 {
-			return nil, fail(413, "too_large", "body exceeds %d bytes", maxBody)
-		}
-		var err error
-		if body, err = base64.StdEncoding.DecodeString(req.Body); err != nil {
-			return nil, fail(400, "bad_request", "body is flagged base64 but does not decode: %v", err)
-		}
-	}
-	if len(body) > maxBody {
-		return nil, fail(413, "too_large", "body is %d bytes, limit %d", len(body), maxBody)
-	}
+	body := req.Body
 	cfg := h.Enqueue
 	if key, ok := req.Headers[IdempotencyKeyHeader]; ok {
 		// Function URLs join a repeated header with commas, which no key
@@ -169,6 +155,15 @@ func (h *Handler) enqueue(ctx context.Context, src relaycore.Partition, req even
 			"first_seq", res.Seqs[0], "alarm_due_ms", res.AlarmDueMS)
 	}
 	return EnqueueResponse{Source: string(src), Seqs: res.Seqs, AlarmDueMS: res.AlarmDueMS, Replayed: res.Replayed}, nil
+}
+
+// jsonContent refuses a body that is not declared application/json.
+func jsonContent(req Request) *apiError {
+	ct := req.Headers["content-type"]
+	if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+		return fail(415, "unsupported_media_type", "content-type %q, want application/json", ct)
+	}
+	return nil
 }
 
 // enqueueError maps a CommitRelayRows error to a response. Validation

@@ -2,9 +2,8 @@ package api
 
 import (
 	"context"
+	"log/slog"
 	"strconv"
-
-	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/relay-dev/relay/relaycore"
 )
@@ -35,10 +34,8 @@ type StateResponse struct {
 	LowerBoundMS     int64  `json:"lower_bound_ms"`
 }
 
-func (h *Handler) deliveredThrough(ctx context.Context, src relaycore.Partition, req events.LambdaFunctionURLRequest) (any, error) {
-	if e := noBody(req); e != nil {
-		return nil, e
-	}
+func (h *Handler) deliveredThrough(ctx context.Context, m matched, req Request, _ *slog.Logger) (any, error) {
+	src := m.source
 	q, e := query(req, "seq")
 	if e != nil {
 		return nil, e
@@ -58,10 +55,8 @@ func (h *Handler) deliveredThrough(ctx context.Context, src relaycore.Partition,
 	return DeliveredResponse{Source: string(src), Seq: seq, Delivered: ok}, nil
 }
 
-func (h *Handler) watermark(ctx context.Context, src relaycore.Partition, req events.LambdaFunctionURLRequest) (any, error) {
-	if e := noBody(req); e != nil {
-		return nil, e
-	}
+func (h *Handler) watermark(ctx context.Context, m matched, req Request, _ *slog.Logger) (any, error) {
+	src := m.source
 	if _, e := query(req); e != nil {
 		return nil, e
 	}
@@ -72,10 +67,8 @@ func (h *Handler) watermark(ctx context.Context, src relaycore.Partition, req ev
 	return WatermarkResponse{Source: string(src), WatermarkMS: wm}, nil
 }
 
-func (h *Handler) state(ctx context.Context, src relaycore.Partition, req events.LambdaFunctionURLRequest) (any, error) {
-	if e := noBody(req); e != nil {
-		return nil, e
-	}
+func (h *Handler) state(ctx context.Context, m matched, req Request, _ *slog.Logger) (any, error) {
+	src := m.source
 	if _, e := query(req); e != nil {
 		return nil, e
 	}

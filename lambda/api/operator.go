@@ -1,0 +1,266 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"slices"
+	"strconv"
+
+	"github.com/relay-dev/relay/relaycore"
+)
+
+// TargetsResponse answers GET .../targets.
+type TargetsResponse struct {
+	Source  string                   `json:"source"`
+	Targets []relaycore.TargetStatus `json:"targets"`
+	// Next, when non-empty, is the after= of the next page.
+	Next string `json:"next,omitempty"`
+}
+
+// TargetResponse answers GET .../targets/{target} and the state-changing
+// actions: the target's status after the action.
+type TargetResponse struct {
+	Source string                 `json:"source"`
+	Status relaycore.TargetStatus `json:"status"`
+}
+
+// ActionRequest is the body of quarantine, release, pause and resume.
+type ActionRequest struct {
+	// Reason is kept in the target's record (at most
+	// relaycore.MaxReasonLen bytes); optional.
+	Reason string `json:"reason"`
+}
+
+// SkipRequest is the body of POST .../skip.
+type SkipRequest struct {
+	// ExpectFirst must be the target's first undelivered held seq
+	// (status.held_first once rows are held); Through the last seq to skip
+	// (at most status.held_last). Reason is required.
+	ExpectFirst uint64 `json:"expect_first"`
+	Through     uint64 `json:"through"`
+	Reason      string `json:"reason"`
+}
+
+// SkipResponse answers a skip: the archive entry and the target's status.
+type SkipResponse struct {
+	Source string `json:"source"`
+	relaycore.SkipResult
+}
+
+func (h *Handler) listTargets(ctx context.Context, m matched, req Request, _ *slog.Logger) (any, error) {
+	q, e := query(req, "state", "all", "after", "limit")
+	if e != nil {
+		return nil, e
+	}
+	var f relaycore.TargetFilter
+	switch s := relaycore.TargetState(q["state"]); s {
+	case "", relaycore.StateActive, relaycore.StateQuarantined, relaycore.StatePaused:
+		f.State = s
+	default:
+		return nil, fail(400, "bad_request", "state %q: want active, quarantined or paused", s)
+	}
+	if v, ok := q["all"]; ok {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return nil, fail(400, "bad_request", "all %q: want true or false", v)
+		}
+		f.All = b
+	}
+	if v, ok := q["limit"]; ok {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			return nil, fail(400, "bad_request", "limit %q: want 1..1000", v)
+		}
+		f.Limit = n
+	}
+	f.After = relaycore.Partition(q["after"])
+	out, next, err := relaycore.ListTargets(ctx, h.Source, m.source, f, h.clock().Now().UnixMilli())
+	if err != nil {
+		return nil, err
+	}
+	if out == nil {
+		out = []relaycore.TargetStatus{}
+	}
+	return TargetsResponse{Source: string(m.source), Targets: out, Next: string(next)}, nil
+}
+
+func (h *Handler) getTarget(ctx context.Context, m matched, req Request, _ *slog.Logger) (any, error) {
+	if _, e := query(req); e != nil {
+		return nil, e
+	}
+	st, err := relaycore.GetTarget(ctx, h.Source, m.source, m.target)
+	if err != nil {
+		return nil, operatorError(err)
+	}
+	return TargetResponse{Source: string(m.source), Status: st}, nil
+}
+
+// decodeBody decodes a POST body strictly: application/json, one object,
+// no unknown fields, nothing after it.
+func decodeStrict(req Request, out any) *apiError {
+	if _, e := query(req); e != nil {
+		return e
+	}
+	if e := jsonContent(req); e != nil {
+		return e
+	}
+	dec := json.NewDecoder(bytes.NewReader(req.Body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(out); err != nil {
+		return fail(400, "bad_request", "body: %v", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fail(400, "bad_request", "body: trailing data after the JSON object")
+	}
+	return nil
+}
+
+func checkReason(reason string, required bool) *apiError {
+	switch {
+	case len(reason) > relaycore.MaxReasonLen:
+		return fail(400, "bad_request", "reason is %d bytes, limit %d", len(reason), relaycore.MaxReasonLen)
+	case required && reason == "":
+		return fail(400, "bad_request", "reason is required")
+	}
+	return nil
+}
+
+// precheck reads the target's status before the engine takes the source's
+// claim, so a request that cannot succeed (unknown target, wrong state)
+// writes nothing at all and does not make a running fire step aside. The
+// engine checks again under the claim; this is only the cheap early no.
+func (h *Handler) precheck(ctx context.Context, m matched, action string, from ...relaycore.TargetState) (relaycore.TargetStatus, error) {
+	st, err := relaycore.GetTarget(ctx, h.Source, m.source, m.target)
+	if err != nil {
+		return st, operatorError(err)
+	}
+	if !slices.Contains(from, st.State) {
+		return st, operatorError(&relaycore.TargetStateError{Target: m.target, State: st.State, Action: action})
+	}
+	return st, nil
+}
+
+type stateAction func(r *relaycore.RelayHandler, ctx context.Context, source, target relaycore.Partition, a relaycore.Actor) (relaycore.TargetStatus, error)
+
+func (h *Handler) act(ctx context.Context, m matched, req Request, log *slog.Logger, action string, do stateAction, from ...relaycore.TargetState) (any, error) {
+	var in ActionRequest
+	if e := decodeStrict(req, &in); e != nil {
+		return nil, e
+	}
+	if e := checkReason(in.Reason, false); e != nil {
+		return nil, e
+	}
+	if h.Relay == nil {
+		return nil, fail(500, "internal", "operator actions are not configured on this endpoint")
+	}
+	if _, err := h.precheck(ctx, m, action, from...); err != nil {
+		return nil, err
+	}
+	actor := relaycore.Actor{By: actorOf(req.Caller), Reason: in.Reason}
+	st, err := do(h.Relay, ctx, m.source, m.target, actor)
+	if err != nil {
+		return nil, operatorError(err)
+	}
+	log.Info("api: operator action", "action", action, "source", string(m.source), "target", string(m.target),
+		"by", actor.By, "reason", actor.Reason, "state", string(st.State))
+	return TargetResponse{Source: string(m.source), Status: st}, nil
+}
+
+func (h *Handler) quarantine(ctx context.Context, m matched, req Request, log *slog.Logger) (any, error) {
+	return h.act(ctx, m, req, log, "quarantine", (*relaycore.RelayHandler).Quarantine, relaycore.StateActive, relaycore.StatePaused)
+}
+
+func (h *Handler) pause(ctx context.Context, m matched, req Request, log *slog.Logger) (any, error) {
+	return h.act(ctx, m, req, log, "pause", (*relaycore.RelayHandler).Pause, relaycore.StateActive)
+}
+
+func (h *Handler) release(ctx context.Context, m matched, req Request, log *slog.Logger) (any, error) {
+	return h.act(ctx, m, req, log, "release", (*relaycore.RelayHandler).Release, relaycore.StateQuarantined)
+}
+
+func (h *Handler) resume(ctx context.Context, m matched, req Request, log *slog.Logger) (any, error) {
+	return h.act(ctx, m, req, log, "resume", (*relaycore.RelayHandler).Resume, relaycore.StatePaused)
+}
+
+func (h *Handler) skip(ctx context.Context, m matched, req Request, log *slog.Logger) (any, error) {
+	var in SkipRequest
+	if e := decodeStrict(req, &in); e != nil {
+		return nil, e
+	}
+	if e := checkReason(in.Reason, true); e != nil {
+		return nil, e
+	}
+	if in.ExpectFirst == 0 || in.Through < in.ExpectFirst {
+		return nil, fail(400, "bad_request", "skip %d..%d: want 0 < expect_first <= through", in.ExpectFirst, in.Through)
+	}
+	if h.Relay == nil {
+		return nil, fail(500, "internal", "operator actions are not configured on this endpoint")
+	}
+	st, err := h.precheck(ctx, m, "skip", relaycore.StateQuarantined, relaycore.StatePaused)
+	if err != nil {
+		return nil, err
+	}
+	if st.HeldLast > 0 && in.Through > st.HeldLast {
+		// The engine refuses the same (ErrSkipRange) from the same record;
+		// saying it here writes nothing.
+		return nil, operatorError(errSkipRange(in.Through, st.HeldLast))
+	}
+	actor := relaycore.Actor{By: actorOf(req.Caller), Reason: in.Reason}
+	res, err := h.Relay.Skip(ctx, m.source, relaycore.SkipRequest{Target: m.target, ExpectFirst: in.ExpectFirst, Through: in.Through, Actor: actor})
+	if err != nil {
+		return nil, operatorError(err)
+	}
+	log.Info("api: operator action", "action", "skip", "source", string(m.source), "target", string(m.target),
+		"by", actor.By, "reason", actor.Reason, "archive_id", res.ArchiveID, "rows", res.Rows, "first", res.First, "last", res.Last)
+	return SkipResponse{Source: string(m.source), SkipResult: res}, nil
+}
+
+type skipRangeError struct{ through, last uint64 }
+
+func errSkipRange(through, last uint64) error { return &skipRangeError{through, last} }
+
+func (e *skipRangeError) Error() string {
+	return "through " + strconv.FormatUint(e.through, 10) + " is past the last held seq " + strconv.FormatUint(e.last, 10)
+}
+
+func (e *skipRangeError) Unwrap() error { return relaycore.ErrSkipRange }
+
+// operatorError maps the engine's operator errors to responses; other
+// errors pass through (storage errors: 500).
+func operatorError(err error) error {
+	var (
+		stErr   *relaycore.TargetStateError
+		skipErr *relaycore.SkipConflictError
+		e       *apiError
+	)
+	switch {
+	case errors.As(err, &e):
+		return e
+	case errors.As(err, &skipErr):
+		e = fail(409, "skip_conflict", "%v: read the target again and skip from its first undelivered held row", err)
+		actual := skipErr.Actual
+		e.actualFirst = &actual
+	case errors.As(err, &stErr):
+		e = fail(409, "wrong_state", "%v", err)
+	case errors.Is(err, relaycore.ErrUnknownTarget):
+		e = fail(404, "unknown_target", "%v: the source never relayed to it", err)
+	case errors.Is(err, relaycore.ErrArchiveNotFound):
+		e = fail(404, "unknown_archive_entry", "%v", err)
+	case errors.Is(err, relaycore.ErrSkipRange):
+		e = fail(422, "skip_range", "%v", err)
+	case errors.Is(err, relaycore.ErrSkipTooLarge):
+		e = fail(422, "skip_too_large", "%v; skip in several requests", err)
+	case errors.Is(err, relaycore.ErrInvalidOperatorInput):
+		e = fail(400, "bad_request", "%v", err)
+	case errors.Is(err, relaycore.ErrSourceBusy), errors.Is(err, relaycore.ErrContention):
+		e = fail(503, "source_busy", "%v; nothing was changed, retry in a moment", err)
+		e.retryAfter = "1"
+	default:
+		return err
+	}
+	return e
+}
