@@ -155,8 +155,29 @@ func (l *Ledger) EnsureScheduled(segmentID string, peerIDs []string, now time.Ti
 			return nil, fmt.Errorf("EnsureScheduled: %w", err)
 		}
 	}
+	// Reconciliation calls this for every stored segment at each start,
+	// and nearly always every record exists: a read transaction answers
+	// that without a write transaction's fsync (10,000 stored segments
+	// took 16 s to start with one commit each).
+	missing := false
+	err := l.view(func(b buckets) error {
+		for _, p := range peerIDs {
+			_, ok, err := b.get(segmentID, p)
+			if err != nil {
+				return err
+			}
+			missing = missing || !ok
+		}
+		return nil
+	})
+	if err != nil || !missing {
+		if err != nil {
+			return nil, fmt.Errorf("EnsureScheduled %s: %w", segmentID, err)
+		}
+		return nil, nil
+	}
 	var created []string
-	err := l.update(func(b buckets) error {
+	err = l.update(func(b buckets) error {
 		created = created[:0]
 		for _, p := range peerIDs {
 			if _, ok, err := b.get(segmentID, p); err != nil || ok {

@@ -403,3 +403,31 @@ func TestOldAckedRecordHidesLastError(t *testing.T) {
 		t.Fatalf("old acked record %+v: want no last error", r)
 	}
 }
+
+// EnsureScheduled on records that all exist (every start's reconciliation
+// of every stored segment) commits no write transaction: each would cost
+// an fsync, and start-up time grew with them.
+func TestEnsureScheduledExistingWritesNothing(t *testing.T) {
+	f := newLedger(t, nil)
+	must[[]string](t)(f.l.EnsureScheduled("s", []string{"p", "q"}, t0))
+	txid := func() int {
+		var id int
+		if err := f.db.View(func(tx *bolt.Tx) error { id = tx.ID(); return nil }); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	before := txid()
+	for _, peers := range [][]string{{"p", "q"}, {"q"}, nil} {
+		if created := must[[]string](t)(f.l.EnsureScheduled("s", peers, t0)); len(created) != 0 {
+			t.Fatalf("created %v again", created)
+		}
+	}
+	if after := txid(); after != before {
+		t.Fatalf("%d write transactions committed for records that exist", after-before)
+	}
+	// A missing record is still created.
+	if created := must[[]string](t)(f.l.EnsureScheduled("s", []string{"p", "r"}, t0)); len(created) != 1 || created[0] != "r" {
+		t.Fatalf("created %v, want [r]", created)
+	}
+}
