@@ -124,11 +124,15 @@ func TestFootprint(t *testing.T) {
 	}
 }
 
-// mem is a process's resident memory now and at its peak.
-type mem struct{ now, peak int64 }
+// mem is a process's resident memory now and at its peak, and what is
+// resident now split into anonymous memory (Go heap, stacks, runtime) and
+// file pages (the binary's text and data, bbolt's memory-mapped database),
+// which the kernel can drop and read back under memory pressure.
+type mem struct{ now, peak, anon, file int64 }
 
 func (m mem) String() string {
-	return fmt.Sprintf("%.1f MiB (peak %.1f MiB)", float64(m.now)/(1<<20), float64(m.peak)/(1<<20))
+	mib := func(b int64) float64 { return float64(b) / (1 << 20) }
+	return fmt.Sprintf("%.1f MiB (peak %.1f MiB; now %.1f anonymous + %.1f file)", mib(m.now), mib(m.peak), mib(m.anon), mib(m.file))
 }
 
 // rss reads VmRSS and VmHWM of n's process.
@@ -155,6 +159,10 @@ func rss(t *testing.T, n *node) mem {
 			m.now = kb << 10
 		case "VmHWM":
 			m.peak = kb << 10
+		case "RssAnon":
+			m.anon = kb << 10
+		case "RssFile":
+			m.file = kb << 10
 		}
 	}
 	return m
