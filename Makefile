@@ -147,7 +147,9 @@ cross:
 
 ## test-arm: the -short tests of the packages that run on devices, built for
 ## linux/arm64 and linux/arm (v7) and run under qemu-user (Debian package
-## qemu-user: qemu-aarch64, qemu-arm). See docs/edge.md.
+## qemu-user: qemu-aarch64, qemu-arm). See docs/edge.md. edge/e2e's harness
+## builds the edged and edgectl it starts with the host's go command, so there
+## only the test driver runs emulated; the other packages run entirely on ARM.
 ARM_PKGS := ./relaycore ./infra/bolt ./infra/mem ./edge/...
 test-arm:
 	@command -v qemu-aarch64 >/dev/null && command -v qemu-arm >/dev/null || \
