@@ -5,6 +5,7 @@ package relaycli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -93,6 +94,9 @@ The store is chosen by --store:
 						return fmt.Errorf("--%s needs --store dynamo", name)
 					}
 				}
+			}
+			if store == "dynamo" && cmd.Flags().Changed("db") {
+				return errors.New("--db is a bbolt file: it needs --store bolt")
 			}
 			dyn.seed = cfg.Seed
 			stores, closeStores, err := openStores(cmd.Context(), store, dbPath, dyn)

@@ -50,6 +50,7 @@ func TestBadFlagsAreRefused(t *testing.T) {
 		{"demo", "--log-level", "loud"},
 		{"demo", "--inject-throttle", "0.2"}, // needs --store dynamo
 		{"demo", "--reuse-tables"},           // needs --store dynamo
+		{"demo", "--store", "dynamo", "--db", "x.db"},
 		{"demo", "--store", "dynamo", "--inject-throttle", "0.9", "--inject-drop", "0.2"}, // more than all requests
 		{"demo", "--store", "dynamo", "--inject-drop", "-0.1"},
 		{"status", "src"},
