@@ -22,7 +22,7 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 		fmt.Fprintln(stderr, "fire: start:", err)
 		return 1
 	}
-	h := &fire.Handler{Relay: d.Relay, Logger: d.Logger, Continue: d.Invoker, MaxHops: d.Config.ContinuationHops, Clock: d.Clock}
+	h := &fire.Handler{Relay: d.Relay, Logger: d.Logger, Continue: d.Invoker, MaxHops: d.Config.ContinuationHops, Clock: d.Clock, Metrics: d.Metrics}
 	lambda.StartWithOptions(h.Handle, lambda.WithContext(ctx))
 	return 0
 }

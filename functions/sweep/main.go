@@ -22,7 +22,7 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 		fmt.Fprintln(stderr, "sweep: start:", err)
 		return 1
 	}
-	h := &sweep.Handler{Relay: d.Relay, Index: d.Source, Source: d.Source, Kicker: d.Kicker, Clock: d.Clock, Logger: d.Logger}
+	h := &sweep.Handler{Relay: d.Relay, Index: d.Source, Source: d.Source, Kicker: d.Kicker, Clock: d.Clock, Logger: d.Logger, Metrics: d.Metrics}
 	lambda.StartWithOptions(h.Handle, lambda.WithContext(ctx))
 	return 0
 }

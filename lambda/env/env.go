@@ -24,6 +24,7 @@ import (
 
 	"github.com/relay-dev/relay/infra/dynamo"
 	"github.com/relay-dev/relay/lambda/fire"
+	"github.com/relay-dev/relay/lambda/metrics"
 	"github.com/relay-dev/relay/relaycore"
 )
 
@@ -41,6 +42,9 @@ const (
 	VarSchedulerEndpoint = "RELAY_SCHEDULER_ENDPOINT" // optional base URL (sam local, tests)
 	VarLambdaEndpoint    = "RELAY_LAMBDA_ENDPOINT"    // optional base URL for continuations (tests)
 	VarContinuationHops  = "CONTINUATION_HOPS"        // 0..fire.MaxContinuationHops (default fire.DefaultMaxHops)
+	VarMetricsNamespace  = "METRICS_NAMESPACE"        // CloudWatch namespace (default metrics.DefaultNamespace)
+	VarMetricsStack      = "METRICS_STACK"            // Stack dimension value (default "relay")
+	VarMetricsPerSource  = "METRICS_PER_SOURCE"       // true | false (default false): add the Source dimension
 	VarRegion            = "AWS_REGION"               // set by Lambda (required)
 )
 
@@ -68,6 +72,11 @@ type Config struct {
 	// ContinuationHops bounds the fire function's self-invocations per
 	// kick (lambda/fire); 0 turns them off. Only the fire function uses it.
 	ContinuationHops int
+	// MetricsNamespace, MetricsStack and MetricsPerSource configure the
+	// fire and sweep functions' EMF metrics (lambda/metrics).
+	MetricsNamespace string
+	MetricsStack     string
+	MetricsPerSource bool
 }
 
 // Parse reads the configuration through getenv (os.Getenv in mains) and
@@ -136,6 +145,30 @@ func Parse(getenv func(string) string) (Config, error) {
 		} else {
 			c.ContinuationHops = n
 		}
+	}
+
+	c.MetricsNamespace = metrics.DefaultNamespace
+	if v := get(VarMetricsNamespace); v != "" {
+		if !metrics.NamespaceOK(v) {
+			bad("%s=%q: want 1..255 of letters, digits and . - _ / # : space, not starting with AWS/", VarMetricsNamespace, v)
+		} else {
+			c.MetricsNamespace = v
+		}
+	}
+	c.MetricsStack = "relay"
+	if v := get(VarMetricsStack); v != "" {
+		if !metrics.DimensionValueOK(v) {
+			bad("%s=%q: not a CloudWatch dimension value (1..1024 printable ASCII characters)", VarMetricsStack, v)
+		} else {
+			c.MetricsStack = v
+		}
+	}
+	switch v := strings.ToLower(get(VarMetricsPerSource)); v {
+	case "", "false":
+	case "true":
+		c.MetricsPerSource = true
+	default:
+		bad("%s=%q: want true or false", VarMetricsPerSource, getenv(VarMetricsPerSource))
 	}
 
 	for _, ep := range []struct {

@@ -65,6 +65,9 @@ func TestParseRefuses(t *testing.T) {
 		{"hops above lambda's loop detection", func(m map[string]string) { m[VarContinuationHops] = "15" }, []string{`CONTINUATION_HOPS="15": want an integer 0..14`}},
 		{"negative hops", func(m map[string]string) { m[VarContinuationHops] = "-1" }, []string{`CONTINUATION_HOPS="-1"`}},
 		{"hops not a number", func(m map[string]string) { m[VarContinuationHops] = "many" }, []string{`CONTINUATION_HOPS="many"`}},
+		{"metrics namespace", func(m map[string]string) { m[VarMetricsNamespace] = "AWS/Lambda" }, []string{`METRICS_NAMESPACE="AWS/Lambda"`}},
+		{"metrics stack", func(m map[string]string) { m[VarMetricsStack] = "caf\u00e9" }, []string{"METRICS_STACK", "dimension value"}},
+		{"metrics per source", func(m map[string]string) { m[VarMetricsPerSource] = "yes" }, []string{`METRICS_PER_SOURCE="yes": want true or false`}},
 		{"every problem at once", func(m map[string]string) { clear(m); m[VarPlan] = "enterprise" }, []string{
 			"unknown plan", "SOURCE_TABLE is required", "TARGET_TABLE is required", "SCHEDULE_GROUP is required",
 			"SCHEDULER_ROLE_ARN is required", "FIRE_FUNCTION_ARN is required", "AWS_REGION is required",
@@ -94,6 +97,19 @@ func TestParseContinuationHops(t *testing.T) {
 		if err != nil || c.ContinuationHops != want {
 			t.Errorf("CONTINUATION_HOPS=%q: %d, %v; want %d", in, c.ContinuationHops, err, want)
 		}
+	}
+}
+
+func TestParseMetrics(t *testing.T) {
+	c, err := Parse(getenv(valid()))
+	if err != nil || c.MetricsNamespace != "Relay" || c.MetricsStack != "relay" || c.MetricsPerSource {
+		t.Errorf("defaults: %q %q %v, %v", c.MetricsNamespace, c.MetricsStack, c.MetricsPerSource, err)
+	}
+	m := valid()
+	m[VarMetricsNamespace], m[VarMetricsStack], m[VarMetricsPerSource] = "Acme/Relay", "relay-prod", "True"
+	c, err = Parse(getenv(m))
+	if err != nil || c.MetricsNamespace != "Acme/Relay" || c.MetricsStack != "relay-prod" || !c.MetricsPerSource {
+		t.Errorf("set: %q %q %v, %v", c.MetricsNamespace, c.MetricsStack, c.MetricsPerSource, err)
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/relay-dev/relay/infra/lambdainvoke"
 	"github.com/relay-dev/relay/infra/scheduler"
 	"github.com/relay-dev/relay/lambda/fire"
+	"github.com/relay-dev/relay/lambda/metrics"
 	"github.com/relay-dev/relay/relaycore"
 )
 
@@ -40,6 +41,9 @@ type Deps struct {
 	// Relay runs fires and alarms with the plan's budget, kicking through
 	// Kicker when it re-arms.
 	Relay *relaycore.RelayHandler
+	// Metrics writes EMF metric lines to the log output (Load) for the
+	// fire and sweep functions; nil from Wire alone.
+	Metrics *metrics.Recorder
 }
 
 // schedulerAttempts bounds the SDK's attempts per CreateSchedule. Kicks
@@ -63,7 +67,17 @@ func Load(ctx context.Context, getenv func(string) string, logOut io.Writer) (*D
 	if err != nil {
 		return nil, fmt.Errorf("load aws config: %w", err)
 	}
-	return Wire(cfg, awsCfg, NewLogger(logOut, cfg.LogLevel))
+	d, err := Wire(cfg, awsCfg, NewLogger(logOut, cfg.LogLevel))
+	if err != nil {
+		return nil, err
+	}
+	// Same writer as the logger: Lambda sends stdout to CloudWatch Logs,
+	// which extracts the metrics.
+	d.Metrics = &metrics.Recorder{
+		Out: logOut, Namespace: cfg.MetricsNamespace, Stack: cfg.MetricsStack, PerSource: cfg.MetricsPerSource,
+		State: d.Source, Clock: d.Clock, Logger: d.Logger,
+	}
+	return d, nil
 }
 
 // Wire builds the dependencies from a parsed Config and an AWS config.

@@ -47,6 +47,7 @@ import (
 	"log/slog"
 
 	"github.com/relay-dev/relay/lambda/event"
+	"github.com/relay-dev/relay/lambda/metrics"
 	"github.com/relay-dev/relay/relaycore"
 )
 
@@ -86,6 +87,10 @@ type Handler struct {
 	// Clock tells whether the re-armed alarm is already due; nil means
 	// relaycore.SystemClock. Use the RelayHandler's clock.
 	Clock relaycore.Clock
+	// Metrics records each alarm's CloudWatch metrics (EMF lines); nil
+	// records none. It runs after the continuation is queued, so its
+	// state read does not delay the next hop.
+	Metrics *metrics.Recorder
 }
 
 // Event is the fire function's input. A schedule sends {"source":...}
@@ -173,6 +178,7 @@ func (h *Handler) Handle(ctx context.Context, payload json.RawMessage) (Result, 
 		"cleared", res.Cleared, "next_due_ms", res.NextDueMS)
 	if err != nil {
 		log.Error("relay alarm failed; the durable alarm stays for a retry or the sweep", "err", err)
+		h.Metrics.Alarm(ctx, metrics.AlarmOutcome{Source: src, Result: ar, Err: err})
 		return res, err
 	}
 	if h.Continue != nil && ev.Hop < min(h.MaxHops, MaxContinuationHops) && ShouldContinue(ar, h.nowMS()) {
@@ -183,6 +189,7 @@ func (h *Handler) Handle(ctx context.Context, payload json.RawMessage) (Result, 
 		}
 	}
 	log.Info("relay alarm done", "continued", res.Continued)
+	h.Metrics.Alarm(ctx, metrics.AlarmOutcome{Source: src, Result: ar})
 	return res, nil
 }
 

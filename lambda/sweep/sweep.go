@@ -36,6 +36,7 @@ import (
 	"time"
 
 	"github.com/relay-dev/relay/lambda/event"
+	"github.com/relay-dev/relay/lambda/metrics"
 	"github.com/relay-dev/relay/relaycore"
 )
 
@@ -71,6 +72,9 @@ type Handler struct {
 	Kicker relaycore.Kicker
 	Clock  relaycore.Clock
 	Logger *slog.Logger
+	// Metrics records each alarm the sweep fires (as the fire function
+	// does) and each sweep's counts; nil records none.
+	Metrics *metrics.Recorder
 
 	FireLimit, KickLimit, Parallel int
 	Reserve                        time.Duration
@@ -90,6 +94,9 @@ type Result struct {
 	Listed int `json:"listed"`
 	// Stale entries: the record was gone or re-armed into the future.
 	Stale int `json:"stale"`
+	// Overdue alarms confirmed by the re-read (fired or kicked, or left
+	// when their fire or kick failed).
+	Overdue int `json:"overdue"`
 	// Fired alarms ran in-process; Busy of them found another fire at work.
 	Fired int `json:"fired"`
 	Busy  int `json:"busy"`
@@ -159,6 +166,7 @@ func (h *Handler) Handle(ctx context.Context, payload json.RawMessage) (Result, 
 	limit := fireLimit + kickLimit
 	entries, err := h.Index.Due(ctx, now, limit)
 	if err != nil {
+		h.Metrics.Sweep(metrics.SweepCounts{Errors: 1})
 		return Result{}, fmt.Errorf("sweep: list overdue alarms: %w", err)
 	}
 	var res Result
@@ -183,6 +191,7 @@ func (h *Handler) Handle(ctx context.Context, payload json.RawMessage) (Result, 
 		}
 	}
 
+	res.Overdue = len(due)
 	fireN := min(len(due), fireLimit)
 	kickFrom := h.fireAll(ctx, due[:fireN], par, reserve, &res, log)
 	for _, o := range due[kickFrom:] {
@@ -196,6 +205,7 @@ func (h *Handler) Handle(ctx context.Context, payload json.RawMessage) (Result, 
 	log.Info("sweep done", "scheduled_time", ev.ScheduledTime, "execution_id", ev.ExecutionID,
 		"listed", res.Listed, "stale", res.Stale, "fired", res.Fired, "busy", res.Busy,
 		"kicked", res.Kicked, "failed", res.Failed, "rows_delivered", res.RowsDelivered, "more", res.More)
+	h.Metrics.Sweep(metrics.SweepCounts{Overdue: res.Overdue, Fired: res.Fired, Kicked: res.Kicked, Errors: res.Failed})
 	return res, nil
 }
 
@@ -224,6 +234,7 @@ func (h *Handler) fireAll(ctx context.Context, due []overdue, par int, reserve t
 			defer wg.Done()
 			defer func() { <-sem }()
 			ar, err := h.Relay.Alarm(ctx, o.source)
+			h.Metrics.Alarm(ctx, metrics.AlarmOutcome{Source: o.source, Result: ar, Err: err})
 			mu.Lock()
 			defer mu.Unlock()
 			res.RowsDelivered += ar.RowsDelivered
