@@ -9,7 +9,7 @@ GO ?= go
 SAM_GOARCH ?= arm64
 SAM_BUILD = GOOS=linux GOARCH=$(SAM_GOARCH) CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags='-s -w'
 
-.PHONY: build-FireFunction build-SweepFunction build-ApiFunction
+.PHONY: build-FireFunction build-SweepFunction build-ApiFunction build-OpsFunction
 
 build-FireFunction:
 	$(SAM_BUILD) -o $(ARTIFACTS_DIR)/bootstrap ./functions/fire
@@ -18,4 +18,9 @@ build-SweepFunction:
 	$(SAM_BUILD) -o $(ARTIFACTS_DIR)/bootstrap ./functions/sweep
 
 build-ApiFunction:
+	$(SAM_BUILD) -o $(ARTIFACTS_DIR)/bootstrap ./functions/api
+
+# The operator API: the api function's code, serving the operator routes
+# (template.yaml sets RELAY_API_ROUTES=operator).
+build-OpsFunction:
 	$(SAM_BUILD) -o $(ARTIFACTS_DIR)/bootstrap ./functions/api

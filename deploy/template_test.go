@@ -20,6 +20,9 @@ var functionDirs = map[string]string{
 	"FireFunction":  "functions/fire",
 	"SweepFunction": "functions/sweep",
 	"ApiFunction":   "functions/api",
+	// The operator API: the same package, serving other routes
+	// (RELAY_API_ROUTES) under its own URL and role.
+	"OpsFunction": "functions/api",
 }
 
 const (
@@ -83,7 +86,8 @@ func TestBuildTargets(t *testing.T) {
 				}
 			}
 			for other, otherDir := range functionDirs {
-				if other != id && strings.Contains(recipe, "./"+otherDir) {
+				// Functions that share a package (api and ops) may share it.
+				if other != id && otherDir != dir && strings.Contains(recipe, "./"+otherDir) {
 					t.Errorf("build-%s builds %s's package", id, other)
 				}
 			}
@@ -125,7 +129,7 @@ func TestGlobals(t *testing.T) {
 		t.Error("Globals.Function.Timeout is not a number")
 	}
 	vars := at(t, fn, "Environment", "Variables").(map[string]any)
-	for _, name := range []string{"PLAN", "LOG_LEVEL", "SOURCE_TABLE", "TARGET_TABLE", "SCHEDULE_GROUP", "SCHEDULER_ROLE_ARN", "FIRE_FUNCTION_ARN"} {
+	for _, name := range []string{"PLAN", "LOG_LEVEL", "SOURCE_TABLE", "TARGET_TABLE", "SCHEDULE_GROUP", "SCHEDULER_ROLE_ARN", "FIRE_FUNCTION_ARN", "METRICS_NAMESPACE", "METRICS_STACK", "METRICS_PER_SOURCE"} {
 		if _, ok := vars[name]; !ok {
 			t.Errorf("Globals environment lacks %s", name)
 		}
@@ -464,8 +468,10 @@ func TestSweepRunsEveryMinute(t *testing.T) {
 }
 
 func TestApiFunctionURLUsesIAM(t *testing.T) {
-	if auth := at(t, loadRaw(t), "Resources", "ApiFunction", "Properties", "FunctionUrlConfig", "AuthType"); auth != "AWS_IAM" {
-		t.Errorf("ApiFunction FunctionUrlConfig.AuthType = %v, want AWS_IAM", auth)
+	for _, id := range []string{"ApiFunction", "OpsFunction"} {
+		if auth := at(t, loadRaw(t), "Resources", id, "Properties", "FunctionUrlConfig", "AuthType"); auth != "AWS_IAM" {
+			t.Errorf("%s FunctionUrlConfig.AuthType = %v, want AWS_IAM", id, auth)
+		}
 	}
 }
 
@@ -474,6 +480,7 @@ func TestOutputs(t *testing.T) {
 	for _, name := range []string{
 		"FireFunctionArn", "SweepFunctionArn", "ApiFunctionArn", "ApiUrl",
 		"SourceTableName", "TargetTableName", "DeadLetterQueueUrl", "DeadLetterAlarmName",
+		"OpsFunctionArn", "OpsUrl", "OldestUndeliveredAlarmName", "QuarantineAlarmName", "SweepErrorAlarmName",
 	} {
 		if _, ok := outputs[name]; !ok {
 			t.Errorf("no output %s", name)
@@ -511,6 +518,7 @@ func TestReferencesResolve(t *testing.T) {
 		"AWS::Partition": true, "AWS::Region": true, "AWS::AccountId": true, "AWS::StackName": true,
 		"AWS::StackId": true, "AWS::URLSuffix": true, "AWS::NoValue": true,
 		"ApiFunctionUrl": true, // SAM's AWS::Lambda::Url for FunctionUrlConfig
+		"OpsFunctionUrl": true,
 	}
 	for name := range at(t, raw, "Parameters").(map[string]any) {
 		known[name] = true

@@ -39,6 +39,9 @@ var functions = map[string]string{
 	"FireFunction":  "./functions/fire",
 	"SweepFunction": "./functions/sweep",
 	"ApiFunction":   "./functions/api",
+	// The operator API: the api function's code with RELAY_API_ROUTES=operator
+	// (env.json), under its own role in template.yaml.
+	"OpsFunction": "./functions/api",
 }
 
 // tools are the emulator and the three bootstraps, built once per package
