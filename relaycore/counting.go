@@ -7,8 +7,9 @@ import (
 )
 
 var (
-	_ Store    = (*CountingStore)(nil)
-	_ DueIndex = (*CountingStore)(nil)
+	_ Store       = (*CountingStore)(nil)
+	_ DueIndex    = (*CountingStore)(nil)
+	_ BatchGetter = (*CountingStore)(nil)
 )
 
 // CountingStore wraps a Store and counts its calls, items and bytes with
@@ -19,15 +20,20 @@ var (
 // index from a sweeper that finds it by type assertion: Due passes through
 // to the wrapped store's (found by type assertion, following Unwrap() Store
 // through further wrappers) and fails with ErrNoDueIndex when there is none.
+// It implements BatchGetter for the same reason, counting one call however
+// many keys it reads; over a store without GetMany it falls back to Gets
+// (see GetMany), which then count as that one GetMany call.
 type CountingStore struct {
 	inner Store
 
 	Gets, Scans, Applies atomic.Int64
+	// GetManys counts GetMany calls (one per call, not per key).
+	GetManys atomic.Int64
 	// DueReads counts Due calls.
 	DueReads atomic.Int64
 	// ApplyFailures counts Apply calls that returned an error.
 	ApplyFailures atomic.Int64
-	// ItemsRead counts items returned by Get (found) and Scan.
+	// ItemsRead counts items returned by Get (found), GetMany and Scan.
 	ItemsRead atomic.Int64
 	// ItemsWritten counts writes in Apply calls that succeeded.
 	ItemsWritten atomic.Int64
@@ -49,6 +55,15 @@ func (c *CountingStore) Get(ctx context.Context, p Partition, key string) ([]byt
 		c.ItemsRead.Add(1)
 	}
 	return v, ok, err
+}
+
+// GetMany implements BatchGetter: one counted call, forwarded to the
+// wrapped store's GetMany or, without one, to its Get per key.
+func (c *CountingStore) GetMany(ctx context.Context, p Partition, keys []string) (map[string][]byte, error) {
+	c.GetManys.Add(1)
+	m, err := GetMany(ctx, c.inner, p, keys)
+	c.ItemsRead.Add(int64(len(m)))
+	return m, err
 }
 
 // Scan implements Store.
@@ -107,7 +122,8 @@ func (c *CountingStore) Capabilities() Capabilities { return c.inner.Capabilitie
 // Snapshot returns the counters' current values.
 func (c *CountingStore) Snapshot() StoreCounts {
 	return StoreCounts{
-		Gets: c.Gets.Load(), Scans: c.Scans.Load(), Applies: c.Applies.Load(), DueReads: c.DueReads.Load(),
+		Gets: c.Gets.Load(), GetManys: c.GetManys.Load(), Scans: c.Scans.Load(), Applies: c.Applies.Load(),
+		DueReads:      c.DueReads.Load(),
 		ApplyFailures: c.ApplyFailures.Load(), ItemsRead: c.ItemsRead.Load(),
 		ItemsWritten: c.ItemsWritten.Load(), BytesWritten: c.BytesWritten.Load(),
 	}
@@ -115,7 +131,7 @@ func (c *CountingStore) Snapshot() StoreCounts {
 
 // StoreCounts is a copy of a CountingStore's counters.
 type StoreCounts struct {
-	Gets, Scans, Applies, ApplyFailures   int64
-	DueReads                              int64
+	Gets, GetManys, Scans, Applies        int64
+	ApplyFailures, DueReads               int64
 	ItemsRead, ItemsWritten, BytesWritten int64
 }

@@ -3,6 +3,7 @@ package relaycore_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -41,9 +42,10 @@ func (c *testClock) Advance(d time.Duration) {
 
 // call describes one store call to a faultStore's interceptor.
 type call struct {
-	Op    string // "get", "scan", "apply"
+	Op    string // "get", "getmany", "scan", "apply"
 	P     relaycore.Partition
-	Key   string // get key; first write key for apply
+	Key   string   // get key; first key for getmany; first write key for apply
+	Keys  []string // getmany keys
 	Batch relaycore.Batch
 	N     int // 1-based index of this call among all calls to the store
 }
@@ -77,6 +79,29 @@ func (f *faultStore) Get(ctx context.Context, p relaycore.Partition, key string)
 		}
 	}
 	return f.Store.Get(ctx, p, key)
+}
+
+// GetMany is one call however many keys it reads, so a test can fail a
+// batch read as a whole. Without it relaycore.GetMany would fall back to
+// Get per key on this wrapper.
+func (f *faultStore) GetMany(ctx context.Context, p relaycore.Partition, keys []string) (map[string][]byte, error) {
+	c := call{Op: "getmany", P: p, Keys: slices.Clone(keys)}
+	if len(keys) > 0 {
+		c.Key = keys[0]
+	}
+	c, before, after := f.next(c)
+	if before != nil {
+		if err := before(c); err != nil {
+			return nil, err
+		}
+	}
+	m, err := relaycore.GetMany(ctx, f.Store, p, keys)
+	if after != nil && err == nil {
+		if aerr := after(c); aerr != nil {
+			return nil, aerr
+		}
+	}
+	return m, err
 }
 
 func (f *faultStore) Scan(ctx context.Context, p relaycore.Partition, req relaycore.ScanRequest) (relaycore.ScanPage, error) {

@@ -183,7 +183,8 @@ type ScanPage struct {
 //     caller must re-read before deciding; retrying the same batch is safe
 //     only because every engine batch is guarded.
 //   - Any other error from Apply means the batch was surely not applied.
-//   - Reads (Get, Scan) never change state, so retrying them is always safe.
+//   - Reads (Get, Scan, and BatchGetter's GetMany) never change state, so
+//     retrying them is always safe.
 type Store interface {
 	// Get returns the value of key, with found == false (and a nil error)
 	// when the key is absent. Reads are strongly consistent: they observe
@@ -201,6 +202,67 @@ type Store interface {
 	// Capabilities reports the store's batch and item limits. Constant for
 	// the store's lifetime.
 	Capabilities() Capabilities
+}
+
+// BatchGetter is implemented by stores that read many keys of one
+// partition in one round trip. It is optional: the engine calls GetMany
+// (the function), which uses it when the store has it and falls back to one
+// Get per key otherwise, so wrappers and test fakes that implement only
+// Store keep working. A wrapper that intercepts Get (fault injection,
+// counting) must implement BatchGetter itself or not at all; embedding a
+// concrete store would let GetMany bypass its Get.
+type BatchGetter interface {
+	// GetMany returns the values of keys in partition p. A key that is
+	// present maps to its value (non-nil, possibly empty, a copy the caller
+	// may keep); an absent key is simply missing from the map, as is a key
+	// no batch could have written (empty, or too long for the store). An
+	// absent partition gives an empty map. Keys may repeat; each distinct
+	// key appears once. An empty or nil keys gives an empty, non-nil map
+	// and sends nothing. There is no bound on len(keys): a store splits the
+	// list into as many requests as its service needs (infra/dynamo: one
+	// BatchGetItem per 100 distinct keys).
+	//
+	// Consistency is Get's: every key observes every batch whose Apply
+	// returned nil before GetMany was called. Atomicity across keys is only
+	// what the store gives: infra/mem and infra/bolt read all keys from one
+	// snapshot, but infra/dynamo (and the Get fallback) read each key on
+	// its own, so of a batch applied concurrently with the call some keys
+	// may show its writes and others not. The engine must not infer from
+	// one key's value what another key holds.
+	//
+	// On error the map is nil and nothing is returned for any key. Reads
+	// never change state, so retrying GetMany is always safe.
+	GetMany(ctx context.Context, p Partition, keys []string) (map[string][]byte, error)
+}
+
+// GetMany reads keys of partition p in one round trip when st implements
+// BatchGetter, and with one Get per distinct key otherwise; see
+// BatchGetter.GetMany for the result and its consistency. It does not look
+// through Unwrap: a wrapper without GetMany wants its Get to see every
+// read.
+func GetMany(ctx context.Context, st Store, p Partition, keys []string) (map[string][]byte, error) {
+	if bg, ok := st.(BatchGetter); ok {
+		return bg.GetMany(ctx, p, keys)
+	}
+	out := make(map[string][]byte, len(keys))
+	seen := make(map[string]struct{}, len(keys))
+	for _, k := range keys {
+		if _, dup := seen[k]; dup {
+			continue
+		}
+		seen[k] = struct{}{}
+		v, ok, err := st.Get(ctx, p, k)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			if v == nil {
+				v = []byte{}
+			}
+			out[k] = v
+		}
+	}
+	return out, nil
 }
 
 // DueIndex is implemented by stores that index items written with

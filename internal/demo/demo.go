@@ -309,8 +309,8 @@ func summarize(cfg Config, stores Stores, start time.Time, enqueued, batches, re
 		RowsEnqueued: enqueued, EnqueueBatches: batches, EnqueueReplans: replans,
 		RowsDelivered: delivered, Alarms: st.Alarms, Fires: fires, Kicks: st.Kicks,
 		TargetCalls: targetCalls, TargetFailures: failed, BlockedEvents: blocked,
-		SourceStoreCalls: src.Gets.Load() + src.Scans.Load() + src.Applies.Load(),
-		TargetStoreCalls: dst.Gets.Load() + dst.Scans.Load() + dst.Applies.Load(),
+		SourceStoreCalls: src.Gets.Load() + src.GetManys.Load() + src.Scans.Load() + src.Applies.Load(),
+		TargetStoreCalls: dst.Gets.Load() + dst.GetManys.Load() + dst.Scans.Load() + dst.Applies.Load(),
 		ElapsedMS:        elapsed.Milliseconds(),
 	}
 	s.LagP50MS, s.LagP99MS, s.LagMaxMS = lags.percentiles()

@@ -10,6 +10,11 @@
 // Rules proved, by group:
 //   - Get: absent partition and key are (nil, false, nil); empty values are
 //     present; values are copies in both directions.
+//   - GetMany (relaycore.GetMany: the store's BatchGetter, else Get per
+//     key): found, absent, empty-valued, unwritable and repeated keys in one
+//     call; non-ASCII and long keys; lists longer than DynamoDB's 100 keys
+//     per request; an empty list; read-your-writes after Apply; no key of
+//     another partition; copies; agreement with Get on every key.
 //   - Scan: ascending byte order (prefixes, NUL, 0x7f, 0xff, multi-byte
 //     UTF-8), [Start, End) with strict After, paging with any Limit until
 //     Next is empty, cursors that always make progress. Keys are arbitrary
@@ -61,6 +66,7 @@ func Run(t *testing.T, newStore func(t *testing.T) relaycore.Store) {
 		cases []suiteCase
 	}{
 		{"Get", getCases()},
+		{"GetMany", getManyCases()},
 		{"Scan", scanCases()},
 		{"Apply", applyCases()},
 		{"Limits", limitCases()},
