@@ -12,8 +12,9 @@ import (
 )
 
 var (
-	_ relaycore.Store    = (*Store)(nil)
-	_ relaycore.DueIndex = (*Store)(nil)
+	_ relaycore.Store       = (*Store)(nil)
+	_ relaycore.DueIndex    = (*Store)(nil)
+	_ relaycore.BatchGetter = (*Store)(nil)
 )
 
 // DefaultScanLimit is the page size Scan uses when the request's Limit is
@@ -49,6 +50,34 @@ func (s *Store) Get(ctx context.Context, p relaycore.Partition, key string) ([]b
 		return nil, false, fmt.Errorf("get %s: %w", p, err)
 	}
 	return value, found, nil
+}
+
+// GetMany implements relaycore.BatchGetter with one read transaction, so
+// every key is read from the same snapshot.
+func (s *Store) GetMany(ctx context.Context, p relaycore.Partition, keys []string) (map[string][]byte, error) {
+	if err := s.ready(ctx); err != nil {
+		return nil, fmt.Errorf("get many %s: %w", p, err)
+	}
+	out := make(map[string][]byte, len(keys))
+	if len(keys) == 0 {
+		return out, nil
+	}
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		part := s.partition(tx, p)
+		if part == nil {
+			return nil
+		}
+		for _, k := range keys {
+			if v, found := lookup(part, k); found {
+				out[k] = cloneValue(v, true)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("get many %s: %w", p, err)
+	}
+	return out, nil
 }
 
 // Scan implements relaycore.Store. Next is set only when another key in

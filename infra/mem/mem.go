@@ -16,8 +16,9 @@ import (
 )
 
 var (
-	_ relaycore.Store    = (*Store)(nil)
-	_ relaycore.DueIndex = (*Store)(nil)
+	_ relaycore.Store       = (*Store)(nil)
+	_ relaycore.DueIndex    = (*Store)(nil)
+	_ relaycore.BatchGetter = (*Store)(nil)
 )
 
 // DefaultCapabilities mirror DynamoDB's limits so that plans proven on the
@@ -78,6 +79,30 @@ func (s *Store) Get(ctx context.Context, p relaycore.Partition, key string) ([]b
 	}
 	return bytes.Clone(v), true, nil
 }
+
+// GetMany implements relaycore.BatchGetter. All keys are read under one
+// hold of the mutex, so the result is one snapshot of the partition.
+func (s *Store) GetMany(ctx context.Context, p relaycore.Partition, keys []string) (map[string][]byte, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	out := make(map[string][]byte, len(keys))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	pt := s.parts[p]
+	if pt == nil {
+		return out, nil
+	}
+	for _, k := range keys {
+		if v, ok := pt.vals[k]; ok {
+			out[k] = cloneValue(v)
+		}
+	}
+	return out, nil
+}
+
+// cloneValue copies a stored value; a present empty value stays non-nil.
+func cloneValue(v []byte) []byte { return append([]byte{}, v...) }
 
 // Scan implements relaycore.Store.
 func (s *Store) Scan(ctx context.Context, p relaycore.Partition, req relaycore.ScanRequest) (relaycore.ScanPage, error) {
