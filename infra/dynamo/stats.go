@@ -15,16 +15,18 @@ import (
 // computed, not reported by the service.
 type Stats struct {
 	// Requests sent, counting every attempt.
-	GetItem, Query, Scan, TransactWriteItems int64
+	GetItem, BatchGetItem, Query, Scan, TransactWriteItems int64
 	// Transactions is the number of Apply calls that committed.
 	Transactions int64
 	// Retries counts attempts after the first; Throttled the attempts
-	// refused for throughput or a transaction conflict; Ambiguous the
+	// refused for throughput or a transaction conflict, and the
+	// BatchGetItem responses that left keys unprocessed; Ambiguous the
 	// attempts whose outcome was unknown; ConditionFailed the Apply calls
 	// refused by a precondition.
 	Retries, Throttled, Ambiguous, ConditionFailed int64
 	// ReadUnits are read capacity units: strongly consistent GetItem and
-	// Query at 1 per started 4 KB, GSI Query at 0.5 per started 4 KB.
+	// Query at 1 per started 4 KB, GSI Query at 0.5 per started 4 KB,
+	// BatchGetItem as one GetItem per key read (absent keys cost 1).
 	// DueScan reads are counted the same way over the items returned, which
 	// under-counts the items the filter dropped.
 	ReadUnits float64
@@ -46,7 +48,8 @@ type Stats struct {
 }
 
 type counters struct {
-	getCalls, queryCalls, scanCalls, transactCalls  atomic.Int64
+	getCalls, batchGetCalls, queryCalls, scanCalls  atomic.Int64
+	transactCalls                                   atomic.Int64
 	transactions                                    atomic.Int64
 	retries, throttles, ambiguous, conditionFailed  atomic.Int64
 	readHalfUnits                                   atomic.Int64
@@ -59,7 +62,8 @@ type counters struct {
 func (s *Store) Stats() Stats {
 	c := &s.stats
 	return Stats{
-		GetItem: c.getCalls.Load(), Query: c.queryCalls.Load(), Scan: c.scanCalls.Load(),
+		GetItem: c.getCalls.Load(), BatchGetItem: c.batchGetCalls.Load(),
+		Query: c.queryCalls.Load(), Scan: c.scanCalls.Load(),
 		TransactWriteItems: c.transactCalls.Load(), Transactions: c.transactions.Load(),
 		Retries: c.retries.Load(), Throttled: c.throttles.Load(), Ambiguous: c.ambiguous.Load(),
 		ConditionFailed: c.conditionFailed.Load(),

@@ -40,7 +40,16 @@ const EndpointEnv = "RELAY_DYNAMODB_ENDPOINT"
 //     ignores but DynamoDB honours (a repeated token with the same request
 //     returns success without applying again; with a different request it
 //     fails with IdempotentParameterMismatchException). Tokens never expire
-//     here; DynamoDB forgets them after 10 minutes.
+//     here; DynamoDB forgets them after 10 minutes;
+//   - BatchGetItem's refusal of a key listed twice for one table
+//     (ValidationException "Provided list of item keys contains
+//     duplicates"), which minidyn answers instead, so a client that sends
+//     duplicates fails here as it would on DynamoDB.
+//
+// minidyn's BatchGetItem is otherwise faithful enough: it accepts
+// ConsistentRead (every minidyn read is consistent), refuses more than 100
+// keys, omits absent keys, and reads each key on its own, as DynamoDB does.
+// Mini.EmulateUnprocessedItems makes it return UnprocessedKeys.
 type Endpoint struct {
 	// URL is the endpoint's base URL (http://127.0.0.1:port).
 	URL string
@@ -131,13 +140,22 @@ func (e *Endpoint) handle(w http.ResponseWriter, r *http.Request) {
 		e.tableMu.RLock()
 		defer e.tableMu.RUnlock()
 	}
-	if op != "TransactWriteItems" {
+	if op != "TransactWriteItems" && op != "BatchGetItem" {
 		e.Mini.ServeHTTP(w, r)
 		return
 	}
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	if op == "BatchGetItem" {
+		if duplicateBatchGetKeys(body) {
+			writeAPIError(w, "ValidationException", "Provided list of item keys contains duplicates")
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		e.Mini.ServeHTTP(w, r)
 		return
 	}
 	var in struct{ ClientRequestToken string }
@@ -187,6 +205,29 @@ func (e *Endpoint) handle(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(rec.Code)
 	_, _ = w.Write(rec.Body.Bytes())
+}
+
+// duplicateBatchGetKeys reports whether a BatchGetItem request lists one
+// key twice for a table. Keys are compared canonically (the SDK writes a
+// key's attributes in random order).
+func duplicateBatchGetKeys(body []byte) bool {
+	var in struct {
+		RequestItems map[string]struct{ Keys []json.RawMessage }
+	}
+	if json.Unmarshal(body, &in) != nil {
+		return false // minidyn reports the malformed request
+	}
+	for _, t := range in.RequestItems {
+		seen := make(map[string]bool, len(t.Keys))
+		for _, k := range t.Keys {
+			c := string(CanonicalJSON(k))
+			if seen[c] {
+				return true
+			}
+			seen[c] = true
+		}
+	}
+	return false
 }
 
 // canonicalDigest hashes a JSON request independent of member order (the

@@ -62,3 +62,49 @@ func TestTokenIdempotency(t *testing.T) {
 		t.Fatalf("with tokens ignored, the repeat = %v, want it executed (and cancelled)", err)
 	}
 }
+
+// BatchGetItem refuses a key listed twice, as DynamoDB does (minidyn alone
+// answers it), and otherwise reads consistently what was just written.
+func TestBatchGetItemDuplicateKeys(t *testing.T) {
+	ctx := t.Context()
+	e := dynamotest.Start(t)
+	c := e.Client(nil)
+	_, err := c.CreateTable(ctx, &dynamodb.CreateTableInput{
+		TableName: aws.String("t"),
+		AttributeDefinitions: []types.AttributeDefinition{
+			{AttributeName: aws.String("p"), AttributeType: types.ScalarAttributeTypeS},
+			{AttributeName: aws.String("k"), AttributeType: types.ScalarAttributeTypeS},
+		},
+		KeySchema: []types.KeySchemaElement{
+			{AttributeName: aws.String("p"), KeyType: types.KeyTypeHash},
+			{AttributeName: aws.String("k"), KeyType: types.KeyTypeRange},
+		},
+		BillingMode: types.BillingModePayPerRequest,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := func(k string) map[string]types.AttributeValue {
+		return map[string]types.AttributeValue{"p": &types.AttributeValueMemberS{Value: "p"}, "k": &types.AttributeValueMemberS{Value: k}}
+	}
+	if _, err := c.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String("t"), Item: key("a")}); err != nil {
+		t.Fatal(err)
+	}
+	get := func(keys ...string) (*dynamodb.BatchGetItemOutput, error) {
+		var ks []map[string]types.AttributeValue
+		for _, k := range keys {
+			ks = append(ks, key(k))
+		}
+		return c.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{RequestItems: map[string]types.KeysAndAttributes{
+			"t": {Keys: ks, ConsistentRead: aws.Bool(true)},
+		}})
+	}
+	out, err := get("a", "b")
+	if err != nil || len(out.Responses["t"]) != 1 || len(out.UnprocessedKeys) != 0 {
+		t.Fatalf("batch get of one present and one absent key = %+v, %v; want one item", out, err)
+	}
+	var api smithy.APIError
+	if _, err := get("a", "b", "a"); !errors.As(err, &api) || api.ErrorCode() != "ValidationException" {
+		t.Fatalf("batch get with a duplicate key = %v, want ValidationException", err)
+	}
+}
