@@ -8,7 +8,10 @@ import (
 	"github.com/relay-dev/relay/relaycore"
 )
 
-var _ relaycore.Store = gate{}
+var (
+	_ relaycore.Store       = gate{}
+	_ relaycore.BatchGetter = gate{}
+)
 
 // gate is the store an actor sees: every call parks the actor until the
 // scheduler runs it, so exactly one store call happens at a time, in an
@@ -23,6 +26,14 @@ type gate struct {
 func (g gate) Get(_ context.Context, p relaycore.Partition, key string) ([]byte, bool, error) {
 	r := g.a.park(&request{op: opGet, target: g.target, p: p, key: key})
 	return r.val, r.found, r.err
+}
+
+// GetMany is one scheduled call, with a Get's faults (a read may fail as a
+// whole), so batch reads keep the schedule deterministic and as coarse as
+// the round trip they stand for.
+func (g gate) GetMany(_ context.Context, p relaycore.Partition, keys []string) (map[string][]byte, error) {
+	r := g.a.park(&request{op: opGetMany, target: g.target, p: p, keys: slices.Clone(keys)})
+	return r.vals, r.err
 }
 
 func (g gate) Scan(_ context.Context, p relaycore.Partition, req relaycore.ScanRequest) (relaycore.ScanPage, error) {

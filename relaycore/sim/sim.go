@@ -449,6 +449,9 @@ func (s *simulation) step(a *actor) {
 			if r.found {
 				how = "found"
 			}
+		case opGetMany:
+			r.vals, r.err = relaycore.GetMany(s.ctx, st, req.p, req.keys)
+			how = fmt.Sprintf("%d of %d found", len(r.vals), len(req.keys))
 		case opScan:
 			r.page, r.err = st.Scan(s.ctx, req.p, req.scan)
 			how = fmt.Sprintf("%d items next=%q", len(r.page.Items), r.page.Next)
@@ -584,6 +587,7 @@ type request struct {
 	target bool
 	p      relaycore.Partition
 	key    string
+	keys   []string // opGetMany
 	scan   relaycore.ScanRequest
 	batch  relaycore.Batch
 }
@@ -594,6 +598,7 @@ const (
 	opGet opKind = iota
 	opScan
 	opApply
+	opGetMany
 )
 
 func (r *request) String() string {
@@ -604,6 +609,13 @@ func (r *request) String() string {
 	switch r.op {
 	case opGet:
 		return fmt.Sprintf("get   %s %s %s", side, r.p, r.key)
+	case opGetMany:
+		keys := r.keys
+		more := ""
+		if len(keys) > 8 {
+			keys, more = keys[:8], fmt.Sprintf(",…+%d", len(r.keys)-8)
+		}
+		return fmt.Sprintf("getm  %s %s %s%s", side, r.p, strings.Join(keys, ","), more)
 	case opScan:
 		return fmt.Sprintf("scan  %s %s [%q,%q) after %q limit %d", side, r.p, r.scan.Start, r.scan.End, r.scan.After, r.scan.Limit)
 	}
@@ -641,6 +653,7 @@ func clip(b []byte, n int) string {
 type result struct {
 	val   []byte
 	found bool
+	vals  map[string][]byte // opGetMany
 	page  relaycore.ScanPage
 	err   error
 }
