@@ -13,6 +13,8 @@ import (
 	"github.com/relay-dev/relay/relaycore"
 )
 
+var _ relaycore.BatchGetter = (*Meter)(nil)
+
 // Meter wraps a store and prices every request it sends with DynamoDB's
 // published formulas, for the item layout infra/dynamo writes (docs/
 // dynamodb.md): an item is its attribute names plus values, p (S), k (S),
@@ -22,7 +24,8 @@ import (
 //     transaction; a put is billed on the larger of the old and new item, a
 //     delete on the deleted item, a ConditionCheck on the checked item.
 //   - Strongly consistent GetItem: 1 read unit per started 4 KB; an absent
-//     item still costs 1.
+//     item still costs 1. BatchGetItem prices each key the same way and
+//     takes one request per 100 distinct keys.
 //   - Query: the sizes of the items returned, summed, 1 read unit per
 //     started 4 KB (minimum 1).
 //   - A sparse keys-only GSI: 1 write unit per started KB of the index
@@ -82,6 +85,24 @@ func (m *Meter) Get(ctx context.Context, p relaycore.Partition, key string) ([]b
 	m.ReadUnits += readUnits(m.sizes[sk(p, key)])
 	m.mu.Unlock()
 	return v, ok, err
+}
+
+// GetMany implements relaycore.BatchGetter, priced as the BatchGetItem
+// requests infra/dynamo sends; it reads through the wrapped store's
+// GetMany, or its Get per key.
+func (m *Meter) GetMany(ctx context.Context, p relaycore.Partition, keys []string) (map[string][]byte, error) {
+	vals, err := relaycore.GetMany(ctx, m.Store, p, keys)
+	distinct := map[string]bool{}
+	for _, k := range keys {
+		distinct[k] = true
+	}
+	m.mu.Lock()
+	m.Calls += (len(distinct) + 99) / 100
+	for k := range distinct {
+		m.ReadUnits += readUnits(m.sizes[sk(p, k)])
+	}
+	m.mu.Unlock()
+	return vals, err
 }
 
 // Scan implements relaycore.Store.
