@@ -499,6 +499,15 @@ type flakyStore struct {
 
 var errTargetDown = errors.New("target unavailable (injected by the demo)")
 
+// flakyStore passes batch reads through, so wrapping a store does not
+// turn its GetMany back into one Get per key.
+var _ relaycore.BatchGetter = (*flakyStore)(nil)
+
+// GetMany implements relaycore.BatchGetter by passing through.
+func (f *flakyStore) GetMany(ctx context.Context, p relaycore.Partition, keys []string) (map[string][]byte, error) {
+	return relaycore.GetMany(ctx, f.Store, p, keys)
+}
+
 func (f *flakyStore) Apply(ctx context.Context, p relaycore.Partition, b relaycore.Batch) error {
 	if p == f.target && f.failed.Load() < f.failures {
 		f.failed.Add(1)
