@@ -20,10 +20,7 @@ func (h *RelayHandler) fireOnce(ctx context.Context, source Partition, token str
 	}
 	res.NewCycle = start.rs.newCycle
 	f := h.newFireRun(ctx, source, start, now, spent, &res)
-	if err := f.collectDue(); err != nil {
-		return res, false, err
-	}
-	if err := f.scan(); err != nil {
+	if err := f.collect(); err != nil {
 		return res, false, err
 	}
 	// Deliver, one target at a time: held rows that are due first.
@@ -50,6 +47,9 @@ func (f *fireRun) checkpoint(token string, keep bool) (FireResult, bool, error) 
 	next := cur
 	next.Version++
 	next.Cursor, next.From = f.stop, f.stopFrom
+	if f.turnTaken {
+		next.HeldFirst = f.heldFirst
+	}
 	newBlocked := slices.Clone(cur.Blocked)
 	var writes []Write
 	var codec pageCodec

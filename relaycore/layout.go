@@ -111,6 +111,9 @@ type RelayState struct {
 	Blocked []Partition `json:"blocked,omitempty"`
 	// Idle counts consecutive fires that delivered nothing (for back-off).
 	Idle int `json:"idle,omitempty"`
+	// HeldFirst: the last fire that had both due held rows and outbox rows
+	// served the held rows first; the next one lets the outbox go first.
+	HeldFirst bool `json:"held_first,omitempty"`
 	// Claim is the active fire's hold, if any.
 	Claim *Claim `json:"claim,omitempty"`
 }

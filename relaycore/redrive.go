@@ -11,64 +11,135 @@ import (
 // ones and the healthy ones cannot starve a redrive.
 func redriveShare(b RelayBudget) int { return max(1, b.TargetsPerFire/2) }
 
-// collectDue reads the retry markers that are due and, for up to
-// redriveShare of them, the target's held pages in seq order, within the
-// fire's row budget and checkpoint room. A marker that disagrees with its
-// target's record (a crash cannot leave one: both change in one batch)
-// is deleted by the checkpoint.
-func (f *fireRun) collectDue() error {
+// dueMarker is a retry marker whose time has come.
+type dueMarker struct {
+	key    string
+	target Partition
+}
+
+// dueMarkers reads up to redriveShare retry markers that are due, noting
+// whether more are due (dueLeft) and when the next one is (nextDue).
+func (f *fireRun) dueMarkers() ([]dueMarker, error) {
 	share := redriveShare(f.b)
-	rowsLeft := f.b.RowsPerFire
+	var out []dueMarker
 	after := ""
 	for {
 		pg, err := f.h.Source.Scan(f.ctx, f.source, ScanRequest{Start: RetryPrefix, End: retryEnd, After: after, Limit: share + 1})
 		if err != nil {
-			return fmt.Errorf("fire %s: scan retry markers: %w", f.source, err)
+			return nil, fmt.Errorf("fire %s: scan retry markers: %w", f.source, err)
 		}
 		for _, it := range pg.Items {
 			due, t, err := parseRetryKey(it.Key)
 			if err != nil {
-				return fmt.Errorf("fire %s: %w", f.source, err)
+				return nil, fmt.Errorf("fire %s: %w", f.source, err)
 			}
 			if due > f.now {
 				f.nextDue = due
-				return nil
+				return out, nil
 			}
-			if len(f.redrive) >= share || rowsLeft <= 0 {
+			if len(out) >= share {
 				f.dueLeft = true
-				return nil
+				return out, nil
 			}
-			slot, err := f.rec(t)
-			if err != nil {
-				return err
-			}
-			if slot.marker != "" {
-				continue // a second marker for one target: only the first is served
-			}
-			slot.marker = it.Key
-			if slot.rec.State != StateActive || slot.rec.Held == 0 || retryKey(slot.rec.RetryMS, t) != it.Key {
-				if !f.reserve(slot, 1, f.caps.ItemSize(f.source, it.Key, 0)) {
-					f.dueLeft = true
-					return nil
-				}
-				continue // stale: the checkpoint deletes it
-			}
-			tw, err := f.collectHeld(slot, rowsLeft)
-			if err != nil {
-				return err
-			}
-			if tw == nil {
-				f.dueLeft = true // no room left in the checkpoint
-				return nil
-			}
-			rowsLeft -= len(tw.rows)
-			f.redrive = append(f.redrive, tw)
+			out = append(out, dueMarker{key: it.Key, target: t})
 		}
 		if pg.Next == "" {
-			return nil
+			return out, nil
 		}
 		after = pg.Next
 	}
+}
+
+// collectDue reads, for the due markers, the target's held pages in seq
+// order, within rowsLeft rows and the checkpoint's room. A marker that
+// disagrees with its target's record (a crash cannot leave one: both
+// change in one batch) is deleted by the checkpoint.
+func (f *fireRun) collectDue(markers []dueMarker, rowsLeft int) error {
+	for _, m := range markers {
+		if rowsLeft <= 0 {
+			f.dueLeft = true
+			return nil
+		}
+		slot, err := f.rec(m.target)
+		if err != nil {
+			return err
+		}
+		if slot.marker != "" {
+			continue // a second marker for one target: only the first is served
+		}
+		slot.marker = m.key
+		if slot.rec.State != StateActive || slot.rec.Held == 0 || retryKey(slot.rec.RetryMS, m.target) != m.key {
+			if !f.reserve(slot, 1, f.caps.ItemSize(f.source, m.key, 0)) {
+				f.dueLeft = true
+				return nil
+			}
+			continue // stale: the checkpoint deletes it
+		}
+		tw, err := f.collectHeld(slot, rowsLeft)
+		if err != nil {
+			return err
+		}
+		if tw == nil {
+			f.dueLeft = true // no room left in the checkpoint
+			return nil
+		}
+		rowsLeft -= len(tw.rows)
+		f.redrive = append(f.redrive, tw)
+	}
+	return nil
+}
+
+// collect selects the fire's work: held rows that are due and the outbox
+// scan. When both have work they share the fire fairly: they take turns
+// going first (rs.HeldFirst says who went first last time), and the first
+// may take at most half of the rows and of the checkpoint's room (but
+// always its first page) and redriveShare targets, the other the rest. Without the split, redrives whose pages
+// fill the checkpoint could starve the healthy targets behind them, and a
+// busy outbox could starve a redrive.
+func (f *fireRun) collect() error {
+	markers, err := f.dueMarkers()
+	if err != nil {
+		return err
+	}
+	if len(markers) == 0 {
+		return f.scan(f.b.TargetsPerFire, f.b.RowsPerFire)
+	}
+	half := func() {
+		f.capItems, f.capBytes = f.itemsRoom-f.itemsRoom/2, f.bytesRoom-f.bytesRoom/2
+		f.usedItems, f.usedBytes = 0, 0
+	}
+	uncap := func() { f.capItems, f.capBytes = 0, 0 }
+	// Alternate who goes first (rs remembers who did last time).
+	f.heldFirst, f.turnTaken = !f.cur.HeldFirst, true
+	if f.heldFirst {
+		half()
+		if err := f.collectDue(markers, f.b.RowsPerFire/2+f.b.RowsPerFire%2); err != nil {
+			return err
+		}
+		uncap()
+		rows := f.b.RowsPerFire
+		for _, tw := range f.redrive {
+			rows -= len(tw.rows)
+		}
+		return f.scan(f.b.TargetsPerFire-len(f.redrive), rows)
+	}
+	half()
+	if err := f.scan(max(1, f.b.TargetsPerFire-len(markers)), f.b.RowsPerFire/2+f.b.RowsPerFire%2); err != nil {
+		return err
+	}
+	uncap()
+	rows := f.b.RowsPerFire
+	for _, tw := range f.sel {
+		rows -= len(tw.rows)
+	}
+	if n := f.b.TargetsPerFire - len(f.sel); n < len(markers) {
+		if n <= 0 {
+			f.dueLeft = true
+			return nil
+		}
+		markers, f.dueLeft = markers[:n], true
+	}
+	return f.collectDue(markers, rows)
 }
 
 // collectHeld reads slot's held pages in seq order, up to rowsLeft rows

@@ -34,8 +34,17 @@ type fireRun struct {
 	// more to do); nextDue: the earliest marker not yet due.
 	dueLeft bool
 	nextDue int64
+	// heldFirst: due held rows went first this fire (collect's turns);
+	// the checkpoint records it in rs when held rows were due.
+	heldFirst bool
+	turnTaken bool
 
 	itemsRoom, bytesRoom int
+	// capItems/capBytes (when > 0) bound what the current collection
+	// phase may reserve beyond its first reservation (collect's fair
+	// split); usedItems/usedBytes count what it reserved.
+	capItems, capBytes   int
+	usedItems, usedBytes int
 }
 
 // recSlot is a target record as read and as it will be written.
@@ -135,16 +144,21 @@ func (f *fireRun) reserve(s *recSlot, items, bytes int) bool {
 	if items > f.itemsRoom || bytes > f.bytesRoom {
 		return false
 	}
+	if f.capItems > 0 && (f.usedItems > 0 || f.usedBytes > 0) && (f.usedItems+items > f.capItems || f.usedBytes+bytes > f.capBytes) {
+		return false
+	}
 	f.itemsRoom -= items
 	f.bytesRoom -= bytes
+	f.usedItems += items
+	f.usedBytes += bytes
 	s.reserved = true
 	return true
 }
 
 // scan walks the cycle's pages in seq order from rs.from, selecting up to
-// the targets left in the fire's budget (after redrives) and moving aside
-// the pages of targets that hold (quarantined, paused, or with held rows).
-func (f *fireRun) scan() error {
+// targetsLeft targets and rowsLeft rows and moving aside the pages of
+// targets that hold (quarantined, paused, or with held rows).
+func (f *fireRun) scan(targetsLeft, rowsLeft int) error {
 	b, cur, res, spent := f.b, f.cur, f.res, f.spent
 	blocked := make(map[Partition]bool, len(cur.Blocked))
 	for _, t := range cur.Blocked {
@@ -152,11 +166,6 @@ func (f *fireRun) scan() error {
 	}
 	byTarget := map[Partition]*targetWork{}
 	inspectLeft := max(0, b.inspectPerFire()-spent.inspected)
-	rowsLeft := b.RowsPerFire
-	for _, tw := range f.redrive {
-		rowsLeft -= len(tw.rows)
-	}
-	targetsLeft := b.TargetsPerFire - len(f.redrive)
 	// Moving pages aside spends no target budget and no inspection budget of
 	// the healthy targets, but has its own cap of the same size.
 	moveLeft := b.inspectPerFire()

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/relay-dev/relay/relaycore"
@@ -16,6 +17,7 @@ func (a *actor) body() {
 		Source: src, Target: tgt, Budget: s.sc.Budget, Clock: a, Kicker: a,
 		ClaimTTL: s.sc.ClaimTTL, BackoffBase: 100 * time.Millisecond, BackoffMax: s.sc.BackoffMax,
 		RetryBase: 100 * time.Millisecond, RetryMax: s.sc.BackoffMax,
+		QuarantineAfter: s.sc.QuarantineAfter,
 	}
 	if len(s.sc.hookObs) > 0 {
 		h.Hook = relaycore.HolderRelayHook{Prefix: hookPrefix, Observations: s.sc.hookObs}
@@ -33,6 +35,8 @@ func (a *actor) body() {
 		a.engineError("declare lease required", relaycore.DeclareLeaseRequired(s.ctx, src, a.source))
 	case kindDrain:
 		a.drain(h)
+	case kindOperator:
+		a.operate(h)
 	}
 }
 
@@ -165,18 +169,138 @@ func (a *actor) drain(h *relaycore.RelayHandler) {
 const maxDrainRounds = 1500
 
 // releaseQuarantined is the operator after an outage: every quarantined
-// target of src is released (one that still fails returns to quarantine).
+// target of src is released (one that still fails returns to quarantine)
+// and every paused one resumed.
 func (a *actor) releaseQuarantined(h *relaycore.RelayHandler, src relaycore.Partition) {
 	s := a.sim
-	ts, _, err := relaycore.ListTargets(s.ctx, h.Source, src, relaycore.TargetFilter{State: relaycore.StateQuarantined, Limit: 1000}, a.Now().UnixMilli())
+	ts, _, err := relaycore.ListTargets(s.ctx, h.Source, src, relaycore.TargetFilter{Limit: 1000}, a.Now().UnixMilli())
 	if err != nil {
 		a.engineError("list targets", err)
 		return
 	}
 	for _, t := range ts {
-		_, err := h.Release(s.ctx, src, t.Target, relaycore.Actor{By: a.name, Reason: "drain"})
-		if !errors.Is(err, relaycore.ErrSourceBusy) && !errors.Is(err, relaycore.ErrWrongState) {
-			a.engineError("release", err)
+		switch t.State {
+		case relaycore.StateQuarantined:
+			_, err = h.Release(s.ctx, src, t.Target, relaycore.Actor{By: a.name, Reason: "drain"})
+		case relaycore.StatePaused:
+			_, err = h.Resume(s.ctx, src, t.Target, relaycore.Actor{By: a.name, Reason: "drain"})
+		default:
+			continue
+		}
+		if err == nil {
+			s.chk.released(src, t.Target)
+		}
+		a.opError("release", err)
+	}
+}
+
+// opError reports an operator action's error unless the world explains it:
+// a busy source, a target in another state, an unknown target, a skip
+// whose expectation no longer holds or that is too large.
+func (a *actor) opError(op string, err error) {
+	for _, ok := range []error{relaycore.ErrSourceBusy, relaycore.ErrWrongState, relaycore.ErrUnknownTarget,
+		relaycore.ErrSkipConflict, relaycore.ErrSkipRange, relaycore.ErrSkipTooLarge, relaycore.ErrContention} {
+		if errors.Is(err, ok) {
+			return
 		}
 	}
+	a.engineError(op, err)
+}
+
+// operate is an operator at a random moment: quarantine, pause, release or
+// resume a target, skip its first held rows (knowing them), or skip with a
+// stale expectation (a skip raced by delivery), which must fail cleanly.
+func (a *actor) operate(h *relaycore.RelayHandler) {
+	s := a.sim
+	src := a.source
+	t := s.sc.Targets[s.rng.IntN(len(s.sc.Targets))]
+	who := relaycore.Actor{By: a.name, Reason: "sim"}
+	var err error
+	s.res.OpActions++
+	defer func() {
+		if err == nil {
+			s.res.OpApplied++
+		}
+	}()
+	switch s.rng.IntN(8) {
+	case 6, 7:
+		// The poison-row flow on a target with pending rows: quarantine,
+		// let fires hold its rows, skip the first held ones (or try with a
+		// stale view), release.
+		var ts []relaycore.TargetStatus
+		if ts, _, err = relaycore.ListTargets(s.ctx, h.Source, src, relaycore.TargetFilter{State: relaycore.StateActive, Limit: 100}, a.Now().UnixMilli()); err != nil {
+			break
+		}
+		if ts = slices.DeleteFunc(ts, func(st relaycore.TargetStatus) bool { return st.Pending == 0 }); len(ts) > 0 {
+			t = ts[s.rng.IntN(len(ts))].Target
+		}
+		if _, err = h.Quarantine(s.ctx, src, t, who); err != nil {
+			break
+		}
+		s.chk.held(a, src, t)
+		a.sleep(s.now + 500 + int64(s.rng.IntN(3000)))
+		var st relaycore.TargetStatus
+		if st, err = relaycore.GetTarget(s.ctx, h.Source, src, t); err == nil && st.Held > 0 {
+			err = a.skip(h, src, st)
+			a.opError("skip", err)
+		}
+		a.sleep(s.now + 200 + int64(s.rng.IntN(2000)))
+		if _, err = h.Release(s.ctx, src, t, who); err == nil {
+			s.chk.released(src, t)
+		}
+	case 0:
+		if _, err = h.Quarantine(s.ctx, src, t, who); err == nil {
+			s.chk.held(a, src, t)
+		}
+	case 1:
+		if _, err = h.Pause(s.ctx, src, t, who); err == nil {
+			s.chk.held(a, src, t)
+		}
+	case 2:
+		if _, err = h.Release(s.ctx, src, t, who); err == nil {
+			s.chk.released(src, t)
+		}
+	case 3:
+		if _, err = h.Resume(s.ctx, src, t, who); err == nil {
+			s.chk.released(src, t)
+		}
+	case 4, 5:
+		// An operator skips where rows are held: pick among those targets.
+		var ts []relaycore.TargetStatus
+		if ts, _, err = relaycore.ListTargets(s.ctx, h.Source, src, relaycore.TargetFilter{Limit: 100}, a.Now().UnixMilli()); err != nil {
+			break
+		}
+		ts = slices.DeleteFunc(ts, func(st relaycore.TargetStatus) bool { return st.Held == 0 || st.State == relaycore.StateActive })
+		if len(ts) == 0 {
+			break
+		}
+		err = a.skip(h, src, ts[s.rng.IntN(len(ts))])
+	}
+	a.opError("operator", err)
+}
+
+// skip skips st's first held rows as an operator who read st, sometimes
+// with a stale view (a skip raced by delivery), and once more with the
+// first seq the refusal names.
+func (a *actor) skip(h *relaycore.RelayHandler, src relaycore.Partition, st relaycore.TargetStatus) error {
+	s := a.sim
+	first := st.FirstSeq
+	if s.rng.IntN(6) == 5 { // raced: the operator's view is stale
+		first += uint64(1 + s.rng.IntN(2))
+	}
+	req := relaycore.SkipRequest{Target: st.Target, ExpectFirst: first, Through: min(st.HeldLast, first+uint64(s.rng.IntN(3))),
+		Actor: relaycore.Actor{By: a.name, Reason: "sim poison"}}
+	res, err := h.Skip(s.ctx, src, req)
+	var conflict *relaycore.SkipConflictError
+	if errors.As(err, &conflict) && conflict.Actual != 0 && s.rng.IntN(2) == 0 {
+		req.ExpectFirst, req.Through = conflict.Actual, max(conflict.Actual, req.Through)
+		res, err = h.Skip(s.ctx, src, req)
+	}
+	if err == nil {
+		s.res.Skipped += res.Rows
+		if res.First != req.ExpectFirst || res.Last > req.Through || res.Rows == 0 {
+			s.violate("skip %s/%s %d..%d archived %d rows %d..%d", src, st.Target, req.ExpectFirst, req.Through, res.Rows, res.First, res.Last)
+		}
+	}
+	return err
 }

@@ -31,6 +31,12 @@ type srcShadow struct {
 	// model is built from. A seq never leaves reg.
 	reg    map[uint64]*regRow
 	byCall map[[2]int][]uint64 // (actor id, call) -> seqs it committed
+	// skipped: seqs an operator skipped into the archive (never applied).
+	skipped map[uint64]bool
+	// heldSince: targets an operator quarantined or paused, with the store
+	// call count when that returned; fires started later must not apply
+	// their rows until release or resume.
+	heldSince map[relaycore.Partition]int
 }
 
 type regRow struct {
@@ -48,7 +54,8 @@ type tgtShadow struct {
 func newChecker(s *simulation) *checker {
 	c := &checker{s: s, src: map[relaycore.Partition]*srcShadow{}, tgt: map[relaycore.Partition]*tgtShadow{}}
 	for _, p := range s.sc.Sources {
-		c.src[p] = &srcShadow{rows: map[uint64]relaycore.Row{}, reg: map[uint64]*regRow{}, byCall: map[[2]int][]uint64{}}
+		c.src[p] = &srcShadow{rows: map[uint64]relaycore.Row{}, reg: map[uint64]*regRow{}, byCall: map[[2]int][]uint64{},
+			skipped: map[uint64]bool{}, heldSince: map[relaycore.Partition]int{}}
 	}
 	for _, t := range s.sc.Targets {
 		c.tgt[t] = &tgtShadow{items: map[string][]byte{}, rh: map[relaycore.Partition]uint64{}, model: map[string][]byte{}}
@@ -160,13 +167,37 @@ func (c *checker) afterSource(a *actor, req *request) {
 		s.violate("source %s: keys the engine does not own: %v", p, view.Other)
 	}
 
-	// Rows that left the outbox must be covered by their target's rh.
+	// The archive only grows, holds exactly the skipped rows unchanged,
+	// and a row is skipped only while undelivered.
+	archived := map[uint64]relaycore.Row{}
+	for _, e := range view.Archive {
+		for _, r := range e.Rows {
+			archived[r.Seq] = r
+		}
+	}
+	for seq := range sh.skipped {
+		if _, ok := archived[seq]; !ok {
+			s.violate("source %s: skipped row %d left the archive", p, seq)
+		}
+	}
+	// Rows that left the outbox must be covered by their target's rh, or
+	// be in the archive (skipped).
 	for _, seq := range sortedSeqs(sh.rows) {
 		row := sh.rows[seq]
 		if nr, ok := cur[seq]; ok {
 			if !sameRow(row, nr) {
 				s.violate("source %s: row %d changed in the outbox: %s -> %s", p, seq, fmtRow(row), fmtRow(nr))
 			}
+			continue
+		}
+		if ar, ok := archived[seq]; ok {
+			if !sameRow(row, ar) {
+				s.violate("source %s: row %d archived changed: %s -> %s", p, seq, fmtRow(row), fmtRow(ar))
+			}
+			if rh := c.tgt[row.Target].rh[p]; rh >= seq {
+				s.violate("source %s: row %d skipped into the archive although %s's rh %d covers it (it was applied)", p, seq, row.Target, rh)
+			}
+			sh.skipped[seq] = true
 			continue
 		}
 		rh, err := relaycore.TargetWatermark(s.ctx, s.raw.Target, row.Target, p)
@@ -337,6 +368,16 @@ func (c *checker) checkRS(p relaycore.Partition, view relaycore.SourceView, cur 
 			return
 		}
 	}
+}
+
+// held records that an operator quarantined or paused t at src.
+func (c *checker) held(a *actor, src, t relaycore.Partition) {
+	c.src[src].heldSince[t] = c.s.res.Calls
+}
+
+// released records that an operator released or resumed t at src.
+func (c *checker) released(src, t relaycore.Partition) {
+	delete(c.src[src].heldSince, t)
 }
 
 // checkHeld checks the held rows against the outbox and the records: a
@@ -546,9 +587,13 @@ func (c *checker) applyModel(a *actor, req *request, t, src relaycore.Partition,
 	}
 	var rows []relaycore.Row
 	for seq := old + 1; seq <= now; seq++ {
-		if r := ss.reg[seq]; r != nil && r.row.Target == t {
+		if r := ss.reg[seq]; r != nil && r.row.Target == t && !ss.skipped[seq] {
 			rows = append(rows, r.row)
 		}
+	}
+	if since, ok := ss.heldSince[t]; ok && a != nil && a.startCall > since && len(rows) > 0 {
+		s.violate("target %s: %s applied rows of %s (seqs %d..%d) although an operator held the target at call %d, before it started (call %d)",
+			t, a.name, src, old+1, now, since, a.startCall)
 	}
 	sh := c.tgt[t]
 	want := map[string]relaycore.Write{}
@@ -722,12 +767,33 @@ func (c *checker) quiescence() {
 				add("source %s: seq %d below os.next %d was never committed (lost seq)", p, seq, v.OS.NextSeq)
 				continue
 			}
-			if _, queued := sh.rows[seq]; !queued && c.tgt[r.row.Target].rh[p] < seq {
+			if _, queued := sh.rows[seq]; !queued && !sh.skipped[seq] && c.tgt[r.row.Target].rh[p] < seq {
 				add("source %s: seq %d is neither queued nor delivered to %s (rh %d)", p, seq, r.row.Target, c.tgt[r.row.Target].rh[p])
 			}
 		}
 		if uint64(len(sh.reg)) != v.OS.NextSeq-1 {
 			add("source %s: %d rows committed, os.next %d", p, len(sh.reg), v.OS.NextSeq)
+		}
+		archivedRows := 0
+		for _, e := range v.Archive {
+			archivedRows += len(e.Rows)
+		}
+		if archivedRows != len(sh.skipped) || v.Hold.Archived != uint64(archivedRows) {
+			add("source %s: the archive holds %d rows (q says %d), the checker saw %d skipped", p, archivedRows, v.Hold.Archived, len(sh.skipped))
+		}
+		// The per-target records agree with the outbox.
+		queued := map[relaycore.Partition]uint64{}
+		for _, r := range sh.rows {
+			queued[r.Target]++
+		}
+		for _, ts := range v.Targets {
+			if ts.Pending != queued[ts.Target] {
+				add("source %s: target %s record says %d pending, the outbox holds %d", p, ts.Target, ts.Pending, queued[ts.Target])
+			}
+			delete(queued, ts.Target)
+		}
+		for t, n := range queued {
+			add("source %s: %d rows queued for %s, which has no target record", p, n, t)
 		}
 		if len(sh.rows) == 0 && v.Alarm != nil {
 			add("source %s: outbox empty after the final alarm but the alarm record remains (%+v)", p, *v.Alarm)
@@ -751,7 +817,7 @@ func (c *checker) quiescence() {
 			sh := c.src[p]
 			for _, seq := range slices.Sorted(maps.Keys(sh.reg)) {
 				r := sh.reg[seq].row
-				if r.Target != t {
+				if r.Target != t || sh.skipped[seq] {
 					continue
 				}
 				if seq > rh {

@@ -98,6 +98,11 @@ type Scenario struct {
 	kickDupPer100              int
 	firePer1000                int // direct overlapping fires per store call
 	maxFiresPerSource          int
+	// opPer1000: operator actions (quarantine, release, pause, resume,
+	// skip, raced skip) per store call; QuarantineAfter: the handler's
+	// automatic quarantine threshold.
+	opPer1000       int
+	QuarantineAfter int
 }
 
 // String is a one-line description for failure reports.
@@ -112,8 +117,8 @@ func (sc *Scenario) String() string {
 	if sc.Bulk {
 		kind = "bulk "
 	}
-	return fmt.Sprintf("%sseed %d: %d sources (lease %q), %d targets (%d failing), %d writers, budget %+v, caps src %+v tgt %+v, page %dB, skew ±%dms, crash %d‰, ambiguous %d‰",
-		kind, sc.Seed, len(sc.Sources), sc.LeaseSource, len(sc.Targets), down, len(sc.writers), sc.Budget, sc.SourceLimits, sc.TargetLimits, sc.PageBytes, sc.maxSkewMS, sc.crashPer1000, sc.ambiguousPer1000)
+	return fmt.Sprintf("%sseed %d: %d sources (lease %q), %d targets (%d failing), %d writers, budget %+v, caps src %+v tgt %+v, page %dB, skew ±%dms, crash %d‰, ambiguous %d‰, operator %d‰, quarantine after %d",
+		kind, sc.Seed, len(sc.Sources), sc.LeaseSource, len(sc.Targets), down, len(sc.writers), sc.Budget, sc.SourceLimits, sc.TargetLimits, sc.PageBytes, sc.maxSkewMS, sc.crashPer1000, sc.ambiguousPer1000, sc.opPer1000, sc.QuarantineAfter)
 }
 
 func pick[T any](r *rand.Rand, xs ...T) T { return xs[r.IntN(len(xs))] }
@@ -257,6 +262,11 @@ func NewScenario(seed uint64, noBulk bool) *Scenario {
 	if sc.Bulk {
 		sc.bulk(rb)
 	}
+	// Operators draw from their own stream, so the rest of a seed's
+	// scenario is what it was before they existed.
+	ro := rand.New(rand.NewPCG(seed, 0x0a0a0a0a))
+	sc.opPer1000 = pick(ro, 0, 3, 10)
+	sc.QuarantineAfter = pick(ro, 2, 3, 10)
 	return sc
 }
 

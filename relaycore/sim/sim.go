@@ -91,6 +91,11 @@ type Result struct {
 	// largest rs): the checkpoints where that room is tested (invariant 9
 	// in docs/simulation.md).
 	Checkpoints, Rewrites, NearLimit int
+
+	// OpActions counts operator actions tried; OpApplied those that took
+	// effect (quarantine, pause, release, resume, skip); Skipped the rows
+	// skipped into the archive; Held rows moved aside by fires.
+	OpActions, OpApplied, Skipped int
 }
 
 // Failed reports whether any invariant broke.
@@ -259,6 +264,10 @@ func (s *simulation) environment() {
 				s.spawnAlarm(src, "sweep")
 			}
 		}
+	}
+	if s.chance(s.sc.opPer1000) && s.live() < maxActors {
+		src := s.sc.Sources[s.rng.IntN(len(s.sc.Sources))]
+		s.spawn(&actor{kind: kindOperator, name: "op", source: src})
 	}
 	if s.chance(s.sc.firePer1000) {
 		src := s.sc.Sources[s.rng.IntN(len(s.sc.Sources))]
@@ -569,6 +578,7 @@ func (s *simulation) spawn(a *actor) {
 	if s.sc.maxSkewMS > 0 && a.kind != kindDrain {
 		a.skewMS = s.rng.Int64N(2*s.sc.maxSkewMS+1) - s.sc.maxSkewMS
 	}
+	a.startCall = s.res.Calls
 	a.name = fmt.Sprintf("%s.%d", a.name, a.id)
 	if a.source != "" {
 		a.name += "@" + string(a.source)
@@ -690,6 +700,7 @@ const (
 	kindFire
 	kindDeclare
 	kindDrain
+	kindOperator
 )
 
 // actor is one simulated process: a goroutine that runs engine code and
@@ -707,6 +718,7 @@ type actor struct {
 	wakeAt    int64
 	resumedAt int64
 	dead      bool
+	startCall int // store calls made before the actor started
 
 	// writers
 	plan     *writerPlan

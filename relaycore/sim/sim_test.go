@@ -85,6 +85,7 @@ func runSeeds(t *testing.T, b backend, first uint64, n int) {
 		failedSeeds                                         []uint64
 		steps, calls, crashes, committed, delivered, violat int
 		checkpoints, rewrites, nearLimit, nearSeeds, bulk   int
+		opActions, opApplied, skipped                       int
 	)
 	next.Store(first)
 	end := first + uint64(n)
@@ -110,6 +111,9 @@ func runSeeds(t *testing.T, b backend, first uint64, n int) {
 				delivered += res.Delivered
 				violat += len(res.Violations)
 				checkpoints += res.Checkpoints
+				opActions += res.OpActions
+				opApplied += res.OpApplied
+				skipped += res.Skipped
 				rewrites += res.Rewrites
 				nearLimit += res.NearLimit
 				if res.NearLimit > 0 {
@@ -135,8 +139,8 @@ func runSeeds(t *testing.T, b backend, first uint64, n int) {
 		})
 	}
 	wg.Wait()
-	t.Logf("sim summary: store=%s seeds=%d (bulk %d) steps=%d store_calls=%d crashes=%d rows_committed=%d rows_delivered=%d checkpoints=%d (rewriting 2+ pages %d, near the limit %d, in %d seeds) violations=%d failed_seeds=%d workers=%d time=%s",
-		b.name, seedsRun, bulk, steps, calls, crashes, committed, delivered, checkpoints, rewrites, nearLimit, nearSeeds, violat, failed, workers, time.Since(start).Round(time.Millisecond))
+	t.Logf("sim summary: store=%s seeds=%d (bulk %d) steps=%d store_calls=%d crashes=%d rows_committed=%d rows_delivered=%d checkpoints=%d (rewriting 2+ pages %d, near the limit %d, in %d seeds) operator_actions=%d (applied %d, rows skipped %d) violations=%d failed_seeds=%d workers=%d time=%s",
+		b.name, seedsRun, bulk, steps, calls, crashes, committed, delivered, checkpoints, rewrites, nearLimit, nearSeeds, opActions, opApplied, skipped, violat, failed, workers, time.Since(start).Round(time.Millisecond))
 	// Bulk scenarios exist to bring checkpoints near the source's batch
 	// limit (docs/simulation.md); a workload change that stops them doing
 	// so would silently drop that coverage.
