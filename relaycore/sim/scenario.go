@@ -265,7 +265,7 @@ func NewScenario(seed uint64, noBulk bool) *Scenario {
 	// Operators draw from their own stream, so the rest of a seed's
 	// scenario is what it was before they existed.
 	ro := rand.New(rand.NewPCG(seed, 0x0a0a0a0a))
-	sc.opPer1000 = pick(ro, 0, 3, 10)
+	sc.opPer1000 = pick(ro, 0, 10, 30)
 	sc.QuarantineAfter = pick(ro, 2, 3, 10)
 	return sc
 }
