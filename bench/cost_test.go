@@ -207,3 +207,94 @@ func TestPayload(t *testing.T) {
 		t.Fatalf("json payload is not JSON: %s", payload("json", 42))
 	}
 }
+
+// BenchmarkQuarantineRoundTrip prices a quarantine and ordered redrive:
+// the backlog/batch100/targets4 workload where one of the four targets is
+// quarantined by an operator after the first enqueue batch (so its later
+// rows are held as fires meet them), then released once the rest drained.
+// Same run, same workload without the quarantine as the baseline; the
+// difference over the held rows is what holding and redriving a row costs.
+func BenchmarkQuarantineRoundTrip(b *testing.B) {
+	w := workload{name: "quarantine", rows: 2000, batchRows: 100, targets: 4, plan: "paid"}
+	for range b.N {
+		src, dst := dynamoStores(b)
+		base := runRoundTrip(b, w, src, dst, false)
+		src, dst = dynamoStores(b)
+		q := runRoundTrip(b, w, src, dst, true)
+		b.ReportMetric(base.wcu/base.rows, "wcu/row-baseline")
+		b.ReportMetric(q.wcu/q.rows, "wcu/row")
+		b.ReportMetric((q.wcu-base.wcu)/q.held, "extra-wcu/held-row")
+		b.ReportMetric(q.opWCU, "operator-wcu")
+		b.ReportMetric(q.held, "held-rows")
+		b.ReportMetric(float64(q.calls-base.calls)/q.held, "extra-calls/held-row")
+	}
+}
+
+type roundTrip struct {
+	wcu, rows, held, opWCU float64
+	calls                  int
+}
+
+func runRoundTrip(b *testing.B, w workload, src, dst *Meter, quarantine bool) roundTrip {
+	ctx := context.Background()
+	budget, err := relaycore.PlanBudget(w.plan)
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := &relaycore.RelayHandler{Source: src, Target: dst, Budget: budget}
+	const source = relaycore.Partition("src-bench")
+	var r roundTrip
+	drain := func() {
+		for guard := 0; ; guard++ {
+			res, err := h.Alarm(ctx, source)
+			if err != nil {
+				b.Fatal(err)
+			}
+			r.rows += float64(res.RowsDelivered)
+			if res.Cleared {
+				return
+			}
+			if guard > 10*w.rows {
+				b.Fatal("outbox does not drain")
+			}
+		}
+	}
+	op := func(f func() error) {
+		before := src.WriteUnits + src.IndexUnits
+		if err := f(); err != nil {
+			b.Fatal(err)
+		}
+		r.opWCU += src.WriteUnits + src.IndexUnits - before
+	}
+	for i := 0; i < w.rows; i += w.batchRows {
+		if _, err := relaycore.CommitRelayRows(ctx, src, relaycore.SystemClock{}, source, nil, time.Time{},
+			rowsFor(w, i, min(w.batchRows, w.rows-i)), relaycore.EnqueueConfig{}); err != nil {
+			b.Fatal(err)
+		}
+		if i == 0 && quarantine {
+			op(func() error {
+				_, err := h.Quarantine(ctx, source, "tgt-000", relaycore.Actor{By: "bench", Reason: "round trip"})
+				return err
+			})
+		}
+	}
+	drain()
+	if quarantine {
+		st, err := relaycore.GetTarget(ctx, src, source, "tgt-000")
+		if err != nil {
+			b.Fatal(err)
+		}
+		r.held = float64(st.Held)
+		op(func() error {
+			_, err := h.Release(ctx, source, "tgt-000", relaycore.Actor{By: "bench", Reason: "round trip"})
+			return err
+		})
+		drain()
+	}
+	if int(r.rows) != w.rows {
+		b.Fatalf("delivered %v rows, want %d", r.rows, w.rows)
+	}
+	r.wcu = src.WriteUnits + src.IndexUnits + dst.WriteUnits
+	r.calls = src.Calls + dst.Calls
+	return r
+}
