@@ -181,7 +181,7 @@ func TestCheckerCatchesUnblockedCursor(t *testing.T) {
 
 // nonce matches the engine's random hex nonces (batch tags, claim owners),
 // also when the trace clipped them.
-var nonce = regexp.MustCompile(`"[0-9a-f]{4,12}(…|\.|")`)
+var nonce = regexp.MustCompile(`"(op-[0-9a-f]{0,12}|[0-9a-f]{4,12})(…|\.|")`)
 
 // TestDeterministic runs one seed twice: the traces must be identical
 // except for the engine's random nonces (batch tags, claim owners).
