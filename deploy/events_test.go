@@ -43,7 +43,7 @@ func TestEventsAreJSON(t *testing.T) {
 			t.Errorf("%s: a Lambda event here is a JSON object, got %T", f, v)
 		}
 	}
-	for _, want := range []string{"fire.json", "fire-continuation.json", "sweep.json", "api-enqueue.json", "api-query.json", "api-state.json", "api-watermark.json", "malformed.json"} {
+	for _, want := range []string{"fire.json", "fire-continuation.json", "sweep.json", "api-enqueue.json", "api-query.json", "api-state.json", "api-watermark.json", "ops-targets.json", "malformed.json"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("events/%s missing", want)
 		}
@@ -142,6 +142,7 @@ func TestSweepEventMatchesSchedule(t *testing.T) {
 func TestAPIEventsAreFunctionURLRequests(t *testing.T) {
 	for name, method := range map[string]string{
 		"api-enqueue.json": "POST", "api-query.json": "GET", "api-state.json": "GET", "api-watermark.json": "GET",
+		"ops-targets.json": "GET", // the operator API (OpsFunction)
 	} {
 		t.Run(name, func(t *testing.T) {
 			var req events.LambdaFunctionURLRequest

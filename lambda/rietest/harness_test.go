@@ -44,7 +44,7 @@ var functions = map[string]string{
 	"OpsFunction": "./functions/api",
 }
 
-// tools are the emulator and the three bootstraps, built once per package
+// tools are the emulator and the bootstraps, built once per package
 // run by TestMain and read-only afterwards.
 type tools struct {
 	rie        string
