@@ -141,11 +141,9 @@ type apiError struct {
 }
 
 func (e *apiError) Error() string {
-	msg := fmt.Sprintf("%s (%d %s)", e.body.Error.Message, e.status, e.body.Error.Code)
-	if e.body.Error.ActualFirst != nil {
-		msg += fmt.Sprintf("; the first undelivered held seq is %d", *e.body.Error.ActualFirst)
-	}
-	return msg
+	// The message names what the caller needs (the actual first seq of a
+	// skip conflict included).
+	return fmt.Sprintf("%s (%d %s)", e.body.Error.Message, e.status, e.body.Error.Code)
 }
 
 // call serves one API request and decodes a 200 body into out.

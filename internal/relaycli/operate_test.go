@@ -86,7 +86,7 @@ func TestOperatorCommandsOnBolt(t *testing.T) {
 	}
 
 	_, errOut := cli(t, 1, "", "target", "skip", "--db", db, "--source", "orders", "t1", "--expect-first", "2", "--through", "2", "--reason", "poison")
-	if !strings.Contains(errOut, "skip_conflict") || !strings.Contains(errOut, "the first undelivered held seq is 1") {
+	if !strings.Contains(errOut, "skip_conflict") || !strings.Contains(errOut, "first undelivered held seq: 1") {
 		t.Errorf("stale skip: %s", errOut)
 	}
 	out, _ = cli(t, 0, "", "target", "skip", "--db", db, "--source", "orders", "t1", "--expect-first", "1", "--through", "1", "--reason", "poison", "--by", "alice")
