@@ -432,3 +432,26 @@ func TestExportPages(t *testing.T) {
 		t.Errorf("exported seqs %v in %d pages, want 1..12 in several", seen, pages)
 	}
 }
+
+// FuzzOperatorRequest: any path, query and body on the operator routes is
+// answered with JSON, and a refusal leaves the stores as they were.
+func FuzzOperatorRequest(f *testing.F) {
+	f.Add("POST", "/v1/sources/orders/targets/t2/skip", "", `{"expect_first":1,"through":2,"reason":"x"}`)
+	f.Add("POST", "/v1/sources/orders/targets/t1/quarantine", "", `{"reason":"down"}`)
+	f.Add("GET", "/v1/sources/orders/targets", "state=quarantined&limit=2&after=t1", "")
+	f.Add("GET", "/v1/sources/orders/archive/export", "cursor=1.2", "")
+	f.Add("POST", "/v1/sources/orders/archive/1/requeue", "", `{}`)
+	f.Fuzz(func(t *testing.T, method, path, query, body string) {
+		r := newOpRig(t, api.RoutesOperator)
+		r.enqueue(t, put("t1", "k", "v1"), put("t2", "k", "v2"))
+		src, dst := r.src.Dump(), r.dst.Dump()
+		resp := r.h.Serve(t.Context(), api.Request{Method: method, Path: path, Query: query, Body: []byte(body), Caller: operatorARN,
+			Headers: map[string]string{"content-type": "application/json"}})
+		if !json.Valid(resp.Body) || resp.Status < 200 || resp.Status > 599 {
+			t.Fatalf("%d %q", resp.Status, resp.Body)
+		}
+		if resp.Status >= 400 && (!reflect.DeepEqual(r.src.Dump(), src) || !reflect.DeepEqual(r.dst.Dump(), dst)) && resp.Status != 409 {
+			t.Fatalf("refused with %d %s but changed the stores", resp.Status, resp.Body)
+		}
+	})
+}

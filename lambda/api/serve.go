@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+
+	"github.com/relay-dev/relay/relaycore"
 )
 
 // Request is one HTTP request as the handler's core sees it, independent
@@ -151,10 +153,10 @@ func actorOf(caller string) string {
 			}
 		}
 	}
-	const max = 64 // relaycore.MaxActorLen, checked by a test
-	if len(by) <= max {
+	const maxActor = relaycore.MaxActorLen
+	if len(by) <= maxActor {
 		return by
 	}
-	head, tail := by[:30], by[len(by)-(max-30-len("…")):]
+	head, tail := by[:30], by[len(by)-(maxActor-30-len("…")):]
 	return strings.ToValidUTF8(head, "") + "…" + strings.ToValidUTF8(tail, "")
 }
