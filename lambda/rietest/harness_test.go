@@ -415,15 +415,6 @@ func (r *rig) start(id string, overrides map[string]string) *function {
 	return start(r.t, id, r.env(id, overrides))
 }
 
-// startAs runs bootstrap id's binary with its env.json section, but
-// records the DynamoDB calls it makes as grantID's (another template
-// function running the same code, e.g. the operator API).
-func (r *rig) startAs(grantID, id string, overrides map[string]string) *function {
-	env := r.env(id, overrides)
-	env["RELAY_DYNAMODB_ENDPOINT"] = r.proxy(grantID)
-	return start(r.t, id, env)
-}
-
 // committed returns the TransactWriteItems requests that committed, one
 // per client token (a repeated token is DynamoDB's idempotent replay).
 func (r *rig) committed() []txRecord {

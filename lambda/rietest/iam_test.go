@@ -140,10 +140,6 @@ func scalars(n *yaml.Node) []string {
 // (built from its FunctionName); env.json's FIRE_FUNCTION_ARN stands for it.
 const templateFireARN = "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-fire"
 
-// untemplatedPrefix marks a function the template does not declare yet
-// (startAs with a grant id of its own): its calls are logged, not checked.
-const untemplatedPrefix = "untemplated:"
-
 // checkGrants fails the test if a function made a DynamoDB request or a
 // Lambda invoke that template.yaml does not grant it: the request would be
 // denied in AWS.
@@ -163,43 +159,14 @@ func (r *rig) checkGrants() {
 			calls[grant{fn, "lambda:InvokeFunction", templateFireARN}] = true
 		}
 	}
-	var missing, untemplated []string
+	var missing []string
 	for g := range calls {
-		if strings.HasPrefix(g.fn, untemplatedPrefix) {
-			untemplated = append(untemplated, fmt.Sprintf("%s: %s on %s", strings.TrimPrefix(g.fn, untemplatedPrefix), g.action, g.resource))
-			continue
-		}
 		if !granted[g] {
 			missing = append(missing, fmt.Sprintf("%s: %s on %s", g.fn, g.action, g.resource))
 		}
-	}
-	sort.Strings(untemplated)
-	for _, u := range untemplated {
-		r.t.Logf("no template.yaml function to check this grant against yet: %s", u)
 	}
 	sort.Strings(missing)
 	for _, m := range missing {
 		r.t.Errorf("template.yaml does not grant what the function used (AccessDenied in AWS): %s", m)
 	}
-}
-
-// templateFunctionServing returns the logical id of the template.yaml
-// function whose environment sets RELAY_API_ROUTES to set ("" if none).
-func templateFunctionServing(set string) (string, error) {
-	data, err := os.ReadFile(filepath.Join(repoRoot, "template.yaml"))
-	if err != nil {
-		return "", err
-	}
-	var doc yaml.Node
-	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return "", fmt.Errorf("template.yaml: %w", err)
-	}
-	resources := child(doc.Content[0], "Resources")
-	for i := 0; resources != nil && i+1 < len(resources.Content); i += 2 {
-		vars := child(child(child(resources.Content[i+1], "Properties"), "Environment"), "Variables")
-		if v := child(vars, "RELAY_API_ROUTES"); v != nil && v.Value == set {
-			return resources.Content[i].Value, nil
-		}
-	}
-	return "", nil
 }

@@ -15,19 +15,16 @@ import (
 	"github.com/relay-dev/relay/relaycore"
 )
 
-// startOperator runs the api bootstrap with RELAY_API_ROUTES=operator,
-// its DynamoDB calls checked against the template function that serves
-// the operator routes (or only logged while the template has none).
+// startOperator runs the ops function (the api bootstrap with
+// RELAY_API_ROUTES=operator, env.json's OpsFunction section); its DynamoDB
+// calls are checked against template.yaml's OpsFunction grants.
 func (r *rig) startOperator() *function {
 	r.t.Helper()
-	id, err := templateFunctionServing("operator")
-	if err != nil {
-		r.t.Fatal(err)
+	f := r.start("OpsFunction", nil)
+	if env := r.env("OpsFunction", nil); env["RELAY_API_ROUTES"] != "operator" {
+		r.t.Fatalf("env.json OpsFunction RELAY_API_ROUTES=%q, want operator", env["RELAY_API_ROUTES"])
 	}
-	if id == "" {
-		id = untemplatedPrefix + "operator API"
-	}
-	return r.startAs(id, "ApiFunction", map[string]string{"RELAY_API_ROUTES": "operator"})
+	return f
 }
 
 // call sends a function URL request and checks the HTTP status.
