@@ -252,3 +252,30 @@ func TestSimRSMaxBytes(t *testing.T) {
 		t.Fatalf("sim.RSMaxBytes = %d, the engine's rsMaxBytes = %d: update relaycore/sim/bulk.go", sim.RSMaxBytes, relaycore.RSMaxBytes)
 	}
 }
+
+// The same line for the item limit: a checkpoint is rs plus one write per
+// collected page, so a fire collects at most MaxBatchItems-1 pages.
+func TestCheckpointAtBatchItemLimit(t *testing.T) {
+	caps := relaycore.Capabilities{MaxBatchItems: 4, MaxBatchBytes: 1 << 20, MaxItemBytes: 400 << 10, ItemOverhead: 32}
+	e := newEnv(t, "paid")
+	e.src = mem.New(caps)
+	e.srcF = &faultStore{Store: e.src}
+	e.h.Source = e.srcF
+	for i := range 6 {
+		e.enqueue(put(relaycore.Partition(fmt.Sprintf("t%d", i)), "k", "v"))
+	}
+	var items int
+	e.srcF.set(func(c call) error {
+		if c.Op == "apply" && len(c.Batch.Writes) > 1 && c.Batch.Writes[0].Key == relaycore.KeyRS {
+			items = len(c.Batch.Writes)
+		}
+		return nil
+	}, nil)
+	res, err := e.h.Fire(e.ctx, e.source)
+	if err != nil || res.TargetsAttempted != caps.MaxBatchItems-1 || res.RowsCleaned != caps.MaxBatchItems-1 {
+		t.Fatalf("fire: %+v, %v; want %d targets delivered and cleaned", res, err, caps.MaxBatchItems-1)
+	}
+	if items != caps.MaxBatchItems {
+		t.Fatalf("checkpoint of %d items, want exactly the limit %d", items, caps.MaxBatchItems)
+	}
+}
