@@ -41,6 +41,13 @@ func (f FireResult) continues() bool { return f.More && f.Progress }
 func (h *RelayHandler) rearm(ctx context.Context, source Partition, last FireResult, ar *AlarmResult) error {
 	log := loggerOr(h.Logger)
 	for attempt := 0; attempt < 4; attempt++ {
+		// rs first: a fire or operator that puts a retry marker writes rs
+		// in the same batch, so the clear below, guarded on this rs, cannot
+		// strand a marker put after the outbox and markers were read.
+		rsRaw, rsFound, err := h.Source.Get(ctx, source, KeyRS)
+		if err != nil {
+			return fmt.Errorf("alarm %s: read rs: %w", source, err)
+		}
 		osRaw, osFound, err := h.Source.Get(ctx, source, KeyOS)
 		if err != nil {
 			return fmt.Errorf("alarm %s: read os: %w", source, err)
@@ -68,12 +75,16 @@ func (h *RelayHandler) rearm(ctx context.Context, source Partition, last FireRes
 				return nil
 			}
 			caps := h.Source.Capabilities()
-			gcPre, gcDel, err := expiredIdem(ctx, h.Source, source, unixMS(h.clock().Now()), 2, caps.ItemSize(source, KeyAlarm, 0))
+			gcPre, gcDel, err := expiredIdem(ctx, h.Source, source, unixMS(h.clock().Now()), 3, caps.ItemSize(source, KeyAlarm, 0)+caps.ItemSize(source, KeyRS, len(rsRaw)))
 			if err != nil {
 				return fmt.Errorf("alarm %s: %w", source, err)
 			}
+			rsPre := Precondition{Key: KeyRS, Absent: true}
+			if rsFound {
+				rsPre = Precondition{Key: KeyRS, Value: rsRaw}
+			}
 			err = h.Source.Apply(ctx, source, Batch{
-				Preconditions: append([]Precondition{osGuard(osRaw, osFound), {Key: KeyAlarm, Value: alarmRaw}}, gcPre...),
+				Preconditions: append([]Precondition{osGuard(osRaw, osFound), {Key: KeyAlarm, Value: alarmRaw}, rsPre}, gcPre...),
 				Writes:        append([]Write{{Key: KeyAlarm, Delete: true}}, gcDel...),
 			})
 			if err == nil {

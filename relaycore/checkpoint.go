@@ -93,10 +93,14 @@ func (f *fireRun) checkpoint(token string, keep bool) (FireResult, bool, error) 
 		slot := f.recs[tw.target]
 		clean(tw, slot, false)
 		r := &slot.rec
+		// Held counts exactly (moves add pages' rows, cleaning removes
+		// them); the first held row is known when the fire saw it, else the
+		// old one stays as a lower bound.
 		if first, ms, ok := tw.remainingHeld(); ok {
 			r.HeldFirst, r.HeldMS = first, ms
-		} else {
-			r.Held, r.HeldFirst, r.HeldLast, r.HeldMS = 0, 0, 0, 0
+		}
+		if r.Held == 0 {
+			r.HeldFirst, r.HeldLast, r.HeldMS = 0, 0, 0
 		}
 		if tw.failed {
 			r.failed(tw, f.now)
@@ -252,7 +256,8 @@ func (f *fireRun) checkpoint(token string, keep bool) (FireResult, bool, error) 
 	nextRaw := encodeJSON(next)
 	writes = append([]Write{{Key: KeyRS, Value: nextRaw}}, writes...)
 
-	err := h.Source.Apply(f.ctx, f.source, Batch{Preconditions: []Precondition{{Key: KeyRS, Value: f.start.rsRaw}}, Writes: writes})
+	pre := []Precondition{{Key: KeyRS, Value: f.start.rsRaw}}
+	err := h.Source.Apply(f.ctx, f.source, Batch{Preconditions: pre, Writes: writes})
 	if err == nil {
 		return *res, false, nil
 	}

@@ -122,13 +122,20 @@ func (s *RelayEnqueueSnapshot) ReadTargets(ctx context.Context, st Store, rows [
 			todo = append(todo, r.Target)
 		}
 	}
-	// One read after another: the store calls of one enqueue stay in a
-	// deterministic order (the simulation schedules them one at a time).
-	for _, t := range todo {
-		raw, found, err := st.Get(ctx, s.Source, targetEnqKey(t))
-		if err != nil {
-			return fmt.Errorf("read target record %s/%q: %w", s.Source, t, err)
-		}
+	if len(todo) == 0 {
+		return nil
+	}
+	// One batch read (one round trip on DynamoDB per 100 targets).
+	keys := make([]string, len(todo))
+	for i, t := range todo {
+		keys[i] = targetEnqKey(t)
+	}
+	vals, err := GetMany(ctx, st, s.Source, keys)
+	if err != nil {
+		return fmt.Errorf("read target records %s: %w", s.Source, err)
+	}
+	for i, t := range todo {
+		raw, found := vals[keys[i]]
 		e, err := decodeTargetEnq(raw, found)
 		if err != nil {
 			return err

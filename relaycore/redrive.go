@@ -55,6 +55,13 @@ func (f *fireRun) dueMarkers() ([]dueMarker, error) {
 // disagrees with its target's record (a crash cannot leave one: both
 // change in one batch) is deleted by the checkpoint.
 func (f *fireRun) collectDue(markers []dueMarker, rowsLeft int) error {
+	targets := make([]Partition, len(markers))
+	for i, m := range markers {
+		targets[i] = m.target
+	}
+	if err := f.prefetch(targets); err != nil {
+		return err
+	}
 	for _, m := range markers {
 		if rowsLeft <= 0 {
 			f.dueLeft = true

@@ -117,6 +117,36 @@ func (f *fireRun) rec(t Partition) (*recSlot, error) {
 	return s, nil
 }
 
+// prefetch reads, in one batch read, the records of targets not read yet.
+func (f *fireRun) prefetch(targets []Partition) error {
+	var todo []Partition
+	for _, t := range targets {
+		if _, ok := f.recs[t]; !ok && !slices.Contains(todo, t) {
+			todo = append(todo, t)
+		}
+	}
+	if len(todo) < 2 {
+		return nil // rec reads a single one with Get
+	}
+	keys := make([]string, len(todo))
+	for i, t := range todo {
+		keys[i] = targetStateKey(t)
+	}
+	vals, err := GetMany(f.ctx, f.h.Source, f.source, keys)
+	if err != nil {
+		return fmt.Errorf("fire %s: read target states: %w", f.source, err)
+	}
+	for i, t := range todo {
+		raw, found := vals[keys[i]]
+		r, err := decodeTargetRec(t, raw, found)
+		if err != nil {
+			return fmt.Errorf("fire %s: %w", f.source, err)
+		}
+		f.recs[t] = &recSlot{before: r, rec: r, found: found}
+	}
+	return nil
+}
+
 // recRoom is the checkpoint room a target record write takes.
 func (f *fireRun) recRoom(t Partition) (int, int) {
 	return 1, f.caps.ItemSize(f.source, targetStateKey(t), targetRecMaxBytes)
@@ -183,11 +213,22 @@ func (f *fireRun) scan(targetsLeft, rowsLeft int) error {
 		if err != nil {
 			return fmt.Errorf("fire %s: scan: %w", f.source, err)
 		}
-		for _, it := range pg.Items {
-			page, err := DecodePage(it.Key, it.Value)
-			if err != nil {
+		pages := make([]Page, len(pg.Items))
+		var met []Partition
+		for i, it := range pg.Items {
+			if pages[i], err = DecodePage(it.Key, it.Value); err != nil {
 				return fmt.Errorf("fire %s: %w", f.source, err)
 			}
+			if !blocked[pages[i].Target] {
+				met = append(met, pages[i].Target)
+			}
+		}
+		// The records of the targets this page of the scan meets, at once.
+		if err := f.prefetch(met); err != nil {
+			return err
+		}
+		for i, it := range pg.Items {
+			page := pages[i]
 			// A page keyed within the cycle came from a batch committed
 			// before the cycle started, and pages hold disjoint ascending
 			// seq ranges in key order. Delivering a row that breaks this

@@ -187,9 +187,6 @@ func (a *actor) releaseQuarantined(h *relaycore.RelayHandler, src relaycore.Part
 		default:
 			continue
 		}
-		if err == nil {
-			s.chk.released(src, t.Target)
-		}
 		a.opError("release", err)
 	}
 }
@@ -237,7 +234,6 @@ func (a *actor) operate(h *relaycore.RelayHandler) {
 		if _, err = h.Quarantine(s.ctx, src, t, who); err != nil {
 			break
 		}
-		s.chk.held(a, src, t)
 		a.sleep(s.now + 500 + int64(s.rng.IntN(3000)))
 		var st relaycore.TargetStatus
 		if st, err = relaycore.GetTarget(s.ctx, h.Source, src, t); err == nil && st.Held > 0 {
@@ -245,25 +241,15 @@ func (a *actor) operate(h *relaycore.RelayHandler) {
 			a.opError("skip", err)
 		}
 		a.sleep(s.now + 200 + int64(s.rng.IntN(2000)))
-		if _, err = h.Release(s.ctx, src, t, who); err == nil {
-			s.chk.released(src, t)
-		}
+		_, err = h.Release(s.ctx, src, t, who)
 	case 0:
-		if _, err = h.Quarantine(s.ctx, src, t, who); err == nil {
-			s.chk.held(a, src, t)
-		}
+		_, err = h.Quarantine(s.ctx, src, t, who)
 	case 1:
-		if _, err = h.Pause(s.ctx, src, t, who); err == nil {
-			s.chk.held(a, src, t)
-		}
+		_, err = h.Pause(s.ctx, src, t, who)
 	case 2:
-		if _, err = h.Release(s.ctx, src, t, who); err == nil {
-			s.chk.released(src, t)
-		}
+		_, err = h.Release(s.ctx, src, t, who)
 	case 3:
-		if _, err = h.Resume(s.ctx, src, t, who); err == nil {
-			s.chk.released(src, t)
-		}
+		_, err = h.Resume(s.ctx, src, t, who)
 	case 4, 5:
 		// An operator skips where rows are held: pick among those targets.
 		var ts []relaycore.TargetStatus

@@ -33,9 +33,9 @@ type srcShadow struct {
 	byCall map[[2]int][]uint64 // (actor id, call) -> seqs it committed
 	// skipped: seqs an operator skipped into the archive (never applied).
 	skipped map[uint64]bool
-	// heldSince: targets an operator quarantined or paused, with the store
-	// call count when that returned; fires started later must not apply
-	// their rows until release or resume.
+	// heldSince: targets quarantined or paused, with the store call that
+	// made them so; fires started later must not apply their rows until
+	// release or resume.
 	heldSince map[relaycore.Partition]int
 }
 
@@ -152,6 +152,19 @@ func (c *checker) afterSource(a *actor, req *request) {
 				s.violate("source %s: seq %d is in two pages", p, r.Seq)
 			}
 			cur[r.Seq] = r
+		}
+	}
+	// A target is held from the call whose batch made it quarantined or
+	// paused (an operator's, or a fire's automatic quarantine) until one
+	// makes it active again: read from the store, so an actor that
+	// crashed after its batch landed is counted too.
+	for _, ts := range view.Targets {
+		_, was := sh.heldSince[ts.Target]
+		switch {
+		case ts.State != relaycore.StateActive && !was:
+			sh.heldSince[ts.Target] = s.res.Calls
+		case ts.State == relaycore.StateActive && was:
+			delete(sh.heldSince, ts.Target)
 		}
 	}
 	outbox := maps.Clone(cur)
@@ -368,16 +381,6 @@ func (c *checker) checkRS(p relaycore.Partition, view relaycore.SourceView, cur 
 			return
 		}
 	}
-}
-
-// held records that an operator quarantined or paused t at src.
-func (c *checker) held(a *actor, src, t relaycore.Partition) {
-	c.src[src].heldSince[t] = c.s.res.Calls
-}
-
-// released records that an operator released or resumed t at src.
-func (c *checker) released(src, t relaycore.Partition) {
-	delete(c.src[src].heldSince, t)
 }
 
 // checkHeld checks the held rows against the outbox and the records: a
