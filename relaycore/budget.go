@@ -6,7 +6,7 @@ import (
 	"strings"
 )
 
-// Budgets from the original design (DESIGN.md §5). Free stays below
+// Budgets from the original design (docs/engine.md, "Budgets"). Free stays below
 // Cloudflare Free's 50 subrequests per call: 2 fires × 8 targets × 2 calls =
 // 32 target calls per alarm.
 const (

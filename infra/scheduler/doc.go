@@ -1,7 +1,7 @@
 // Package scheduler arms the relay's fast-path wake-up: after a batch of
 // relay rows commits, a Kicker creates a one-time EventBridge Scheduler
 // schedule that invokes the fire function for that source at the alarm's
-// due time (DESIGN.md §5, layer 2).
+// due time (docs/engine.md, "Wake-ups: three layers", layer 2).
 //
 // The schedule is `at(yyyy-mm-ddThh:mm:ss)` in UTC, in a dedicated schedule
 // group, with FlexibleTimeWindow OFF and ActionAfterCompletion DELETE, so

@@ -2,7 +2,7 @@
 // row, per plan: alarms, Lambda invocations, EventBridge Scheduler calls,
 // DynamoDB requests and capacity units, how many alarms a backlog spread
 // over 4096 targets takes to drain against the design's bound
-// ceil(4096 / (targets per fire × fires per alarm)) + 64 (DESIGN.md §5),
+// ceil(4096 / (targets per fire × fires per alarm)) + 64 (docs/engine.md, "Budgets"),
 // and how long the drain takes on a simulated clock, without and with the
 // fire function's self-continuation (lambda/fire).
 //

@@ -1,5 +1,5 @@
 // Package sweep is the sweep function's handler: the safety net that
-// holds RELAY_LAG_BOUND_MS when a fast-path kick is lost (DESIGN.md §5,
+// holds RELAY_LAG_BOUND_MS when a fast-path kick is lost (docs/engine.md, "Wake-ups: three layers",
 // layer 3).
 //
 // Every minute (template.yaml: ScheduleV2 rate(1 minute)) the handler
