@@ -86,7 +86,9 @@ func stringOr(v any, def string) string {
 // Anything else is a test failure: widening a grant must be a reviewed
 // change to this table, not a quiet edit of the template.
 var allowedResources = map[string][]string{
-	"dynamodb:GetItem":            {"${SourceTable.Arn}", "${TargetTable.Arn}"},
+	"dynamodb:GetItem": {"${SourceTable.Arn}", "${TargetTable.Arn}"},
+	// Target records are read in batches (enqueue, fires, operators).
+	"dynamodb:BatchGetItem":       {"${SourceTable.Arn}"},
 	"dynamodb:Query":              {"${SourceTable.Arn}", "${TargetTable.Arn}", "${SourceTable.Arn}/index/due"},
 	"dynamodb:PutItem":            {"${SourceTable.Arn}", "${TargetTable.Arn}"},
 	"dynamodb:DeleteItem":         {"${SourceTable.Arn}", "${TargetTable.Arn}"},

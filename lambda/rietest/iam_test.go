@@ -23,7 +23,7 @@ type grant struct{ fn, action, resource string }
 var tableIDs = map[string]string{sourceTable: "SourceTable", targetTable: "TargetTable"}
 
 // grantsFor derives the grants a DynamoDB request needs, following IAM's
-// rules: GetItem and Query are their own actions (a Query on an index is
+// rules: GetItem, BatchGetItem (per table) and Query are their own actions (a Query on an index is
 // authorised on the index ARN), and TransactWriteItems has no action of
 // its own: each item needs PutItem, DeleteItem, UpdateItem or
 // ConditionCheckItem on its table.
@@ -32,6 +32,7 @@ func grantsFor(fn, op string, body []byte) []grant {
 		TableName     string
 		IndexName     string
 		TransactItems []map[string]struct{ TableName string }
+		RequestItems  map[string]json.RawMessage
 	}
 	if err := json.Unmarshal(body, &in); err != nil {
 		return []grant{{fn, "dynamodb:" + op, "unparsable request"}}
@@ -50,6 +51,13 @@ func grantsFor(fn, op string, body []byte) []grant {
 				action := map[string]string{"Put": "PutItem", "Delete": "DeleteItem", "Update": "UpdateItem", "ConditionCheck": "ConditionCheckItem"}[kind]
 				out = append(out, grant{fn, "dynamodb:" + action, res(x.TableName)})
 			}
+		}
+		return out
+	case "BatchGetItem":
+		// Authorised per table named in RequestItems.
+		var out []grant
+		for table := range in.RequestItems {
+			out = append(out, grant{fn, "dynamodb:BatchGetItem", res(table)})
 		}
 		return out
 	case "Query", "Scan":
