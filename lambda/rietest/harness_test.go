@@ -20,6 +20,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -172,6 +173,30 @@ type function struct {
 	invURL string
 	log    *syncBuffer
 	exited chan struct{}
+	// invoked counts invocations made through invoke (see settled).
+	invoked atomic.Int64
+}
+
+// settled waits until the emulator has written the END line of every
+// invocation made so far to the log. The function's output reaches the
+// log through a pipe copied by another goroutine, so a line the bootstrap
+// printed before answering may still be in flight when the answer
+// arrives; the emulator writes END after the invocation, in the same
+// stream, so once it is there everything before it is too. (Another
+// process: there is nothing to wait on but its output.)
+func (f *function) settled(t *testing.T) string {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		s := f.log.String()
+		if int64(strings.Count(s, "END RequestId:")) >= f.invoked.Load() {
+			return s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d invocations but %d END lines after 15s:\n%s", f.id, f.invoked.Load(), strings.Count(s, "END RequestId:"), s)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 func freeAddr(t *testing.T) string {
@@ -234,8 +259,22 @@ func start(t *testing.T, id string, env map[string]string) *function {
 
 // invoke posts payload to the function and returns the HTTP status and
 // body. Handler errors come back as 200 with errorMessage/errorType.
+// logContains waits (up to 15s) for the emulator's output to contain s,
+// for the same reason as settled, and reports whether it did.
+func (f *function) logContains(s string) bool {
+	deadline := time.Now().Add(15 * time.Second)
+	for !strings.Contains(f.log.String(), s) {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return true
+}
+
 func (f *function) invoke(t *testing.T, payload []byte) (int, []byte) {
 	t.Helper()
+	f.invoked.Add(1)
 	resp, err := http.Post(f.invURL, "application/json", bytes.NewReader(payload))
 	if err != nil {
 		t.Fatalf("invoke %s: %v", f.id, err)

@@ -22,7 +22,7 @@ import (
 func emfLines(t *testing.T, f *function) []map[string]any {
 	t.Helper()
 	var out []map[string]any
-	sc := bufio.NewScanner(strings.NewReader(f.log.String()))
+	sc := bufio.NewScanner(strings.NewReader(f.settled(t)))
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
 		line := sc.Text()

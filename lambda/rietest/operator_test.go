@@ -210,7 +210,7 @@ func TestUnknownRouteSetRefusedAtStart(t *testing.T) {
 	if status == http.StatusOK && !strings.Contains(string(body), "errorMessage") {
 		t.Fatalf("invocation with RELAY_API_ROUTES=admin succeeded: %d %s", status, body)
 	}
-	if log := f.log.String(); !strings.Contains(log, `RELAY_API_ROUTES: route set "admin"`) {
-		t.Errorf("emulator output lacks the start-up error:\n%s", log)
+	if !f.logContains(`RELAY_API_ROUTES: route set "admin"`) {
+		t.Errorf("emulator output lacks the start-up error:\n%s", f.log.String())
 	}
 }

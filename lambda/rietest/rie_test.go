@@ -316,8 +316,8 @@ func TestUnknownPlanRefusedAtStart(t *testing.T) {
 	if status == http.StatusOK && !strings.Contains(string(body), "errorMessage") {
 		t.Fatalf("invocation with PLAN=gold succeeded: %d %s", status, body)
 	}
-	if log := f.log.String(); !strings.Contains(log, `PLAN="gold": unknown plan`) {
-		t.Errorf("emulator output lacks the start-up error:\n%s", log)
+	if !f.logContains(`PLAN="gold": unknown plan`) {
+		t.Errorf("emulator output lacks the start-up error:\n%s", f.log.String())
 	}
 	if sent, _ := r.txCount(""); sent != 0 {
 		t.Errorf("%d transactions sent by a function that refused to start", sent)
