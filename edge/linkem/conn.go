@@ -124,12 +124,14 @@ func (p *pipe) read() {
 		k, err := p.src.Read(buf)
 		if k > 0 {
 			at := p.c.l.schedule(p.d, time.Now(), k)
+			// Counted before the writer can see the chunk, so that
+			// Delivered never exceeds Read in a snapshot.
+			p.c.l.update(func(s *Stats) { s.dir(p.d).Read += int64(k) })
 			p.mu.Lock()
 			p.q = append(p.q, chunk{b: buf[:k], at: at})
 			p.buffered += k
 			p.cond.Broadcast()
 			p.mu.Unlock()
-			p.c.l.update(func(s *Stats) { s.dir(p.d).Read += int64(k) })
 		}
 		if err != nil {
 			p.mu.Lock()
