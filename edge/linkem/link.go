@@ -30,7 +30,8 @@ func (d Direction) String() string {
 type Fault int
 
 const (
-	// FaultStall stalls the link, as [Link.Stall].
+	// FaultStall stops delivery in the trigger's direction only (the other
+	// keeps flowing) until [Link.Resume].
 	FaultStall Fault = iota + 1
 	// FaultReset resets every connection, as [Link.Reset].
 	FaultReset
