@@ -35,6 +35,9 @@ func (h *RelayHandler) fireOnce(ctx context.Context, source Partition, token str
 	return f.checkpoint(token, keep)
 }
 
+// autoActor is the note's actor when the engine quarantines a target.
+const autoActor = "relay (automatic)"
+
 // markerValue is what a retry marker holds: the key says everything.
 var markerValue = []byte("1")
 
@@ -105,7 +108,12 @@ func (f *fireRun) checkpoint(token string, keep bool) (FireResult, bool, error) 
 		if tw.failed {
 			r.failed(tw, f.now)
 			if r.Released || r.FailedRounds >= quarantineAfter {
+				why := fmt.Sprintf("%d failed rounds in a row", r.FailedRounds)
+				if r.Released {
+					why = "its held rows failed again after a release"
+				}
 				r.setState(StateQuarantined, f.now)
+				r.Note = &OperatorNote{Action: "quarantine", By: autoActor, Reason: why, AtMS: f.now}
 				res.TargetsQuarantined++
 				continue
 			}
@@ -134,6 +142,7 @@ func (f *fireRun) checkpoint(token string, keep bool) (FireResult, bool, error) 
 			case r.FailedRounds >= quarantineAfter:
 				clean(tw, slot, true)
 				r.setState(StateQuarantined, f.now)
+				r.Note = &OperatorNote{Action: "quarantine", By: autoActor, Reason: fmt.Sprintf("%d failed rounds in a row", r.FailedRounds), AtMS: f.now}
 				res.TargetsQuarantined++
 			case len(newBlocked) < MaxBlockedTargets:
 				clean(tw, slot, false)

@@ -137,6 +137,9 @@ func TestQuarantineHoldsAndReleaseRedrivesInOrder(t *testing.T) {
 	if s.State != relaycore.StateQuarantined || s.Held != 2 || s.Pending != 2 || s.FirstSeq != 1 || s.LastError == nil || s.LastError.Class != relaycore.ErrorClassApply {
 		t.Fatalf("status %+v", s)
 	}
+	if s.Note == nil || s.Note.Action != "quarantine" || s.Note.Reason != "3 failed rounds in a row" {
+		t.Fatalf("automatic quarantine note %+v", s.Note)
+	}
 	// New rows for it are held too, and cost no calls.
 	e.enqueue(put("bad", "k", "3"), put("ok", "k", "2"))
 	applies := e.countTargetApplies()
