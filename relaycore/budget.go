@@ -25,8 +25,8 @@ const (
 	// The sweeper's one-minute period and the back-off cap keep an
 	// undisturbed source within it; a mid-cycle append can exceed it.
 	RelayLagBoundMS = 60000
-	// MaxBlockedTargets bounds the blocked set; one more failing target in a
-	// cycle resets the cycle.
+	// MaxBlockedTargets bounds the blocked set; a target that fails while
+	// it is full has its rows held aside for a later retry instead.
 	MaxBlockedTargets = 32
 )
 
