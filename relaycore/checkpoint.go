@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 )
@@ -185,9 +186,7 @@ func (f *fireRun) checkpoint(token string, keep bool) (FireResult, bool, error) 
 	qBefore := q
 	nextRetry := f.nextDue
 	more := f.dueLeft
-	targets := mapsKeys(f.recs)
-	slices.Sort(targets)
-	for _, t := range targets {
+	for _, t := range slices.Sorted(maps.Keys(f.recs)) {
 		slot := f.recs[t]
 		r := &slot.rec
 		if !slot.reserved {
@@ -312,14 +311,6 @@ func (f *fireRun) roomToHold(tw *targetWork, slot *recSlot) bool {
 	f.bytesRoom -= bytes
 	slot.holdRoom = true
 	return true
-}
-
-func mapsKeys[K comparable, V any](m map[K]V) []K {
-	out := make([]K, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	return out
 }
 
 // addHeld adds page p's rows to r's held rows; p is newer than every row
