@@ -46,6 +46,11 @@ type Config struct {
 	// Observe, when set, is called after every alarm (from the worker
 	// goroutine that ran it).
 	Observe func(source relaycore.Partition, res relaycore.AlarmResult, err error)
+	// ObserveSweep, when set, is called after every sweep with the number
+	// of overdue alarms it found and the error that stopped it (listing
+	// the due index failed), for metrics: a sweep that keeps failing
+	// leaves lost kicks unhealed.
+	ObserveSweep func(found int, err error)
 	// Logger defaults to discarding.
 	Logger *slog.Logger
 }
@@ -66,6 +71,8 @@ type Clock struct {
 // Stats counts the clock's work.
 type Stats struct {
 	Kicks, Alarms, SweepFound, Errors int64
+	// SweepErrors counts sweeps that could not list the due index.
+	SweepErrors int64
 }
 
 // New returns a Clock; it does nothing until Run.
@@ -249,18 +256,25 @@ func (c *Clock) sweep(ctx context.Context) {
 	}
 	now := time.Now().UnixMilli()
 	due, err := c.cfg.Index.Due(ctx, now, c.cfg.SweepLimit)
-	if err != nil {
-		c.cfg.Logger.Warn("relay sweep failed", "err", err)
-		return
-	}
+	found := 0
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	if err != nil {
+		c.stats.SweepErrors++
+	}
 	for _, e := range due {
-		if e.Key != relaycore.KeyAlarm {
+		if err != nil || e.Key != relaycore.KeyAlarm {
 			continue
 		}
+		found++
 		c.stats.SweepFound++
 		c.schedule(e.Partition, e.Due)
+	}
+	c.mu.Unlock()
+	if err != nil {
+		c.cfg.Logger.Warn("relay sweep failed", "err", err)
+	}
+	if c.cfg.ObserveSweep != nil {
+		c.cfg.ObserveSweep(found, err)
 	}
 }
 

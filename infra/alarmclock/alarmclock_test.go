@@ -2,6 +2,7 @@ package alarmclock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -128,5 +129,56 @@ func TestKicksCollapse(t *testing.T) {
 	}
 	if c.Idle() {
 		t.Fatal("clock with a pending kick reports idle")
+	}
+}
+
+// failingIndex is a due index whose listing always fails.
+type failingIndex struct{}
+
+func (failingIndex) Due(context.Context, int64, int) ([]relaycore.DueEntry, error) {
+	return nil, errors.New("index unavailable")
+}
+
+// A sweep that cannot list the due index is reported to ObserveSweep and
+// counted, so a server can export it as a metric; one that can reports
+// what it found.
+func TestObserveSweep(t *testing.T) {
+	type sweep struct {
+		found int
+		err   error
+	}
+	for _, tc := range []struct {
+		name      string
+		index     func(src *mem.Store) relaycore.DueIndex
+		wantFound int
+		wantErr   bool
+	}{
+		{"failing index", func(*mem.Store) relaycore.DueIndex { return failingIndex{} }, 0, true},
+		{"overdue alarm", func(src *mem.Store) relaycore.DueIndex { return src }, 1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := mem.New(relaycore.Capabilities{})
+			enqueue(t, src, nil, "a", 1)
+			sweeps := make(chan sweep, 16)
+			c := alarmclock.New(alarmclock.Config{
+				Handler: &relaycore.RelayHandler{Source: src, Target: mem.New(relaycore.Capabilities{})},
+				Index:   tc.index(src),
+				ObserveSweep: func(found int, err error) {
+					sweeps <- sweep{found, err}
+				},
+			})
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { c.Run(ctx); close(done) }()
+			s := <-sweeps // Run sweeps once at start
+			cancel()
+			<-done
+			if s.found != tc.wantFound || (s.err != nil) != tc.wantErr {
+				t.Fatalf("sweep observed found=%d err=%v; want found=%d, error %v", s.found, s.err, tc.wantFound, tc.wantErr)
+			}
+			if got := c.Stats().SweepErrors; (got > 0) != tc.wantErr {
+				t.Fatalf("SweepErrors = %d", got)
+			}
+		})
 	}
 }
