@@ -1,0 +1,391 @@
+package relayserve
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/relay-dev/relay/lambda/api"
+	"github.com/relay-dev/relay/lambda/event"
+	"github.com/relay-dev/relay/relaycore"
+)
+
+// Defaults of the configuration (docs/serve.md lists the same values).
+const (
+	DefaultListen            = "127.0.0.1:7480"
+	DefaultMaxBodyBytes      = api.DefaultMaxBodyBytes
+	DefaultMaxHeaderBytes    = 64 << 10
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultReadTimeout       = 60 * time.Second
+	DefaultWriteTimeout      = 60 * time.Second
+	DefaultIdleTimeout       = 120 * time.Second
+	DefaultMaxConnections    = 512
+	DefaultAlarmWorkers      = 4
+	DefaultSweepInterval     = time.Minute
+	DefaultDrainTimeout      = 30 * time.Second
+)
+
+// Bounds of a custom budget. They are guard rails against typos, well
+// above the paid plan: a fire's work is bounded by them, and so is the
+// time a drain may have to wait for an in-flight fire.
+const (
+	MaxFiresPerAlarm  = 64
+	MaxTargetsPerFire = 256
+	MaxCallsPerTarget = 8
+	MaxRowsPerFire    = 4096
+)
+
+// AnyProducer in roles.produce allows producing to every source.
+const AnyProducer = "*"
+
+// Config is the whole `relay serve` configuration (docs/serve.md). Field
+// comments name the YAML key and its default.
+type Config struct {
+	// Listen (listen, default 127.0.0.1:7480) is the TCP address served;
+	// port 0 picks a free port (the bound address is logged and written
+	// to the ready file).
+	Listen string `yaml:"listen"`
+	// DB (db, required) is the bbolt file holding the sources' outboxes
+	// (created if missing).
+	DB string `yaml:"db"`
+	// Targets (targets) says where rows are delivered.
+	Targets Targets `yaml:"targets"`
+	// Budget (budget) is the fires' work per alarm.
+	Budget Budget `yaml:"budget"`
+	// TLS (tls) turns on HTTPS; required unless listen is loopback.
+	TLS TLS `yaml:"tls"`
+	// Auth (auth) says how callers prove who they are.
+	Auth Auth `yaml:"auth"`
+	// Principals (principals) grants roles to named callers: the node id
+	// of a client certificate or the name of a token.
+	Principals map[string]Roles `yaml:"principals"`
+	// Limits (limits) bounds what one client may cost the server.
+	Limits Limits `yaml:"limits"`
+	// Alarms (alarms) tunes the in-process alarm clock and sweeper.
+	Alarms Alarms `yaml:"alarms"`
+	// DrainTimeout (drain_timeout, default 30s) bounds a graceful
+	// shutdown: in-flight requests and fires get this long to finish.
+	DrainTimeout time.Duration `yaml:"drain_timeout"`
+	// LogLevel (log_level, default info): debug, info, warn or error.
+	LogLevel string `yaml:"log_level"`
+}
+
+// Targets says where rows are delivered.
+type Targets struct {
+	// DB (targets.db, default: the same file as db) is the bbolt file
+	// holding the target partitions. Another file keeps application reads
+	// of the targets off the outbox's write lock.
+	DB string `yaml:"db"`
+}
+
+// Budget is a plan or a custom budget.
+type Budget struct {
+	// Plan (budget.plan, default free): free, paid or custom. The four
+	// fields below are for custom only, and all required then.
+	Plan           string `yaml:"plan"`
+	FiresPerAlarm  int    `yaml:"fires_per_alarm"`
+	TargetsPerFire int    `yaml:"targets_per_fire"`
+	CallsPerTarget int    `yaml:"calls_per_target"`
+	RowsPerFire    int    `yaml:"rows_per_fire"`
+}
+
+// TLS names PEM files. Cert and key turn HTTPS on (TLS 1.3 only);
+// ClientCA turns on client certificate authentication.
+type TLS struct {
+	Cert     string `yaml:"cert"`
+	Key      string `yaml:"key"`
+	ClientCA string `yaml:"client_ca"`
+}
+
+// Auth configures authentication.
+type Auth struct {
+	// TokensFile (auth.tokens_file) holds hashed bearer tokens, one
+	// "<principal> sha256:<hex>" per line (`relay serve token` mints one).
+	TokensFile string `yaml:"tokens_file"`
+	// Anonymous (auth.anonymous, default off) grants these roles to
+	// requests without credentials; allowed only on a loopback listen.
+	Anonymous *Roles `yaml:"anonymous"`
+}
+
+// Roles are what a principal may do.
+type Roles struct {
+	// Produce lists the sources the principal may enqueue to ("*": any).
+	Produce []string `yaml:"produce"`
+	// Read allows the read routes (delivered-through, watermark, state)
+	// and /metrics.
+	Read bool `yaml:"read"`
+	// Operate allows the operator routes (targets, actions, archive).
+	Operate bool `yaml:"operate"`
+}
+
+// Limits bound the cost of one client.
+type Limits struct {
+	MaxBodyBytes      int           `yaml:"max_body_bytes"`
+	MaxHeaderBytes    int           `yaml:"max_header_bytes"`
+	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
+	ReadTimeout       time.Duration `yaml:"read_timeout"`
+	WriteTimeout      time.Duration `yaml:"write_timeout"`
+	IdleTimeout       time.Duration `yaml:"idle_timeout"`
+	MaxConnections    int           `yaml:"max_connections"`
+}
+
+// Alarms tunes the alarm clock.
+type Alarms struct {
+	Workers       int           `yaml:"workers"`
+	SweepInterval time.Duration `yaml:"sweep_interval"`
+}
+
+// Default returns the configuration with every default filled in (db is
+// still required).
+func Default() Config {
+	return Config{
+		Listen: DefaultListen,
+		Budget: Budget{Plan: "free"},
+		Limits: Limits{
+			MaxBodyBytes: DefaultMaxBodyBytes, MaxHeaderBytes: DefaultMaxHeaderBytes,
+			ReadHeaderTimeout: DefaultReadHeaderTimeout, ReadTimeout: DefaultReadTimeout,
+			WriteTimeout: DefaultWriteTimeout, IdleTimeout: DefaultIdleTimeout,
+			MaxConnections: DefaultMaxConnections,
+		},
+		Alarms:       Alarms{Workers: DefaultAlarmWorkers, SweepInterval: DefaultSweepInterval},
+		DrainTimeout: DefaultDrainTimeout,
+		LogLevel:     "info",
+	}
+}
+
+// ErrConfig is wrapped by every error Load and Parse return.
+var ErrConfig = errors.New("invalid relay serve configuration")
+
+// Load reads, decodes and validates the file at path. Relative paths in
+// it (db, targets.db, tls.*, auth.tokens_file) are resolved against the
+// file's directory, so a config works whatever directory the server
+// starts in. Every problem found is reported, joined.
+func Load(path string) (Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	c, err := parse(data, filepath.Dir(abs))
+	if err != nil {
+		return c, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Parse decodes and validates a configuration held in memory; relative
+// paths stay relative to the working directory.
+func Parse(data []byte) (Config, error) { return parse(data, "") }
+
+func parse(data []byte, dir string) (Config, error) {
+	c := Default()
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	var errs []error
+	// An empty document (io.EOF) is all defaults, and then fails
+	// validation: db is required.
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		var te *yaml.TypeError
+		if !errors.As(err, &te) {
+			return c, fmt.Errorf("%w: %w", ErrConfig, err) // a syntax error: nothing else is meaningful
+		}
+		// Unknown keys and values of the wrong type, each with its line;
+		// the rest of the document was decoded and is validated too.
+		for _, e := range te.Errors {
+			errs = append(errs, errors.New(e))
+		}
+	}
+	if dir != "" {
+		for _, p := range []*string{&c.DB, &c.Targets.DB, &c.TLS.Cert, &c.TLS.Key, &c.TLS.ClientCA, &c.Auth.TokensFile} {
+			if *p != "" && !filepath.IsAbs(*p) {
+				*p = filepath.Join(dir, *p)
+			}
+		}
+	}
+	errs = append(errs, c.validate()...)
+	if len(errs) > 0 {
+		return c, fmt.Errorf("%w: %w", ErrConfig, errors.Join(errs...))
+	}
+	return c, nil
+}
+
+// validate returns every rule the configuration breaks.
+func (c *Config) validate() []error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+
+	loopback := false
+	if host, _, err := net.SplitHostPort(c.Listen); err != nil {
+		bad("listen %q: want host:port (%v)", c.Listen, err)
+	} else {
+		loopback = LoopbackHost(host)
+	}
+	if c.DB == "" {
+		bad("db is required: the bbolt file of the relay")
+	}
+	if c.Targets.DB != "" && c.Targets.DB == c.DB {
+		bad("targets.db is the same file as db: leave it out to keep targets in the same file")
+	}
+
+	if _, err := c.RelayBudget(); err != nil {
+		errs = append(errs, err)
+	}
+
+	tlsOn := c.TLS.Cert != "" || c.TLS.Key != ""
+	switch {
+	case (c.TLS.Cert == "") != (c.TLS.Key == ""):
+		bad("tls.cert and tls.key go together")
+	case c.TLS.ClientCA != "" && !tlsOn:
+		bad("tls.client_ca needs tls.cert and tls.key: client certificates travel in the TLS handshake")
+	case !tlsOn && !loopback && c.Listen != "":
+		bad("listen %q is not loopback: tls.cert and tls.key are required (tokens and rows must not cross a network in clear)", c.Listen)
+	}
+	if c.Auth.Anonymous != nil && !loopback {
+		bad("auth.anonymous is allowed only when listen is a loopback address, not %q", c.Listen)
+	}
+	if c.Auth.TokensFile == "" && c.TLS.ClientCA == "" && c.Auth.Anonymous == nil {
+		bad("no way to authenticate: set auth.tokens_file, tls.client_ca, or (loopback only) auth.anonymous")
+	}
+	if c.Auth.Anonymous != nil {
+		errs = append(errs, checkRoles("auth.anonymous", *c.Auth.Anonymous)...)
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.Principals)) {
+		if err := checkPrincipalName(name); err != nil {
+			bad("principals: %v", err)
+		}
+		if name == AnonymousPrincipal {
+			bad("principals: the name %s is reserved for requests without credentials (auth.anonymous)", name)
+		}
+		errs = append(errs, checkRoles("principals."+name, c.Principals[name])...)
+	}
+
+	l := c.Limits
+	for _, f := range []struct {
+		name   string
+		v, min int
+		max    int
+	}{
+		{"limits.max_body_bytes", l.MaxBodyBytes, 1024, 64 << 20},
+		{"limits.max_header_bytes", l.MaxHeaderBytes, 4096, 1 << 20},
+		{"limits.max_connections", l.MaxConnections, 1, 1 << 20},
+		{"alarms.workers", c.Alarms.Workers, 1, 256},
+	} {
+		if f.v < f.min || f.v > f.max {
+			bad("%s %d: want %d..%d", f.name, f.v, f.min, f.max)
+		}
+	}
+	for _, f := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"limits.read_header_timeout", l.ReadHeaderTimeout}, {"limits.read_timeout", l.ReadTimeout},
+		{"limits.write_timeout", l.WriteTimeout}, {"limits.idle_timeout", l.IdleTimeout},
+		{"alarms.sweep_interval", c.Alarms.SweepInterval}, {"drain_timeout", c.DrainTimeout},
+	} {
+		if f.v <= 0 {
+			bad("%s %v: must be positive", f.name, f.v)
+		}
+	}
+	if c.Alarms.SweepInterval > 0 && c.Alarms.SweepInterval < time.Second {
+		bad("alarms.sweep_interval %v: at least 1s (each sweep scans the due index)", c.Alarms.SweepInterval)
+	}
+	if _, err := c.Level(); err != nil {
+		errs = append(errs, err)
+	}
+	return errs
+}
+
+func checkRoles(where string, r Roles) []error {
+	var errs []error
+	for i, s := range r.Produce {
+		if s == AnyProducer {
+			continue
+		}
+		if _, err := event.Source("source", s); err != nil {
+			errs = append(errs, fmt.Errorf("%s.produce[%d]: %v", where, i, err))
+		}
+	}
+	return errs
+}
+
+// checkPrincipalName keeps names printable and short: they are recorded
+// as the actor of operator actions (relaycore.MaxActorLen) and written in
+// logs.
+func checkPrincipalName(name string) error {
+	if name == "" || len(name) > relaycore.MaxActorLen {
+		return fmt.Errorf("name %q: want 1..%d characters", name, relaycore.MaxActorLen)
+	}
+	for _, r := range name {
+		if r <= ' ' || r == 0x7f || r > 0x7e {
+			return fmt.Errorf("name %q: printable ASCII without spaces only", name)
+		}
+	}
+	return nil
+}
+
+// RelayBudget is the engine budget the configuration names.
+func (c *Config) RelayBudget() (relaycore.RelayBudget, error) {
+	b := c.Budget
+	custom := b.FiresPerAlarm != 0 || b.TargetsPerFire != 0 || b.CallsPerTarget != 0 || b.RowsPerFire != 0
+	switch strings.ToLower(b.Plan) {
+	case "free", "paid":
+		if custom {
+			return relaycore.RelayBudget{}, fmt.Errorf("budget.plan %s takes no other budget fields: use plan custom to set them", b.Plan)
+		}
+		return relaycore.PlanBudget(b.Plan)
+	case "custom":
+		var errs []error
+		for _, f := range []struct {
+			name   string
+			v, max int
+		}{
+			{"fires_per_alarm", b.FiresPerAlarm, MaxFiresPerAlarm},
+			{"targets_per_fire", b.TargetsPerFire, MaxTargetsPerFire},
+			{"calls_per_target", b.CallsPerTarget, MaxCallsPerTarget},
+			{"rows_per_fire", b.RowsPerFire, MaxRowsPerFire},
+		} {
+			if f.v < 1 || f.v > f.max {
+				errs = append(errs, fmt.Errorf("budget.%s %d: want 1..%d with plan custom", f.name, f.v, f.max))
+			}
+		}
+		if len(errs) > 0 {
+			return relaycore.RelayBudget{}, errors.Join(errs...)
+		}
+		return relaycore.RelayBudget{FiresPerAlarm: b.FiresPerAlarm, TargetsPerFire: b.TargetsPerFire,
+			CallsPerTarget: b.CallsPerTarget, RowsPerFire: b.RowsPerFire}, nil
+	}
+	return relaycore.RelayBudget{}, fmt.Errorf("budget.plan %q: want free, paid or custom", b.Plan)
+}
+
+// Level is the configured log level.
+func (c *Config) Level() (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(c.LogLevel)); err != nil {
+		return l, fmt.Errorf("log_level %q: want debug, info, warn or error", c.LogLevel)
+	}
+	return l, nil
+}
+
+// LoopbackHost reports whether host (of a host:port) is a loopback name
+// or address; "" (every interface) is not.
+func LoopbackHost(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

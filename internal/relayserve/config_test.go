@@ -1,0 +1,137 @@
+package relayserve
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/relay-dev/relay/relaycore"
+)
+
+const minimal = `
+listen: 127.0.0.1:7480
+db: relay.db
+auth:
+  anonymous: {produce: ["*"], read: true}
+`
+
+func TestParseDefaults(t *testing.T) {
+	c, err := Parse([]byte(minimal))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := Default()
+	if c.Limits != d.Limits || c.Alarms != d.Alarms || c.DrainTimeout != DefaultDrainTimeout || c.Budget.Plan != "free" {
+		t.Fatalf("defaults not kept: %+v", c)
+	}
+	b, err := c.RelayBudget()
+	free, _ := relaycore.PlanBudget("free")
+	if err != nil || b != free {
+		t.Fatalf("budget %+v, %v; want the free plan", b, err)
+	}
+}
+
+// Each configuration is refused with a message naming the problem (and,
+// for yaml's own errors, the line).
+func TestParseRefuses(t *testing.T) {
+	for _, tc := range []struct {
+		name, yaml string
+		want       []string
+	}{
+		{"unknown key", minimal + "limits:\n  max_body: 5\n", []string{"line 7: field max_body not found"}},
+		{"unknown top-level key", "lisen: 127.0.0.1:1\n" + minimal, []string{"line 1: field lisen not found"}},
+		{"wrong type", minimal + "drain_timeout: [1]\n", []string{"line 6"}},
+		{"no db", "listen: 127.0.0.1:1\nauth: {anonymous: {read: true}}\n", []string{"db is required"}},
+		{"unknown plan", minimal + "budget: {plan: gold}\n", []string{`budget.plan "gold"`}},
+		{"plan with fields", minimal + "budget: {plan: paid, rows_per_fire: 10}\n", []string{"use plan custom"}},
+		{"custom budget missing fields", minimal + "budget: {plan: custom, fires_per_alarm: 2}\n",
+			[]string{"budget.targets_per_fire 0", "budget.calls_per_target 0", "budget.rows_per_fire 0"}},
+		{"custom budget out of range", minimal + "budget: {plan: custom, fires_per_alarm: 1000, targets_per_fire: 8, calls_per_target: 2, rows_per_fire: 100}\n",
+			[]string{"budget.fires_per_alarm 1000: want 1..64"}},
+		{"anonymous on all interfaces", "listen: :7480\ndb: x\ntls: {cert: c, key: k}\nauth: {anonymous: {read: true}}\n",
+			[]string{"auth.anonymous is allowed only when listen is a loopback address"}},
+		{"anonymous on a LAN address", "listen: 192.168.1.10:7480\ndb: x\ntls: {cert: c, key: k}\nauth: {anonymous: {read: true}}\n",
+			[]string{"auth.anonymous is allowed only when listen is a loopback address"}},
+		{"plain HTTP beyond loopback", "listen: 0.0.0.0:7480\ndb: x\nauth: {tokens_file: t}\n", []string{"tls.cert and tls.key are required"}},
+		{"no authentication", "listen: 127.0.0.1:1\ndb: x\n", []string{"no way to authenticate"}},
+		{"client CA without TLS", minimal + "tls: {client_ca: ca.crt}\n", []string{"tls.client_ca needs tls.cert"}},
+		{"half a key pair", minimal + "tls: {cert: c}\n", []string{"tls.cert and tls.key go together"}},
+		{"bad source in produce", minimal + "principals: {app: {produce: [\"\"]}}\n", []string{"principals.app.produce[0]: source is missing"}},
+		{"bad principal name", minimal + "principals: {\"a b\": {read: true}}\n", []string{`name "a b"`}},
+		{"anonymous principal", minimal + "principals: {anonymous: {read: true}}\n", []string{"anonymous is reserved"}},
+		{"bad limits", minimal + "limits: {max_body_bytes: 10, read_timeout: -1s}\n", []string{"limits.max_body_bytes 10", "limits.read_timeout -1s"}},
+		{"bad log level", minimal + "log_level: loud\n", []string{`log_level "loud"`}},
+		{"same targets file", minimal + "targets: {db: relay.db}\n", []string{"targets.db is the same file"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.yaml))
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error lacks %q:\n%v", w, err)
+				}
+			}
+		})
+	}
+}
+
+// Every problem is reported at once: an unknown key does not hide the
+// rule violations of the rest.
+func TestParseReportsAll(t *testing.T) {
+	_, err := Parse([]byte("listen: :1\nbogus: 1\nbudget: {plan: gold}\nauth: {anonymous: {read: true}}\n"))
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	for _, w := range []string{"field bogus not found", "db is required", `budget.plan "gold"`, "auth.anonymous is allowed only", "tls.cert and tls.key are required"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error lacks %q:\n%v", w, err)
+		}
+	}
+}
+
+func TestLoadResolvesPaths(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "relay.yaml")
+	if err := os.WriteFile(path, []byte(minimal+"targets: {db: /abs/targets.db}\ndrain_timeout: 5s\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.DB != filepath.Join(dir, "relay.db") || c.Targets.DB != "/abs/targets.db" || c.DrainTimeout != 5*time.Second {
+		t.Fatalf("paths not resolved: db %q, targets %q, drain %v", c.DB, c.Targets.DB, c.DrainTimeout)
+	}
+}
+
+func TestTokensFile(t *testing.T) {
+	tok, line, err := MintToken("app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(tok, TokenPrefix) || line != "app "+HashToken(tok) {
+		t.Fatalf("token %q line %q", tok, line)
+	}
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good")
+	os.WriteFile(good, []byte("# comment\n\n"+line+"\n"), 0o600)
+	byHash, err := loadTokens(good)
+	if err != nil || len(byHash) != 1 {
+		t.Fatalf("good file: %v, %d tokens", err, len(byHash))
+	}
+	bad := filepath.Join(dir, "bad")
+	os.WriteFile(bad, []byte(line+"\n"+line+"\napp md5:abc\nlonely\napp sha256:zz\n"), 0o600)
+	_, err = loadTokens(bad)
+	for _, w := range []string{"bad:2: the same token digest", "bad:3: digest must be", "bad:4: want", "bad:5: digest must be"} {
+		if err == nil || !strings.Contains(err.Error(), w) {
+			t.Errorf("error lacks %q: %v", w, err)
+		}
+	}
+	if _, _, err := MintToken("has space"); err == nil {
+		t.Error("minted a token for an invalid principal name")
+	}
+}

@@ -1,0 +1,177 @@
+package relayserve
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/relay-dev/relay/lambda/api"
+)
+
+// Paths the server answers itself, outside the API.
+const (
+	PathHealthz = "/healthz"
+	PathReadyz  = "/readyz"
+	PathMetrics = "/metrics"
+)
+
+// httpHandler is the server's HTTP face: it authenticates and authorises
+// each request, translates it into an api.Request and answers with what
+// api.Handler.Serve returns, the same core the Lambda function runs.
+type httpHandler struct {
+	api     *api.Handler
+	auth    *authenticator
+	routes  []apiRoute
+	maxBody int
+	metrics *metrics
+	log     *slog.Logger
+	ready   func() error
+	promh   http.Handler
+}
+
+func newHTTPHandler(h *api.Handler, a *authenticator, maxBody int, m *metrics, log *slog.Logger, ready func() error) *httpHandler {
+	return &httpHandler{
+		api: h, auth: a, routes: apiRoutes(), maxBody: maxBody, metrics: m, log: log, ready: ready,
+		promh: promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelError)}),
+	}
+}
+
+// statusWriter remembers the status written, for metrics and the log.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (h *httpHandler) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	h.metrics.inFlight.Inc()
+	defer h.metrics.inFlight.Dec()
+	w := &statusWriter{ResponseWriter: rw}
+	rawPath := r.URL.EscapedPath()
+	var c classified
+	switch rawPath {
+	case PathHealthz, PathReadyz, PathMetrics:
+		c = classified{pattern: rawPath, need: needAuthenticated}
+	default:
+		c = classify(h.routes, r.Method, rawPath)
+	}
+	caller := h.serve(w, r, rawPath, c)
+	code := strconv.Itoa(w.status)
+	h.metrics.requests.WithLabelValues(c.pattern, r.Method, code).Inc()
+	elapsed := time.Since(start)
+	h.metrics.duration.WithLabelValues(c.pattern, r.Method).Observe(elapsed.Seconds())
+	level := slog.LevelDebug
+	switch {
+	case w.status >= 500:
+		level = slog.LevelError
+	case w.status >= 400:
+		level = slog.LevelWarn
+	}
+	h.log.Log(r.Context(), level, "http request", "method", r.Method, "path", rawPath, "route", c.pattern,
+		"status", w.status, "caller", caller, "remote", r.RemoteAddr, "ms", elapsed.Milliseconds())
+}
+
+// serve answers one request and returns the caller's name for the log.
+func (h *httpHandler) serve(w http.ResponseWriter, r *http.Request, rawPath string, c classified) string {
+	// Health needs no credentials: a load balancer or systemd probe has
+	// none, and the answer reveals nothing beyond "up" or "not ready".
+	switch rawPath {
+	case PathHealthz:
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		return ""
+	case PathReadyz:
+		if err := h.ready(); err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": err.Error()})
+			return ""
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+		return ""
+	}
+	name, roles, aerr := h.auth.authenticate(r)
+	if aerr == nil {
+		if rawPath == PathMetrics {
+			// Metrics name every source: a read-role matter.
+			c.need = needRead
+		}
+		aerr = authorize(name, roles, c)
+	}
+	if aerr != nil {
+		if aerr.status == http.StatusUnauthorized {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="relay"`)
+		}
+		writeError(w, aerr.status, aerr.code, aerr.message)
+		return name
+	}
+	if rawPath == PathMetrics {
+		h.promh.ServeHTTP(w, r)
+		return name
+	}
+
+	// The body is bounded before it is read: a declared length over the
+	// limit is refused unread, and a body that turns out longer (chunked)
+	// is cut at the limit plus one byte. limits.read_timeout bounds how
+	// long the client may take to send it.
+	if r.ContentLength > int64(h.maxBody) {
+		writeError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("body is %d bytes, limit %d", r.ContentLength, h.maxBody))
+		return name
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, int64(h.maxBody)+1))
+	if err != nil {
+		writeError(w, http.StatusRequestTimeout, "body_incomplete", fmt.Sprintf("reading the body: %v", err))
+		return name
+	}
+	if len(body) > h.maxBody {
+		writeError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("body exceeds %d bytes", h.maxBody))
+		return name
+	}
+	headers := make(map[string]string, len(r.Header))
+	for k, v := range r.Header {
+		headers[strings.ToLower(k)] = strings.Join(v, ",")
+	}
+	resp := h.api.Serve(r.Context(), api.Request{
+		Method: r.Method, Path: rawPath, Query: r.URL.RawQuery, Headers: headers, Body: body, Caller: name,
+	})
+	for k, v := range resp.Headers {
+		w.Header().Set(k, v)
+	}
+	w.WriteHeader(resp.Status)
+	if _, err := w.Write(resp.Body); err != nil && !errors.Is(err, http.ErrHandlerTimeout) {
+		h.log.Debug("http response not written", "path", rawPath, "err", err)
+	}
+	return name
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, _ := json.Marshal(v)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(b)
+}
+
+// writeError answers in the API's error format (api.ErrorBody), so a
+// client handles the server's own refusals like the handler's.
+func writeError(w http.ResponseWriter, status int, code, message string) {
+	writeJSON(w, status, api.ErrorBody{Error: api.ErrorDetail{Code: code, Message: message}})
+}

@@ -1,0 +1,168 @@
+package relayserve
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/relay-dev/relay/relaycore"
+)
+
+// metrics are the server's Prometheus metrics: the signals the Lambda
+// functions write as EMF metrics (lambda/metrics, docs/operations.md),
+// plus HTTP request metrics. Per-source series have a source label, so
+// their number grows with the number of sources (docs/serve.md).
+type metrics struct {
+	reg *prometheus.Registry
+
+	requests *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+	inFlight prometheus.Gauge
+
+	alarms          *prometheus.CounterVec
+	rowsDelivered   *prometheus.CounterVec
+	autoQuarantined *prometheus.CounterVec
+	blocked         *prometheus.GaugeVec
+	quarantined     *prometheus.GaugeVec
+	paused          *prometheus.GaugeVec
+	held            *prometheus.GaugeVec
+	sweeps          prometheus.Counter
+	sweepErrors     prometheus.Counter
+	sweepOverdue    prometheus.Counter
+
+	age *ageCollector
+}
+
+func newMetrics(source relaycore.Store) *metrics {
+	reg := prometheus.NewRegistry()
+	f := func(c prometheus.Collector) { reg.MustRegister(c) }
+	m := &metrics{reg: reg}
+	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_http_requests_total", Help: "HTTP requests answered, by route pattern, method and status code.",
+	}, []string{"route", "method", "code"})
+	m.duration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "relay_http_request_duration_seconds", Help: "Time to answer an HTTP request, by route pattern and method.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10),
+	}, []string{"route", "method"})
+	m.inFlight = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "relay_http_requests_in_flight", Help: "HTTP requests being served.",
+	})
+	m.alarms = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_alarms_total",
+		Help: "Alarms run, by outcome: delivered (moved rows), idle (moved none), busy (another fire held the claim), failed.",
+	}, []string{"outcome"})
+	m.rowsDelivered = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_rows_delivered_total", Help: "Rows newly applied at their targets, by source.",
+	}, []string{"source"})
+	m.autoQuarantined = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_targets_auto_quarantined_total", Help: "Targets quarantined by the engine for failing, by source.",
+	}, []string{"source"})
+	gauge := func(name, help string) *prometheus.GaugeVec {
+		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, []string{"source"})
+	}
+	m.blocked = gauge("relay_targets_blocked", "Targets in the source's blocked set after its last alarm.")
+	m.quarantined = gauge("relay_targets_quarantined", "Quarantined targets of the source after its last alarm.")
+	m.paused = gauge("relay_targets_paused", "Paused targets of the source after its last alarm.")
+	m.held = gauge("relay_rows_held", "Rows held aside (quarantined, paused or retrying targets) after the source's last alarm.")
+	m.sweeps = prometheus.NewCounter(prometheus.CounterOpts{Name: "relay_sweeps_total", Help: "Sweeps of the due index run."})
+	m.sweepErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "relay_sweep_errors_total", Help: "Sweeps that could not list the due index (lost kicks stay unhealed while this grows).",
+	})
+	m.sweepOverdue = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "relay_sweep_overdue_total", Help: "Overdue alarms the sweeps found and fired.",
+	})
+	m.age = &ageCollector{source: source, lowerMS: map[relaycore.Partition]int64{}, desc: prometheus.NewDesc(
+		"relay_oldest_undelivered_age_seconds",
+		"Now minus the commit time of the source's oldest undelivered row, held rows included; 0 when its outbox is empty. Read after each alarm, aged at scrape time.",
+		[]string{"source"}, nil)}
+	for _, c := range []prometheus.Collector{
+		m.requests, m.duration, m.inFlight, m.alarms, m.rowsDelivered, m.autoQuarantined,
+		m.blocked, m.quarantined, m.paused, m.held, m.sweeps, m.sweepErrors, m.sweepOverdue, m.age,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	} {
+		f(c)
+	}
+	for _, o := range []string{"delivered", "idle", "busy", "failed"} {
+		m.alarms.WithLabelValues(o) // every outcome exists from the start, at 0
+	}
+	return m
+}
+
+// alarm records one alarm, as lambda/metrics.Recorder.Alarm does: a busy
+// or failed alarm only counts; the others set the source's gauges.
+func (m *metrics) alarm(ctx context.Context, src relaycore.Partition, r relaycore.AlarmResult, err error) {
+	s := string(src)
+	switch {
+	case err != nil:
+		m.alarms.WithLabelValues("failed").Inc()
+		m.rowsDelivered.WithLabelValues(s).Add(float64(r.RowsDelivered))
+		return
+	case r.Busy:
+		m.alarms.WithLabelValues("busy").Inc()
+		return
+	case r.RowsDelivered == 0 && r.RowsCleaned == 0:
+		m.alarms.WithLabelValues("idle").Inc()
+	default:
+		m.alarms.WithLabelValues("delivered").Inc()
+	}
+	m.rowsDelivered.WithLabelValues(s).Add(float64(r.RowsDelivered))
+	m.autoQuarantined.WithLabelValues(s).Add(float64(r.TargetsQuarantined))
+	m.blocked.WithLabelValues(s).Set(float64(r.Blocked))
+	m.quarantined.WithLabelValues(s).Set(float64(r.Hold.Quarantined))
+	m.paused.WithLabelValues(s).Set(float64(r.Hold.Paused))
+	m.held.WithLabelValues(s).Set(float64(r.Hold.HeldRows))
+	m.age.update(ctx, src, r.Cleared)
+}
+
+func (m *metrics) sweep(found int, err error) {
+	m.sweeps.Inc()
+	m.sweepOverdue.Add(float64(found))
+	if err != nil {
+		m.sweepErrors.Inc()
+	}
+}
+
+// ageCollector keeps each source's oldest undelivered commit time (read
+// after each alarm) and ages it when scraped, so a source whose alarms
+// stopped shows a growing age rather than the last one measured.
+type ageCollector struct {
+	source relaycore.Store
+	desc   *prometheus.Desc
+
+	mu      sync.Mutex
+	lowerMS map[relaycore.Partition]int64 // 0: outbox empty
+}
+
+func (a *ageCollector) update(ctx context.Context, src relaycore.Partition, cleared bool) {
+	lower := int64(0)
+	if !cleared {
+		st, err := relaycore.SourceRelayState(ctx, a.source, src, time.Now())
+		if err != nil {
+			return // keep the last value; the alarm's own error path logs store trouble
+		}
+		if !st.Empty {
+			lower = st.LowerBoundMS
+		}
+	}
+	a.mu.Lock()
+	a.lowerMS[src] = lower
+	a.mu.Unlock()
+}
+
+func (a *ageCollector) Describe(ch chan<- *prometheus.Desc) { ch <- a.desc }
+
+func (a *ageCollector) Collect(ch chan<- prometheus.Metric) {
+	now := time.Now().UnixMilli()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for src, lower := range a.lowerMS {
+		age := 0.0
+		if lower > 0 {
+			age = float64(max(0, now-lower)) / 1000
+		}
+		ch <- prometheus.MustNewConstMetric(a.desc, prometheus.GaugeValue, age, string(src))
+	}
+}

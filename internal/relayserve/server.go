@@ -1,0 +1,282 @@
+package relayserve
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"time"
+
+	"github.com/relay-dev/relay/infra/alarmclock"
+	"github.com/relay-dev/relay/infra/bolt"
+	"github.com/relay-dev/relay/lambda/api"
+	"github.com/relay-dev/relay/relaycore"
+)
+
+// Table names in the bbolt files, the same as `relay demo`, `relay
+// status` and the operator commands use, so they all work on a server's
+// file (when it is stopped: bbolt allows one process at a time).
+const (
+	SourceTable = "source"
+	TargetTable = "target"
+)
+
+// Options are what Run takes besides the configuration.
+type Options struct {
+	// Logger receives the server's JSON logs; nil discards.
+	Logger *slog.Logger
+	// ReadyFile, when set, is written (atomically) once the server
+	// accepts connections: a JSON object {"addr","url","pid"}. Tests and
+	// supervisors read the bound address from it (listen port 0). It is
+	// removed at start and when Run returns.
+	ReadyFile string
+}
+
+// ReadyInfo is the content of Options.ReadyFile.
+type ReadyInfo struct {
+	Addr string `json:"addr"`
+	URL  string `json:"url"`
+	PID  int    `json:"pid"`
+}
+
+// Check loads everything the configuration names (TLS files, tokens
+// file, client CA) without opening the store or listening, and returns
+// every problem found: what `relay serve --check-config` runs after Load.
+func Check(cfg Config) error {
+	_, aerr := newAuthenticator(cfg)
+	_, terr := tlsConfig(cfg)
+	return errors.Join(aerr, terr)
+}
+
+func tlsConfig(cfg Config) (*tls.Config, error) {
+	if cfg.TLS.Cert == "" {
+		return nil, nil
+	}
+	cert, err := tls.LoadX509KeyPair(cfg.TLS.Cert, cfg.TLS.Key)
+	if err != nil {
+		return nil, fmt.Errorf("tls.cert, tls.key: %w", err)
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert}}
+	if cfg.TLS.ClientCA != "" {
+		// The certificate is requested and its possession proven by the
+		// handshake, but verified against tls.client_ca per request, so
+		// a bad certificate gets a 401 that says why rather than a bare
+		// TLS alert, and a bearer token works on the same listener.
+		tc.ClientAuth = tls.RequestClientCert
+	}
+	return tc, nil
+}
+
+// Run serves until ctx is cancelled, then drains: it stops accepting,
+// lets in-flight requests and fires finish (or, past drain_timeout,
+// cancels them: a fire's claim then lapses and its durable alarm fires
+// after the next start, so nothing is lost), and closes the store. It
+// returns nil after a complete drain.
+func Run(ctx context.Context, cfg Config, opt Options) error {
+	log := opt.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if opt.ReadyFile != "" {
+		if err := os.Remove(opt.ReadyFile); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("ready file: %w", err)
+		}
+		defer os.Remove(opt.ReadyFile)
+	}
+	auth, err := newAuthenticator(cfg)
+	if err != nil {
+		return err
+	}
+	tc, err := tlsConfig(cfg)
+	if err != nil {
+		return err
+	}
+	budget, err := cfg.RelayBudget()
+	if err != nil {
+		return err
+	}
+
+	db, err := bolt.Open(cfg.DB, bolt.Options{})
+	if err != nil {
+		return err
+	}
+	dbs := []*bolt.DB{db}
+	defer func() {
+		for _, d := range dbs {
+			if err := d.Close(); err != nil {
+				log.Error("relay serve: close store", "err", err)
+			}
+		}
+	}()
+	src, dst := db.Store(SourceTable), db.Store(TargetTable)
+	if cfg.Targets.DB != "" {
+		tdb, err := bolt.Open(cfg.Targets.DB, bolt.Options{})
+		if err != nil {
+			return err
+		}
+		dbs = append(dbs, tdb)
+		dst = tdb.Store(TargetTable)
+	}
+
+	// Fires run on their own context: at shutdown the clock stops
+	// starting alarms at once, but running ones finish unless the drain
+	// deadline passes (then this context is cancelled).
+	fireCtx, cancelFires := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelFires()
+	m := newMetrics(src)
+	relay := &relaycore.RelayHandler{Source: src, Target: dst, Budget: budget, Logger: log}
+	clock := alarmclock.New(alarmclock.Config{
+		Handler: detachedAlarmer{relay, fireCtx}, Index: src, Workers: cfg.Alarms.Workers,
+		SweepInterval: cfg.Alarms.SweepInterval, Logger: log,
+		Observe: func(s relaycore.Partition, r relaycore.AlarmResult, err error) {
+			m.alarm(fireCtx, s, r, err)
+		},
+		ObserveSweep: m.sweep,
+	})
+	relay.Kicker = clock
+	h := &api.Handler{
+		Source: src, Relay: relay, Routes: api.RoutesAll, Logger: log, MaxBodyBytes: cfg.Limits.MaxBodyBytes,
+		Enqueue: relaycore.EnqueueConfig{Kicker: clock, TargetCaps: dst.Capabilities(), Logger: log},
+	}
+
+	var clockRunning, draining atomic.Bool
+	ready := func() error {
+		switch {
+		case draining.Load():
+			return errors.New("draining: shutting down")
+		case !clockRunning.Load():
+			return errors.New("alarm clock not running")
+		}
+		return nil
+	}
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	lim := newLimitListener(ln, cfg.Limits.MaxConnections)
+	// Requests run on a context a drain does not cancel (in-flight
+	// requests finish); past the drain deadline it is cancelled, so store
+	// calls stop before the file closes.
+	reqCtx, cancelRequests := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelRequests()
+	l := cfg.Limits
+	srv := &http.Server{
+		Handler:           newHTTPHandler(h, auth, l.MaxBodyBytes, m, log, ready),
+		TLSConfig:         tc,
+		ReadHeaderTimeout: l.ReadHeaderTimeout,
+		ReadTimeout:       l.ReadTimeout,
+		WriteTimeout:      l.WriteTimeout,
+		IdleTimeout:       l.IdleTimeout,
+		MaxHeaderBytes:    l.MaxHeaderBytes,
+		BaseContext:       func(net.Listener) context.Context { return reqCtx },
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+
+	clockCtx, stopClock := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopClock()
+	clockDone := make(chan struct{})
+	clockRunning.Store(true)
+	go func() {
+		defer close(clockDone)
+		clock.Run(clockCtx)
+		clockRunning.Store(false)
+	}()
+	serveErr := make(chan error, 1)
+	go func() {
+		if tc != nil {
+			serveErr <- srv.ServeTLS(lim, "", "")
+		} else {
+			serveErr <- srv.Serve(lim)
+		}
+	}()
+
+	addr := ln.Addr().String()
+	scheme := "http"
+	if tc != nil {
+		scheme = "https"
+	}
+	info := ReadyInfo{Addr: addr, URL: scheme + "://" + addr, PID: os.Getpid()}
+	if opt.ReadyFile != "" {
+		if err := writeReadyFile(opt.ReadyFile, info); err != nil {
+			log.Error("relay serve: ready file", "err", err)
+		}
+	}
+	log.Info("relay serve: listening", "addr", addr, "url", info.URL, "db", cfg.DB, "targets_db", cfg.Targets.DB,
+		"budget", cfg.Budget.Plan, "tls", tc != nil, "client_certs", cfg.TLS.ClientCA != "",
+		"tokens", cfg.Auth.TokensFile != "", "anonymous", cfg.Auth.Anonymous != nil)
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case err := <-serveErr:
+		runErr = fmt.Errorf("serve: %w", err)
+	}
+	draining.Store(true)
+	log.Info("relay serve: draining", "timeout", cfg.DrainTimeout.String())
+	dctx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout)
+	defer cancel()
+	start := time.Now()
+
+	// Requests first: an enqueue still running may kick the clock.
+	forced := false
+	if err := srv.Shutdown(dctx); err != nil {
+		forced = true
+		log.Warn("relay serve: requests still running at the drain deadline; cancelling them", "err", err)
+		cancelRequests()
+		srv.Close()
+	}
+	stopClock()
+	select {
+	case <-clockDone:
+	case <-dctx.Done():
+		forced = true
+		log.Warn("relay serve: fires still running at the drain deadline; cancelling them (their claims lapse, their alarms fire after restart)")
+		cancelFires()
+		<-clockDone
+	}
+	log.Info("relay serve: stopped", "drain_ms", time.Since(start).Milliseconds(), "forced", forced)
+	if runErr == nil && forced {
+		runErr = errors.New("drain timed out: in-flight work was cancelled (nothing acknowledged is lost)")
+	}
+	return runErr
+}
+
+// detachedAlarmer runs alarms on its own context rather than the clock's,
+// so stopping the clock lets running fires finish.
+type detachedAlarmer struct {
+	h   *relaycore.RelayHandler
+	ctx context.Context
+}
+
+func (d detachedAlarmer) Alarm(_ context.Context, source relaycore.Partition) (relaycore.AlarmResult, error) {
+	return d.h.Alarm(d.ctx, source)
+}
+
+func writeReadyFile(path string, info ReadyInfo) error {
+	b, err := json.Marshal(info)
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".ready-*")
+	if err != nil {
+		return err
+	}
+	if _, err := tmp.Write(append(b, '\n')); err != nil {
+		tmp.Close()
+		os.Remove(tmp.Name())
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		os.Remove(tmp.Name())
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
