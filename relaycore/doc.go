@@ -88,7 +88,9 @@
 //   - budget: RelayBudget, the work per fire and fires per alarm (Free and
 //     Paid plans). A fire inspects at most 4×RowsPerFire rows.
 //   - watermark: RelayWatermark, a commit-time lower bound of the undelivered
-//     outbox; TargetWatermark is a target's rh.
+//     outbox; TargetWatermark is a target's rh. ReadTarget pages through a
+//     target partition's application keys and TargetWatermarks lists
+//     every source's rh there (target_read.go).
 //   - hook: a RelayHook adds writes to each target batch, atomically with
 //     the rows and the rh advance (NoHook, HolderRelayHook,
 //     TakedownRequestTimer).

@@ -34,7 +34,7 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 		return 1
 	}
 	enq := relaycore.EnqueueConfig{Kicker: d.Kicker, TargetCaps: d.Target.Capabilities(), Logger: d.Logger}
-	h := &api.Handler{Source: d.Source, Clock: d.Clock, Enqueue: enq, Relay: d.Relay, Routes: routes, Logger: d.Logger}
+	h := &api.Handler{Source: d.Source, Target: d.Target, Clock: d.Clock, Enqueue: enq, Relay: d.Relay, Routes: routes, Logger: d.Logger}
 	d.Logger.Info("api: serving", "routes", string(routes))
 	lambda.StartWithOptions(h.Handle, lambda.WithContext(ctx))
 	return 0

@@ -65,9 +65,12 @@ const (
 // TargetCaps should be the target store's limits so undeliverable rows are
 // refused at enqueue). Relay runs operator actions (it needs both stores:
 // a skip reads the target's rh); the operator routes answer 500 without
-// it. Routes selects the routes served (zero: RoutesProducer).
+// it. Target is the store of the target partitions, read by the target
+// read routes (nil: Relay's Target). Routes selects the routes served
+// (zero: RoutesProducer).
 type Handler struct {
 	Source  relaycore.Store
+	Target  relaycore.Store
 	Clock   relaycore.Clock
 	Enqueue relaycore.EnqueueConfig
 	Relay   *relaycore.RelayHandler
@@ -75,9 +78,16 @@ type Handler struct {
 	Logger  *slog.Logger
 
 	MaxBodyBytes, MaxRows int
-	// MaxExportBytes bounds the JSON body of one archive export page
-	// (default DefaultMaxExportBytes).
+	// MaxExportBytes bounds the JSON body of one archive export page and
+	// of one target items page (default DefaultMaxExportBytes).
 	MaxExportBytes int
+}
+
+func (h *Handler) maxExportBytes() int {
+	if h.MaxExportBytes <= 0 {
+		return DefaultMaxExportBytes
+	}
+	return h.MaxExportBytes
 }
 
 func (h *Handler) clock() relaycore.Clock {

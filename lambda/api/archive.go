@@ -174,10 +174,7 @@ func (h *Handler) exportArchive(ctx context.Context, m matched, req Request, _ *
 	if err != nil {
 		return nil, fail(400, "bad_request", "%v: pass the next of the previous page", err)
 	}
-	budget := h.MaxExportBytes
-	if budget <= 0 {
-		budget = DefaultMaxExportBytes
-	}
+	budget := h.maxExportBytes()
 	out := ArchiveExportResponse{Source: string(m.source), Entries: []ArchiveEntryJSON{}}
 	size := 64 + len(m.source)
 	add := func(e relaycore.ArchiveEntry, from int) (done bool) {

@@ -21,7 +21,9 @@ type RouteSet string
 // target's state, operator routes never enqueue new rows (a requeue
 // re-enqueues archived ones).
 const (
-	// RoutesProducer: enqueue and the read routes (the default).
+	// RoutesProducer: enqueue and the read routes (the default). The
+	// read routes include the target reads (GET /v1/targets/...): an
+	// application reads what relay delivered where it enqueues.
 	RoutesProducer RouteSet = "producer"
 	// RoutesOperator: the read routes and every operator route.
 	RoutesOperator RouteSet = "operator"
@@ -80,6 +82,8 @@ var routes = []Route{
 	{"GET", "/v1/sources/{source}/archive/export", false, true, (*Handler).exportArchive},
 	{"GET", "/v1/sources/{source}/archive/{entry}", false, true, (*Handler).getArchive},
 	{"POST", "/v1/sources/{source}/archive/{entry}/requeue", false, true, (*Handler).requeue},
+	{"GET", "/v1/targets/{target}/items", true, true, (*Handler).targetItems},
+	{"GET", "/v1/targets/{target}/watermarks", true, true, (*Handler).targetWatermarks},
 }
 
 // Routes lists every route of the API (for the OpenAPI check and docs).

@@ -1,0 +1,95 @@
+package api
+
+import (
+	"context"
+	"encoding/base64"
+	"log/slog"
+	"strconv"
+
+	"github.com/relay-dev/relay/relaycore"
+)
+
+// The target read routes let an application read what relay delivered to
+// its target partitions, through the same endpoint it enqueues with
+// (relaycore.ReadTarget and TargetWatermarks; docs/api.md, "Reading
+// target partitions").
+
+// TargetItemsResponse answers GET /v1/targets/{target}/items.
+type TargetItemsResponse struct {
+	Target string `json:"target"`
+	// Items are the partition's application keys in key order, values in
+	// standard base64 (as in the enqueue body).
+	Items []TargetItem `json:"items"`
+	// Next, when non-empty, is the after= of the next page.
+	Next string `json:"next,omitempty"`
+}
+
+// TargetItem is one key of a target partition.
+type TargetItem struct {
+	Key   string `json:"key"`
+	Value string `json:"value"`
+}
+
+// TargetWatermarksResponse answers GET /v1/targets/{target}/watermarks:
+// for each source that delivered to the target, the last seq applied.
+type TargetWatermarksResponse struct {
+	Target     string                      `json:"target"`
+	Watermarks []relaycore.SourceWatermark `json:"watermarks"`
+}
+
+// targetStore is the store the target partitions live in.
+func (h *Handler) targetStore() (relaycore.Store, error) {
+	switch {
+	case h.Target != nil:
+		return h.Target, nil
+	case h.Relay != nil && h.Relay.Target != nil:
+		return h.Relay.Target, nil
+	}
+	return nil, fail(500, "internal", "target reads are not configured on this endpoint")
+}
+
+func (h *Handler) targetItems(ctx context.Context, m matched, req Request, _ *slog.Logger) (any, error) {
+	q, e := query(req, "prefix", "after", "limit")
+	if e != nil {
+		return nil, e
+	}
+	r := relaycore.TargetReadRequest{Prefix: q["prefix"], After: q["after"], Limit: relaycore.DefaultTargetReadLimit}
+	if v, ok := q["limit"]; ok {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			return nil, fail(400, "bad_request", "limit %q: want 1..1000", v)
+		}
+		r.Limit = n
+	}
+	// Base64 takes 4/3 of a value and JSON may escape a key: half the
+	// export budget in raw bytes keeps the body within it.
+	r.MaxBytes = h.maxExportBytes() / 2
+	st, err := h.targetStore()
+	if err != nil {
+		return nil, err
+	}
+	pg, err := relaycore.ReadTarget(ctx, st, m.target, r)
+	if err != nil {
+		return nil, err
+	}
+	out := TargetItemsResponse{Target: string(m.target), Items: make([]TargetItem, len(pg.Items)), Next: pg.Next}
+	for i, kv := range pg.Items {
+		out.Items[i] = TargetItem{Key: kv.Key, Value: base64.StdEncoding.EncodeToString(kv.Value)}
+	}
+	return out, nil
+}
+
+func (h *Handler) targetWatermarks(ctx context.Context, m matched, req Request, _ *slog.Logger) (any, error) {
+	if _, e := query(req); e != nil {
+		return nil, e
+	}
+	st, err := h.targetStore()
+	if err != nil {
+		return nil, err
+	}
+	wm, err := relaycore.TargetWatermarks(ctx, st, m.target)
+	if err != nil {
+		return nil, err
+	}
+	return TargetWatermarksResponse{Target: string(m.target), Watermarks: wm}, nil
+}
