@@ -86,7 +86,7 @@ func ReadTarget(ctx context.Context, st Store, target Partition, req TargetReadR
 				return out, nil
 			}
 			size += len(it.Key) + len(it.Value)
-			out.Items = append(out.Items, KV{Key: it.Key, Value: it.Value})
+			out.Items = append(out.Items, KV(it))
 		}
 		if pg.Next == "" {
 			return out, nil
