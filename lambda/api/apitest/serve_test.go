@@ -1,0 +1,113 @@
+package apitest_test
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/relay-dev/relay/internal/relayserve"
+	"github.com/relay-dev/relay/internal/relayserve/servetest"
+	"github.com/relay-dev/relay/lambda/api/apitest"
+)
+
+// relayBin is the relay binary, built once in TestMain.
+var relayBin string
+
+func TestMain(m *testing.M) {
+	os.Exit(buildAndRun(m))
+}
+
+func buildAndRun(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "apitest-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	if relayBin, err = servetest.Build(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return m.Run()
+}
+
+// serveHost is `relay serve` as a separate process on a new bbolt file,
+// with one bearer token per role: the producer may produce to any source
+// and read, the operator reads and operates (the two function URLs'
+// route sets). Its own alarm clock delivers, so Settle does nothing.
+type serveHost struct {
+	proc   *servetest.Proc
+	client *http.Client
+	tokens map[apitest.Role]string
+}
+
+func startServe(t *testing.T) *serveHost {
+	t.Helper()
+	dir := t.TempDir()
+	tokens := map[apitest.Role]string{apitest.Producer: "relay_conformance_producer", apitest.Operator: "relay_conformance_operator"}
+	var lines strings.Builder
+	for role, tok := range tokens {
+		fmt.Fprintf(&lines, "%s %s\n", role, relayserve.HashToken(tok))
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tokens"), []byte(lines.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fmt.Sprintf(`listen: 127.0.0.1:0
+db: %s
+auth: {tokens_file: %s}
+principals:
+  producer: {produce: ["*"], read: true}
+  operator: {read: true, operate: true}
+`, filepath.Join(dir, "relay.db"), filepath.Join(dir, "tokens"))
+	p := servetest.Start(t, relayBin, servetest.WriteConfig(t, cfg))
+	t.Cleanup(func() {
+		if code := p.Stop(t); code != 0 {
+			t.Errorf("relay serve exited %d", code)
+		}
+	})
+	return &serveHost{proc: p, client: p.Client(nil), tokens: tokens}
+}
+
+func (s *serveHost) Do(t testing.TB, req apitest.Request) apitest.Response {
+	t.Helper()
+	u := s.proc.URL + req.Path
+	if req.Query != "" {
+		u += "?" + req.Query
+	}
+	hr, err := http.NewRequestWithContext(t.Context(), req.Method, u, bytes.NewReader(req.Body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range req.Headers {
+		hr.Header.Set(k, v)
+	}
+	hr.Header.Set("authorization", "Bearer "+s.tokens[req.Role])
+	resp, err := s.client.Do(hr)
+	if err != nil {
+		t.Fatalf("%s %s: %v", req.Method, req.Path, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s %s: read: %v", req.Method, req.Path, err)
+	}
+	headers := map[string]string{}
+	for k := range resp.Header {
+		headers[strings.ToLower(k)] = strings.Join(resp.Header.Values(k), ", ")
+	}
+	return apitest.Response{Status: resp.StatusCode, Headers: headers, Body: body}
+}
+
+func (s *serveHost) Settle(testing.TB, string) {}
+
+// TestServe runs the conformance scenario against `relay serve` over
+// HTTP: the server's own layer (authentication, roles, body limit) must
+// not change any answer the handler gives.
+func TestServe(t *testing.T) {
+	apitest.Run(t, startServe(t), false)
+}
