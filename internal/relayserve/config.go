@@ -33,6 +33,7 @@ const (
 	DefaultMaxConnections    = 512
 	DefaultAlarmWorkers      = 4
 	DefaultSweepInterval     = time.Minute
+	DefaultClaimTTL          = 10 * time.Second
 	DefaultDrainTimeout      = 30 * time.Second
 )
 
@@ -144,6 +145,13 @@ type Limits struct {
 type Alarms struct {
 	Workers       int           `yaml:"workers"`
 	SweepInterval time.Duration `yaml:"sweep_interval"`
+	// ClaimTTL (alarms.claim_ttl, default 10s) is how long a fire's claim
+	// on a source lasts (relaycore.RelayHandler.ClaimTTL). After a crash
+	// the dead process's claims delay their sources' fires by up to this
+	// long. Shorter than the engine's 30s default because the server runs
+	// alone on its file (bbolt's lock) and never runs two alarms for a
+	// source at once, so a claim only has to outlast one local fire.
+	ClaimTTL time.Duration `yaml:"claim_ttl"`
 }
 
 // Default returns the configuration with every default filled in (db is
@@ -158,7 +166,7 @@ func Default() Config {
 			WriteTimeout: DefaultWriteTimeout, IdleTimeout: DefaultIdleTimeout,
 			MaxConnections: DefaultMaxConnections,
 		},
-		Alarms:       Alarms{Workers: DefaultAlarmWorkers, SweepInterval: DefaultSweepInterval},
+		Alarms:       Alarms{Workers: DefaultAlarmWorkers, SweepInterval: DefaultSweepInterval, ClaimTTL: DefaultClaimTTL},
 		DrainTimeout: DefaultDrainTimeout,
 		LogLevel:     "info",
 	}
@@ -302,6 +310,9 @@ func (c *Config) validate() []error {
 	}
 	if c.Alarms.SweepInterval > 0 && c.Alarms.SweepInterval < time.Second {
 		bad("alarms.sweep_interval %v: at least 1s (each sweep scans the due index)", c.Alarms.SweepInterval)
+	}
+	if c.Alarms.ClaimTTL < time.Second || c.Alarms.ClaimTTL > 5*time.Minute {
+		bad("alarms.claim_ttl %v: want 1s..5m", c.Alarms.ClaimTTL)
 	}
 	if _, err := c.Level(); err != nil {
 		errs = append(errs, err)

@@ -91,6 +91,7 @@ auth:
   tokens_file: %s
 alarms:
   sweep_interval: 1s
+  claim_ttl: 1s
 limits:
   max_body_bytes: 65536
 drain_timeout: 20s

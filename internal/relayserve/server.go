@@ -131,7 +131,7 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 	fireCtx, cancelFires := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelFires()
 	m := newMetrics(src)
-	relay := &relaycore.RelayHandler{Source: src, Target: dst, Budget: budget, Logger: log}
+	relay := &relaycore.RelayHandler{Source: src, Target: dst, Budget: budget, Logger: log, ClaimTTL: cfg.Alarms.ClaimTTL}
 	clock := alarmclock.New(alarmclock.Config{
 		Handler: detachedAlarmer{relay, fireCtx}, Index: src, Workers: cfg.Alarms.Workers,
 		SweepInterval: cfg.Alarms.SweepInterval, Logger: log,
