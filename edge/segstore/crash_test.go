@@ -174,7 +174,8 @@ func copyFile(t *testing.T, src, dst string) {
 }
 
 // TestStartupReconcile plants every kind of debris and checks that Open
-// repairs it, reports it, and leaves unknown files alone.
+// repairs it, reports it, and leaves unknown files alone. A file of the
+// wrong size (torn) is quarantined, not removed.
 func TestStartupReconcile(t *testing.T) {
 	dir := t.TempDir()
 	f := newStore(t, dir, testOpts)
@@ -205,7 +206,8 @@ func TestStartupReconcile(t *testing.T) {
 	slices.Sort(rep.RemovedOrphans)
 	slices.Sort(rep.Unknown)
 	if !slices.Equal(rep.DroppedEntries, []string{"lost", "short"}) ||
-		!slices.Equal(rep.RemovedOrphans, []string{"orphan", "short"}) ||
+		!slices.Equal(rep.RemovedOrphans, []string{"orphan"}) ||
+		len(rep.Quarantined) != 1 || rep.Quarantined[0].ID != "short" ||
 		!slices.Equal(rep.RemovedTemp, []string{tmpPrefix + "x-123"}) ||
 		!slices.Equal(rep.Unknown, []string{".operator-notes", "subdir"}) {
 		t.Fatalf("report %+v", rep)

@@ -22,8 +22,11 @@
 // created (temp file or renamed file); the index entry is the commit
 // point. Open's start-up scan finishes the job for a process that died
 // mid-write: it removes temp files, removes segment files that have no
-// index entry, and drops index entries whose file is missing or has the
-// wrong size. The invariant, after Open and after every Write/Evict:
+// index entry, and drops index entries whose file is missing. A file of
+// the wrong size (torn or damaged) is quarantined with its entry dropped,
+// and with Options.VerifyOnOpen so is one whose content no longer hashes
+// to its entry's digest. The invariant, after Open and after every
+// Write/Evict:
 //
 //	every index entry names a file in segments/ whose size is the entry's
 //	size and whose content hashed to the entry's digest before it was
@@ -35,6 +38,35 @@
 // did not finish leaves no trace after the next start. Files in segments/
 // whose names are not valid segment ids are never touched (they are
 // reported in the ScanReport).
+//
+// # Quarantine
+//
+// A damaged segment file is never deleted and never served: it is moved
+// to <dir>/quarantine/<id>.<UTC time> (both directories fsynced) before
+// its index entry is dropped, so a crash in between leaves an entry
+// without a file (dropped at the next start), not a damaged file under
+// its id. The quarantine does not count against the quota; the operator
+// inspects and removes it.
+//
+// # Rebuild and digest tags
+//
+// When the database has no index bucket (a new database, after the
+// daemon set a damaged one aside) Open does not take the segment files
+// for orphans: it rebuilds the index from them, in one transaction with
+// the bucket's creation, so a crash mid-rebuild leaves no index and the
+// next start rebuilds again. The digest a rebuilt entry gets comes from
+// the file's digest tag: the commit path sets an extended attribute
+// (user.edged.segment: digest and source peer) on the temp file before
+// writing, and the file is renamed into place only after its content
+// matched that digest and was fsynced with it. A file whose content
+// matches its tag is what was acknowledged (Entry.Rebuilt =
+// RebuiltFromTag); one that does not, or whose tag is garbled, is
+// quarantined. A file without a tag (a file system without user extended
+// attributes, or a file written before tags) is indexed under its
+// content's own digest (RebuiltFromContent) and reported unverified:
+// docs/edge.md explains what the relay's peers then decide. A rebuilt
+// entry is not relayed: the relay ledger, lost with the database, is
+// re-derived by the daemon.
 //
 // # Quota
 //

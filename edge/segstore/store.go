@@ -33,6 +33,11 @@ type Options struct {
 	// SyncDir fsyncs a directory; nil means SyncDir. Open calls it for the
 	// parent of every directory it creates (tests record the calls).
 	SyncDir func(dir string) error
+	// VerifyOnOpen makes Open hash every indexed file and quarantine the
+	// ones whose content no longer matches the entry's digest (damage after
+	// the commit: bit rot, a bad card). It reads the whole store once per
+	// start; without it only the sizes are checked.
+	VerifyOnOpen bool
 }
 
 // Entry is one index entry.
@@ -44,6 +49,10 @@ type Entry struct {
 	Source    string // peer id the segment came from; "" for local ingest
 	Relayed   bool   // the success condition was met (see MarkRelayed)
 	RelayedAt time.Time
+	// Rebuilt is "" for an entry written by a receive or an ingest, and
+	// RebuiltFromTag or RebuiltFromContent for one Open rebuilt from the
+	// file after the index was lost.
+	Rebuilt string
 }
 
 type storedEntry struct {
@@ -53,10 +62,11 @@ type storedEntry struct {
 	Source     string `json:"source,omitempty"`
 	Relayed    bool   `json:"relayed,omitempty"`
 	RelayedNS  int64  `json:"relayed_ns,omitempty"`
+	Rebuilt    string `json:"rebuilt,omitempty"`
 }
 
 func (e Entry) encode() ([]byte, error) {
-	se := storedEntry{Size: e.Size, SHA256: e.SHA256, ReceivedNS: e.Received.UnixNano(), Source: e.Source, Relayed: e.Relayed}
+	se := storedEntry{Size: e.Size, SHA256: e.SHA256, ReceivedNS: e.Received.UnixNano(), Source: e.Source, Relayed: e.Relayed, Rebuilt: e.Rebuilt}
 	if e.Relayed {
 		se.RelayedNS = e.RelayedAt.UnixNano()
 	}
@@ -68,7 +78,7 @@ func decodeEntry(id string, v []byte) (Entry, error) {
 	if err := json.Unmarshal(v, &se); err != nil {
 		return Entry{}, fmt.Errorf("decode index entry %s: %w", id, err)
 	}
-	e := Entry{ID: id, Size: se.Size, SHA256: se.SHA256, Received: time.Unix(0, se.ReceivedNS).UTC(), Source: se.Source, Relayed: se.Relayed}
+	e := Entry{ID: id, Size: se.Size, SHA256: se.SHA256, Received: time.Unix(0, se.ReceivedNS).UTC(), Source: se.Source, Relayed: se.Relayed, Rebuilt: se.Rebuilt}
 	if se.Relayed {
 		e.RelayedAt = time.Unix(0, se.RelayedNS).UTC()
 	}
@@ -85,10 +95,16 @@ type Usage struct {
 
 // ScanReport says what Open's start-up scan repaired.
 type ScanReport struct {
-	RemovedTemp    []string // leftover temp files removed
-	RemovedOrphans []string // segment files without an index entry, removed
-	DroppedEntries []string // index entries whose file was missing or the wrong size, dropped
-	Unknown        []string // files in segments/ that are not segments, left alone
+	RemovedTemp    []string      // leftover temp files removed
+	RemovedOrphans []string      // segment files without an index entry, removed
+	DroppedEntries []string      // index entries whose file was missing or quarantined, dropped
+	Unknown        []string      // files in segments/ that are not segments, left alone
+	Quarantined    []Quarantined // damaged files moved to QuarantineDir (their entries dropped)
+	// Rebuilt names the entries created from the segment files because the
+	// database had no index (see the package documentation); Unverified
+	// are those among them whose file carried no digest tag.
+	Rebuilt    []string
+	Unverified []string
 }
 
 // step names a point in the commit path, for fault injection in tests.
@@ -137,13 +153,14 @@ func Open(dir string, db *bolt.DB, opt Options) (*Store, error) {
 	if err := CreateDir(s.dir, 0o700, opt.SyncDir); err != nil {
 		return nil, fmt.Errorf("open segment store: %w", err)
 	}
-	if err := db.Update(func(tx *bolt.Tx) error {
-		_, err := tx.CreateBucketIfNotExists(indexBucket)
-		return err
+	fresh := false
+	if err := db.View(func(tx *bolt.Tx) error {
+		fresh = tx.Bucket(indexBucket) == nil
+		return nil
 	}); err != nil {
 		return nil, fmt.Errorf("open segment store: %w", err)
 	}
-	if err := s.reconcile(); err != nil {
+	if err := s.reconcile(fresh); err != nil {
 		return nil, fmt.Errorf("open segment store: %w", err)
 	}
 	return s, nil
@@ -153,7 +170,9 @@ func Open(dir string, db *bolt.DB, opt Options) (*Store, error) {
 func (s *Store) Recovered() ScanReport { return s.scan }
 
 // reconcile is the start-up scan. It runs before the Store is shared.
-func (s *Store) reconcile() error {
+// With fresh (the database has no index bucket yet) the index is rebuilt
+// from the files instead of taking them for orphans.
+func (s *Store) reconcile(fresh bool) error {
 	des, err := os.ReadDir(s.dir)
 	if err != nil {
 		return err
@@ -177,44 +196,56 @@ func (s *Store) reconcile() error {
 			s.scan.Unknown = append(s.scan.Unknown, name)
 		}
 	}
-	var bytes, count int64
-	err = s.db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(indexBucket)
-		var drop []string
-		err := b.ForEach(func(k, v []byte) error {
-			id := string(k)
-			e, err := decodeEntry(id, v)
-			if err != nil {
-				return err
+	if fresh {
+		if err := s.rebuild(files); err != nil {
+			return err
+		}
+		if len(s.scan.RemovedTemp) > 0 {
+			return syncDir(s.dir)
+		}
+		return nil
+	}
+	var entries []Entry
+	err = s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(indexBucket).ForEach(func(k, v []byte) error {
+			e, err := decodeEntry(string(k), v)
+			entries = append(entries, e)
+			return err
+		})
+	})
+	if err != nil {
+		return err
+	}
+	drop, err := s.checkFiles(entries, files)
+	if err != nil {
+		return err
+	}
+	if len(drop) > 0 {
+		err = s.db.Update(func(tx *bolt.Tx) error {
+			b := tx.Bucket(indexBucket)
+			for _, id := range drop {
+				if err := b.Delete([]byte(id)); err != nil {
+					return err
+				}
 			}
-			size, ok := files[id]
-			delete(files, id)
-			if ok && size == e.Size {
-				bytes += e.Size
-				count++
-				return nil
-			}
-			if ok {
-				// Wrong size: the file cannot be what was verified. Remove it
-				// with its entry rather than serve it.
-				files[id] = size
-			}
-			drop = append(drop, id)
 			return nil
 		})
 		if err != nil {
 			return err
 		}
-		for _, id := range drop {
-			if err := b.Delete([]byte(id)); err != nil {
-				return err
-			}
+	}
+	s.scan.DroppedEntries = drop
+	dropped := map[string]bool{}
+	for _, id := range drop {
+		dropped[id] = true
+	}
+	var bytes, count int64
+	for _, e := range entries {
+		if _, ok := files[e.ID]; ok && !dropped[e.ID] {
+			bytes += e.Size
+			count++
 		}
-		s.scan.DroppedEntries = drop
-		return nil
-	})
-	if err != nil {
-		return err
+		delete(files, e.ID)
 	}
 	for id := range files {
 		if err := os.Remove(filepath.Join(s.dir, id)); err != nil {

@@ -154,6 +154,7 @@ func (s *Store) commit(id string, size int64, digest string, src io.Reader, sour
 		return Entry{}, err
 	}
 	tmp := f.Name()
+	tagFile(tmp, digest, source) // before any byte: see tag.go
 	renamed := false
 	defer func() {
 		if err == nil {

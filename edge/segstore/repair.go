@@ -1,0 +1,222 @@
+package segstore
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// QuarantineDir is the directory, beside segments/, that damaged segment
+// files are moved to. Nothing reads it: its files are not served, not
+// counted against the quota, and never deleted by edged.
+const QuarantineDir = "quarantine"
+
+// How an index entry was rebuilt (Entry.Rebuilt).
+const (
+	// RebuiltFromTag: the file's content matched its digest tag, the copy
+	// of the digest the commit path verified. As trustworthy as an entry
+	// written by a receive.
+	RebuiltFromTag = "tag"
+	// RebuiltFromContent: the file had no tag (a file system without
+	// extended attributes, or written by an edged older than tags); its
+	// digest is that of its content now. See docs/edge.md for why this is
+	// still safe to relay.
+	RebuiltFromContent = "content"
+)
+
+// Quarantined is a segment file moved to QuarantineDir.
+type Quarantined struct {
+	ID     string // segment id
+	File   string // name in QuarantineDir: <id>.<UTC time>
+	Reason string
+}
+
+// hashFile reads path and returns its size and SHA-256 (lower-case hex).
+func hashFile(path string) (int64, string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return 0, "", err
+	}
+	return n, hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// quarantine moves segments/<id> into QuarantineDir under a name that
+// says when, and makes the move durable (both directories fsynced) before
+// the caller drops the index entry: a crash in between leaves an entry
+// without its file, which the next start drops, never a damaged file
+// under its id. An existing name is never overwritten.
+func (s *Store) quarantine(id, reason string) error {
+	qdir := filepath.Join(filepath.Dir(s.dir), QuarantineDir)
+	if err := CreateDir(qdir, 0o700, s.opt.SyncDir); err != nil {
+		return fmt.Errorf("quarantine %s: %w", id, err)
+	}
+	base := id + "." + s.opt.Now().UTC().Format("20060102T150405Z")
+	name := base
+	for i := 1; ; i++ {
+		_, err := os.Lstat(filepath.Join(qdir, name))
+		if errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("quarantine %s: %w", id, err)
+		}
+		name = fmt.Sprintf("%s-%d", base, i)
+	}
+	if err := os.Rename(filepath.Join(s.dir, id), filepath.Join(qdir, name)); err != nil {
+		return fmt.Errorf("quarantine %s: %w", id, err)
+	}
+	if err := syncDir(qdir); err != nil {
+		return fmt.Errorf("quarantine %s: fsync %s: %w", id, qdir, err)
+	}
+	if err := syncDir(s.dir); err != nil {
+		return fmt.Errorf("quarantine %s: fsync %s: %w", id, s.dir, err)
+	}
+	s.scan.Quarantined = append(s.scan.Quarantined, Quarantined{ID: id, File: name, Reason: reason})
+	return nil
+}
+
+// checkFiles is the start-up check of indexed files against their
+// entries: a file of the wrong size (torn, or damaged) is quarantined, and
+// with Options.VerifyOnOpen so is one whose content does not hash to the
+// entry's digest. It returns the ids whose entries must be dropped.
+func (s *Store) checkFiles(entries []Entry, sizes map[string]int64) ([]string, error) {
+	var drop []string
+	for _, e := range entries {
+		size, ok := sizes[e.ID]
+		if !ok {
+			drop = append(drop, e.ID) // missing: nothing to quarantine
+			continue
+		}
+		reason := ""
+		switch {
+		case size != e.Size:
+			reason = fmt.Sprintf("file has %d bytes, index entry %d", size, e.Size)
+		case s.opt.VerifyOnOpen:
+			_, got, err := hashFile(filepath.Join(s.dir, e.ID))
+			switch {
+			case err != nil:
+				reason = fmt.Sprintf("unreadable: %v", err)
+			case got != e.SHA256:
+				reason = fmt.Sprintf("content sha256 %s, index entry %s", got, e.SHA256)
+			}
+		}
+		if reason == "" {
+			continue
+		}
+		if err := s.quarantine(e.ID, reason); err != nil {
+			return nil, err
+		}
+		drop = append(drop, e.ID)
+	}
+	return drop, nil
+}
+
+// rebuild creates the index from the segment files, for a database that
+// has no index (a new database, after a damaged one was set aside). Each
+// file is hashed; one whose content does not match its digest tag, or
+// that cannot be read, is quarantined; the others get an entry with their
+// size, digest, the tag's source, the file's modification time as the
+// received time, and Rebuilt saying where the digest came from. The
+// bucket and every entry are created in one transaction, so a crash
+// during the rebuild leaves no index and the next start rebuilds again
+// (rather than taking the files for orphans of an empty index).
+func (s *Store) rebuild(sizes map[string]int64) error {
+	var entries []Entry
+	for _, id := range slices.Sorted(maps.Keys(sizes)) {
+		path := filepath.Join(s.dir, id)
+		size, digest, err := hashFile(path)
+		var fi os.FileInfo
+		if err == nil {
+			fi, err = os.Stat(path)
+		}
+		if err != nil {
+			if err := s.quarantine(id, fmt.Sprintf("unreadable: %v", err)); err != nil {
+				return err
+			}
+			continue
+		}
+		e := Entry{ID: id, Size: size, SHA256: digest, Received: fi.ModTime().UTC(), Rebuilt: RebuiltFromTag}
+		t, err := readTag(path)
+		switch {
+		case errors.Is(err, errNoTag):
+			e.Rebuilt = RebuiltFromContent
+			s.scan.Unverified = append(s.scan.Unverified, id)
+		case err != nil:
+			if err := s.quarantine(id, err.Error()); err != nil {
+				return err
+			}
+			continue
+		case t.SHA256 != digest:
+			if err := s.quarantine(id, fmt.Sprintf("content sha256 %s, digest tag %s", digest, t.SHA256)); err != nil {
+				return err
+			}
+			continue
+		default:
+			e.Source = t.Source
+		}
+		entries = append(entries, e)
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists(indexBucket)
+		if err != nil {
+			return err
+		}
+		for _, e := range entries {
+			v, err := e.encode()
+			if err != nil {
+				return err
+			}
+			if err := b.Put([]byte(e.ID), v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("rebuild index: %w", err)
+	}
+	for _, e := range entries {
+		s.bytes += e.Size
+		s.count++
+		s.scan.Rebuilt = append(s.scan.Rebuilt, e.ID)
+	}
+	return nil
+}
+
+// CheckIndex decodes every index entry in tx and checks what Open relies
+// on (a valid id, a digest, a size ≥ 0), for the daemon's start-up check
+// of the database. An index that does not exist is fine (it is rebuilt).
+func CheckIndex(tx *bolt.Tx) error {
+	b := tx.Bucket(indexBucket)
+	if b == nil {
+		return nil
+	}
+	return b.ForEach(func(k, v []byte) error {
+		id := string(k)
+		if err := ValidID(id); err != nil {
+			return fmt.Errorf("index entry %q: %w", k, err)
+		}
+		e, err := decodeEntry(id, v)
+		if err != nil {
+			return err
+		}
+		if _, err := normDigest(e.SHA256); err != nil || e.Size < 0 {
+			return fmt.Errorf("index entry %s: size %d, sha256 %q", id, e.Size, e.SHA256)
+		}
+		return nil
+	})
+}
