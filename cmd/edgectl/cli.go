@@ -169,6 +169,18 @@ func storageCmd(g *globals) *cobra.Command {
 						fmt.Fprintf(w, "%s\t%s\n", r[0], strings.Join(l, " "))
 					}
 				}
+				if s.DBMovedAside != "" {
+					fmt.Fprintf(w, "database damaged\tmoved to %s: %s\n", s.DBMovedAside, oneLine(s.DBDamage))
+				}
+				if len(s.Rebuilt) > 0 {
+					fmt.Fprintf(w, "index rebuilt\t%d segments from their files\n", len(s.Rebuilt))
+				}
+				if len(s.Unverified) > 0 {
+					fmt.Fprintf(w, "no digest tag\t%s (indexed under their content's digest)\n", strings.Join(s.Unverified, " "))
+				}
+				for _, q := range s.Quarantined {
+					fmt.Fprintf(w, "quarantined\t%s -> %s: %s\n", q.Segment, filepath.Join(s.QuarantineDir, q.File), oneLine(q.Reason))
+				}
 			})
 		},
 	}

@@ -167,6 +167,12 @@ type Storage struct {
 	QuotaSegments int64 `yaml:"quota_segments"`
 	// MaxSegmentBytes (max_segment_bytes, default 64MiB) bounds one segment.
 	MaxSegmentBytes ByteSize `yaml:"max_segment_bytes"`
+	// VerifyOnStart (verify_on_start, default true) hashes every stored
+	// segment at start and quarantines the ones whose content no longer
+	// matches their digest. It reads the whole store once per start; off,
+	// only sizes are checked and a damaged file is found when a peer
+	// refuses it (NACK checksum).
+	VerifyOnStart bool `yaml:"verify_on_start"`
 }
 
 // RPC is the local operator interface.
@@ -201,6 +207,7 @@ func Default() *Config {
 			QuotaBytes:      DefaultQuotaBytes,
 			QuotaSegments:   DefaultQuotaSegments,
 			MaxSegmentBytes: DefaultMaxSegmentBytes,
+			VerifyOnStart:   true,
 		},
 		RPC: RPC{Listen: DefaultRPCListen},
 	}

@@ -54,6 +54,7 @@ storage:
   quota_bytes: 2GiB
   quota_segments: 500
   max_segment_bytes: 16777216
+  verify_on_start: false
 rpc:
   listen: unix:/run/edged/rpc.sock
 `
@@ -400,6 +401,7 @@ func TestDefaultsDocumented(t *testing.T) {
 		"storage.quota_bytes":       d.Storage.QuotaBytes.String(),
 		"storage.quota_segments":    "10000",
 		"storage.max_segment_bytes": d.Storage.MaxSegmentBytes.String(),
+		"storage.verify_on_start":   "true",
 		"rpc.listen":                d.RPC.Listen,
 	}
 	rows := map[string]string{}

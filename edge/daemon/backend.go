@@ -57,7 +57,7 @@ func (b backend) Status(context.Context) (rpc.Status, error) {
 }
 
 func segment(e segstore.Entry) rpc.Segment {
-	s := rpc.Segment{ID: e.ID, Size: e.Size, SHA256: e.SHA256, Received: e.Received, Source: e.Source, Relayed: e.Relayed}
+	s := rpc.Segment{ID: e.ID, Size: e.Size, SHA256: e.SHA256, Received: e.Received, Source: e.Source, Relayed: e.Relayed, Rebuilt: e.Rebuilt}
 	if e.Relayed {
 		t := e.RelayedAt
 		s.RelayedAt = &t
@@ -100,10 +100,16 @@ func (b backend) Index(context.Context) (rpc.Index, error) {
 
 func (b backend) Storage(context.Context) (rpc.Storage, error) {
 	rep := b.d.store.Recovered()
-	return rpc.Storage{
+	out := rpc.Storage{
 		Dir: b.d.cfg.Storage.Dir, Usage: usage(b.d.store.Usage()),
 		RemovedTemp: rep.RemovedTemp, RemovedOrphans: rep.RemovedOrphans, DroppedEntries: rep.DroppedEntries, Unknown: rep.Unknown,
-	}, nil
+		DBMovedAside: b.d.dbRepair.MovedAside, DBDamage: b.d.dbRepair.Damage, Rebuilt: rep.Rebuilt, Unverified: rep.Unverified,
+		QuarantineDir: filepath.Join(b.d.cfg.Storage.Dir, segstore.QuarantineDir),
+	}
+	for _, q := range rep.Quarantined {
+		out.Quarantined = append(out.Quarantined, rpc.Quarantined{Segment: q.ID, File: q.File, Reason: q.Reason})
+	}
+	return out, nil
 }
 
 func (b backend) Quota(context.Context) (rpc.Usage, error) { return usage(b.d.store.Usage()), nil }

@@ -4,8 +4,10 @@
 // executor, the local RPC with Prometheus metrics, certificate reload and
 // graceful stop.
 //
-// Start-up order: open the database, the store (whose scan removes what a
-// crash left half-written) and the ledger; reconcile the ledger
+// Start-up order: open and check the database (a damaged one is set aside
+// and a new one created: dbrepair.go), the ledger and the store (whose
+// scan removes what a crash left half-written, quarantines damaged files
+// and rebuilds a lost index from the segment files); reconcile the ledger
 // (relay.Executor.Reconcile); then accept inbound connections, start the
 // workers and serve the RPC. Stop order: stop accepting, cancel receives
 // in progress (a receive that has not committed leaves nothing behind and
@@ -15,18 +17,15 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
-	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/relay-dev/relay/edge/config"
 	"github.com/relay-dev/relay/edge/ledger"
@@ -75,6 +74,8 @@ type Daemon struct {
 	met   *metrics
 	rpc   *rpc.Server
 
+	dbRepair dbRepair // what openDB did at start
+
 	relayLn *transport.Listener
 	rpcLn   net.Listener
 	started time.Time
@@ -106,26 +107,18 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 		return nil, fmt.Errorf("storage dir: %w", err)
 	}
 	dbPath := filepath.Join(cfg.Storage.Dir, DBFile)
-	_, statErr := os.Stat(dbPath)
-	d.db, err = bolt.Open(dbPath, 0o600, &bolt.Options{Timeout: 2 * time.Second})
-	if errors.Is(err, bolterrors.ErrTimeout) {
-		return nil, fmt.Errorf("open %s: locked by another process (is another edged using this storage.dir?)", dbPath)
-	}
+	d.db, d.dbRepair, err = openDB(dbPath, opt.Now(), opt.SyncDir)
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", dbPath, err)
+		return nil, err
 	}
 	defer func() {
 		if err != nil {
 			d.db.Close()
 		}
 	}()
-	if errors.Is(statErr, os.ErrNotExist) {
-		// bbolt fsyncs the file it creates, not the directory entry naming
-		// it: without this a crash could leave a store whose index and
-		// ledger vanished while its segment files remained.
-		if err := opt.SyncDir(cfg.Storage.Dir); err != nil {
-			return nil, fmt.Errorf("open %s: fsync %s: %w", dbPath, cfg.Storage.Dir, err)
-		}
+	if d.dbRepair.MovedAside != "" {
+		d.log.Error("database damaged: set aside, rebuilding the index from the segment files and re-deriving the ledger",
+			"moved_to", d.dbRepair.MovedAside, "damage", d.dbRepair.Damage)
 	}
 	if d.led, err = ledger.Open(d.db); err != nil {
 		return nil, err
@@ -133,15 +126,13 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 	d.store, err = segstore.Open(cfg.Storage.Dir, d.db, segstore.Options{
 		QuotaBytes: int64(cfg.Storage.QuotaBytes), QuotaSegments: cfg.Storage.QuotaSegments,
 		MaxSegmentBytes: int64(cfg.Storage.MaxSegmentBytes), Now: opt.Now, SyncDir: opt.SyncDir,
+		VerifyOnOpen: cfg.Storage.VerifyOnStart,
 	})
 	if err != nil {
 		return nil, err
 	}
-	if rep := d.store.Recovered(); len(rep.RemovedTemp)+len(rep.RemovedOrphans)+len(rep.DroppedEntries) > 0 {
-		d.log.Warn("segment store repaired after unclean stop",
-			"removed_temp", rep.RemovedTemp, "removed_orphans", rep.RemovedOrphans, "dropped_entries", rep.DroppedEntries)
-	}
 	d.met = newMetrics(d)
+	d.reportRepairs()
 	d.tr, err = transport.New(transport.Config{
 		NodeID: cfg.NodeID, CertFile: cfg.TLS.Cert, KeyFile: cfg.TLS.Key, CAFile: cfg.TLS.CA,
 		AllowPeer:        cfg.Accepts, // known_peers and inbound-only accept_from

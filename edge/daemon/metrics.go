@@ -28,6 +28,7 @@ type metrics struct {
 	deferred       *prometheus.CounterVec
 	dials          *prometheus.CounterVec
 	removed        prometheus.Counter
+	repairs        *prometheus.CounterVec
 }
 
 func newMetrics(d *Daemon) *metrics {
@@ -73,9 +74,12 @@ func newMetrics(d *Daemon) *metrics {
 		removed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "edged_ledger_records_removed_total", Help: "Ledger records removed by relay.ledger_retention (all acked, segment no longer stored).",
 		}),
+		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edged_storage_repairs_total", Help: "What the start-up checks repaired, by action (db_moved_aside, rebuilt, rebuilt_unverified, quarantined, dropped_entry, removed_orphan, removed_temp).",
+		}, []string{"action"}),
 	}
 	m.reg.MustRegister(m.inbound, m.nacks, m.protocolErrors, m.rejected, m.reloadErrors, m.attempts, m.sentBytes, m.attemptSecs,
-		m.relayed, m.evicted, m.deferred, m.dials, m.removed,
+		m.relayed, m.evicted, m.deferred, m.dials, m.removed, m.repairs,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		storeCollector{d})
 	return m

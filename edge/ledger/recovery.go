@@ -1,8 +1,11 @@
 package ledger
 
 import (
+	"errors"
 	"fmt"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 )
 
 // Start-up reconciliation. Run after opening the ledger and the segment
@@ -129,4 +132,43 @@ func (l *Ledger) bulk(op string, step func(Record) (Record, bool)) (int, error) 
 		return 0, fmt.Errorf("%s: %w", op, err)
 	}
 	return n, nil
+}
+
+// CheckRecords decodes every record in tx and checks that the pending
+// index holds exactly the Scheduled and Failed records under their
+// NextAttemptAfter, for the daemon's start-up check of the database. A
+// ledger that does not exist yet is fine (Open creates it).
+func CheckRecords(tx *bolt.Tx) error {
+	root := tx.Bucket(rootBucket)
+	if root == nil {
+		return nil
+	}
+	b := buckets{records: root.Bucket(recordsBucket), pending: root.Bucket(pendingBucket)}
+	if b.records == nil || b.pending == nil {
+		return errors.New("ledger: records or pending bucket missing")
+	}
+	want := 0
+	err := b.records.ForEach(func(k, v []byte) error {
+		r, err := decode(k, v)
+		if err != nil {
+			return err
+		}
+		if r.State < StateScheduled || r.State > StateDeadletter {
+			return fmt.Errorf("ledger record %s/%s: unknown state %d", r.SegmentID, r.PeerID, r.State)
+		}
+		if r.State.pending() {
+			want++
+			if b.pending.Get(pendKey(r.NextAttemptAfter, r.SegmentID, r.PeerID)) == nil {
+				return fmt.Errorf("ledger record %s/%s is %s but not in the pending index", r.SegmentID, r.PeerID, r.State)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if n := b.pending.Stats().KeyN; n != want {
+		return fmt.Errorf("ledger pending index holds %d keys for %d pending records", n, want)
+	}
+	return nil
 }

@@ -78,6 +78,10 @@ type Segment struct {
 	Source    string     `json:"source,omitempty"` // peer it came from; empty for local ingest
 	Relayed   bool       `json:"relayed"`
 	RelayedAt *time.Time `json:"relayed_at,omitempty"`
+	// Rebuilt is set on an entry rebuilt from its file after the database
+	// was lost: "tag" (the file matched its digest tag) or "content" (no
+	// tag; the digest is the content's own).
+	Rebuilt string `json:"rebuilt,omitempty"`
 }
 
 // Index is GET /v1/index.
@@ -107,6 +111,24 @@ type Storage struct {
 	RemovedOrphans []string `json:"removed_orphans,omitempty"`
 	DroppedEntries []string `json:"dropped_entries,omitempty"`
 	Unknown        []string `json:"unknown_files,omitempty"`
+	// DBMovedAside is where a damaged database was moved at start (a new
+	// one took its place), and DBDamage why.
+	DBMovedAside string `json:"db_moved_aside,omitempty"`
+	DBDamage     string `json:"db_damage,omitempty"`
+	// Rebuilt are the index entries rebuilt from segment files; Unverified
+	// those among them whose file had no digest tag.
+	Rebuilt    []string `json:"rebuilt,omitempty"`
+	Unverified []string `json:"unverified,omitempty"`
+	// Quarantined are damaged segment files moved to QuarantineDir.
+	Quarantined   []Quarantined `json:"quarantined,omitempty"`
+	QuarantineDir string        `json:"quarantine_dir"`
+}
+
+// Quarantined is one damaged segment file set aside at start.
+type Quarantined struct {
+	Segment string `json:"segment"`
+	File    string `json:"file"` // name in QuarantineDir
+	Reason  string `json:"reason"`
 }
 
 // Record is one ledger record.
