@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -35,12 +36,14 @@ type httpHandler struct {
 	log     *slog.Logger
 	ready   func() error
 	promh   http.Handler
+	cop     *http.CrossOriginProtection
 }
 
 func newHTTPHandler(h *api.Handler, a *authenticator, maxBody int, m *metrics, log *slog.Logger, ready func() error) *httpHandler {
 	return &httpHandler{
 		api: h, auth: a, routes: apiRoutes(), maxBody: maxBody, metrics: m, log: log, ready: ready,
 		promh: promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelError)}),
+		cop:   http.NewCrossOriginProtection(),
 	}
 }
 
@@ -109,7 +112,20 @@ func (h *httpHandler) serve(w http.ResponseWriter, r *http.Request, rawPath stri
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 		return ""
 	}
+	// What a web page could make a browser send is refused: API clients
+	// send no Origin or Sec-Fetch-Site headers, browsers do, and a
+	// cross-origin POST with a text/plain body needs no CORS preflight.
+	if err := h.cop.Check(r); err != nil {
+		writeError(w, http.StatusForbidden, "forbidden", "cross-origin request refused: "+err.Error())
+		return ""
+	}
 	name, roles, aerr := h.auth.authenticate(r)
+	if aerr == nil && name == AnonymousPrincipal && !loopbackHostHeader(r.Host) {
+		// DNS rebinding: a page whose name now resolves to 127.0.0.1 is
+		// same-origin to the browser and needs no credentials here, but
+		// its requests name the page's host.
+		aerr = forbidden("anonymous requests must name a loopback host, not Host %q", r.Host)
+	}
 	if aerr == nil {
 		if rawPath == PathMetrics {
 			// Metrics name every source: a read-role matter.
@@ -174,4 +190,13 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // client handles the server's own refusals like the handler's.
 func writeError(w http.ResponseWriter, status int, code, message string) {
 	writeJSON(w, status, api.ErrorBody{Error: api.ErrorDetail{Code: code, Message: message}})
+}
+
+// loopbackHostHeader reports whether a Host header names a loopback host.
+func loopbackHostHeader(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		host = hostport
+	}
+	return LoopbackHost(strings.Trim(host, "[]"))
 }
