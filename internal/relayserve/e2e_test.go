@@ -194,6 +194,30 @@ func waitDelivered(t *testing.T, c *http.Client, url, token string, seq uint64) 
 	}
 }
 
+// waitMetrics polls /metrics until it holds every line; the deadline
+// guards against a hang.
+func waitMetrics(t *testing.T, c *http.Client, url, token string, want ...string) {
+	t.Helper()
+	deadline := time.Now().Add(servetest.StartTimeout)
+	for {
+		r := do(t, c, "GET", url+"/metrics", token, nil)
+		missing := ""
+		for _, w := range want {
+			if !strings.Contains(string(r.body), w) {
+				missing = w
+				break
+			}
+		}
+		if r.status == 200 && missing == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("metrics lack %q after %v: %d\n%s", missing, servetest.StartTimeout, r.status, r.body)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // openDB opens the (stopped) server's bbolt file.
 func openDB(t *testing.T, path string) *bolt.DB {
 	t.Helper()
@@ -254,17 +278,13 @@ func TestEnqueueDeliverQuery(t *testing.T) {
 	if r.status != 200 || !strings.Contains(string(r.body), `"targets":`) {
 		t.Fatalf("targets: %d %s", r.status, r.body)
 	}
-	r = do(t, c, "GET", p.URL+"/metrics", f.tokens["reader"], nil)
-	for _, want := range []string{
+	// An alarm's metrics are recorded after its rows are visible as
+	// delivered, so the figures are awaited.
+	waitMetrics(t, c, p.URL, f.tokens["reader"],
 		`relay_rows_delivered_total{source="orders"} 3`,
 		`relay_http_requests_total{code="200",method="POST",route="/v1/sources/{source}/rows"}`,
 		`relay_oldest_undelivered_age_seconds{source="orders"} 0`,
-		`relay_sweeps_total`,
-	} {
-		if r.status != 200 || !strings.Contains(string(r.body), want) {
-			t.Fatalf("metrics lack %q: %d\n%s", want, r.status, r.body)
-		}
-	}
+		`relay_sweeps_total`)
 	for _, path := range []string{"/healthz", "/readyz"} {
 		if r := do(t, c, "GET", p.URL+path, "", nil); r.status != 200 {
 			t.Fatalf("%s without credentials: %d %s", path, r.status, r.body)
