@@ -75,7 +75,10 @@
 // quota check counts held reservations, so concurrent receivers cannot
 // overshoot: Reserve, Write (which turns the reservation into stored
 // space, or releases it on failure), Release. AllowSegment answers the
-// same question without holding anything.
+// same question without holding anything. When the store is full (the
+// quota, or the disk refusing a write: ENOSPC is ErrQuota, with the
+// attempt's files removed) Options.MakeRoom, if set, is asked to free
+// space first (room.go); the Store itself never decides what to evict.
 //
 // # Ids and digests
 //

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,6 +39,17 @@ type Options struct {
 	// the commit: bit rot, a bad card). It reads the whole store once per
 	// start; without it only the sizes are checked.
 	VerifyOnOpen bool
+	// MakeRoom, when set (storage.on_full: evict_relayed_oldest), is asked
+	// to free space when the store is full: by Reserve with the bytes and
+	// segments a reservation lacks under the quota, and after a write the
+	// disk refused (ENOSPC) with the segment's size. It is called without
+	// the Store's lock, may call EvictIf, and returns when it has done what
+	// it can; Reserve then tries once more. See room.go.
+	MakeRoom func(bytes, segments int64)
+	// WrapTemp, when set, wraps the writer of every temp file's content:
+	// tests inject disk failures (ENOSPC after n bytes) around the real
+	// file with it. nil in production.
+	WrapTemp func(id string, w io.Writer) io.Writer
 }
 
 // Entry is one index entry.

@@ -28,10 +28,20 @@ type Reservation struct {
 // in this order: already stored (ErrAlreadyHave when size and digest
 // match, ErrDigestConflict otherwise), being written or evicted (ErrBusy),
 // the maximum segment size (ErrTooLarge) and the quota counting other
-// reservations (ErrQuota). On success the space and the id are held until
+// reservations (ErrQuota; with Options.MakeRoom, only if making room
+// failed, see room.go). On success the space and the id are held until
 // Write or Release. A segment that is already stored is recognised even
 // when the quota is full, so a sender whose ACK was lost is re-ACKed.
 func (s *Store) Reserve(id string, size int64, sha256hex string) (*Reservation, error) {
+	r, err := s.reserve(id, size, sha256hex)
+	if errors.Is(err, ErrQuota) && s.opt.MakeRoom != nil {
+		s.makeRoom(size)
+		r, err = s.reserve(id, size, sha256hex)
+	}
+	return r, err
+}
+
+func (s *Store) reserve(id string, size int64, sha256hex string) (*Reservation, error) {
 	if err := ValidID(id); err != nil {
 		return nil, err
 	}
@@ -118,6 +128,7 @@ func (r *Reservation) Write(src io.Reader, source string) (Entry, error) {
 	}()
 	e, err := s.commit(r.id, r.size, r.digest, src, source)
 	if err != nil {
+		err = s.diskFull(err, r.size) // room.go
 		return Entry{}, fmt.Errorf("write segment %s: %w", r.id, err)
 	}
 	committed = true
@@ -176,7 +187,7 @@ func (s *Store) commit(id string, size int64, digest string, src io.Reader, sour
 	}
 	h := sha256.New()
 	buf := make([]byte, 256<<10)
-	n, err := io.CopyBuffer(io.MultiWriter(f, h), io.LimitReader(src, size+1), buf)
+	n, err := io.CopyBuffer(io.MultiWriter(s.tempWriter(id, f), h), io.LimitReader(src, size+1), buf)
 	if err != nil {
 		return Entry{}, fmt.Errorf("receive: %w", err)
 	}
