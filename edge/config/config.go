@@ -40,6 +40,15 @@ const (
 	AllPeers = "all_peers"
 )
 
+// Policies for storage.on_full.
+const (
+	// OnFullReject refuses what does not fit (NACK quota, HTTP 507).
+	OnFullReject = "reject"
+	// OnFullEvictRelayedOldest evicts relayed segments that are owed to no
+	// one, oldest received first, to make room; what is still owed stays.
+	OnFullEvictRelayedOldest = "evict_relayed_oldest"
+)
+
 // Defaults. They are exported so the daemon's -check-config output and the
 // documentation can quote them; docs/edge-config.md lists the same values
 // and TestDefaultsDocumented keeps the two in step.
@@ -57,6 +66,7 @@ const (
 	DefaultQuotaBytes       = 1 << 30 // 1 GiB
 	DefaultQuotaSegments    = 10000
 	DefaultMaxSegmentBytes  = 64 << 20 // 64 MiB
+	DefaultOnFull           = OnFullReject
 )
 
 // Bounds enforced by Validate.
@@ -173,6 +183,11 @@ type Storage struct {
 	// only sizes are checked and a damaged file is found when a peer
 	// refuses it (NACK checksum).
 	VerifyOnStart bool `yaml:"verify_on_start"`
+	// OnFull (on_full, default reject) is what a full store does with a
+	// new segment: reject it, or evict_relayed_oldest: evict relayed
+	// segments whose deliveries are all settled, oldest first, until it
+	// fits. Full means the quota is reached or the disk refused a write.
+	OnFull string `yaml:"on_full"`
 }
 
 // RPC is the local operator interface.
@@ -208,6 +223,7 @@ func Default() *Config {
 			QuotaSegments:   DefaultQuotaSegments,
 			MaxSegmentBytes: DefaultMaxSegmentBytes,
 			VerifyOnStart:   true,
+			OnFull:          DefaultOnFull,
 		},
 		RPC: RPC{Listen: DefaultRPCListen},
 	}

@@ -55,6 +55,7 @@ storage:
   quota_segments: 500
   max_segment_bytes: 16777216
   verify_on_start: false
+  on_full: evict_relayed_oldest
 rpc:
   listen: unix:/run/edged/rpc.sock
 `
@@ -78,7 +79,7 @@ func TestParseFull(t *testing.T) {
 			Backoff:      Backoff{Initial: 250 * time.Millisecond, Max: time.Minute},
 			EvictOnRelay: true, Workers: 8, AckTimeout: 5 * time.Second, DialTimeout: 2 * time.Second, LedgerRetention: DefaultLedgerRetention,
 		},
-		Storage: Storage{Dir: "/var/lib/edged", QuotaBytes: 2 << 30, QuotaSegments: 500, MaxSegmentBytes: 16 << 20},
+		Storage: Storage{Dir: "/var/lib/edged", QuotaBytes: 2 << 30, QuotaSegments: 500, MaxSegmentBytes: 16 << 20, OnFull: OnFullEvictRelayedOldest},
 		RPC:     RPC{Listen: "unix:/run/edged/rpc.sock"},
 	}
 	for id, want := range map[string]bool{"edge-b": true, "edge-c": true, "sensor-1": true, "edge-a": false, "edge-d": false} {
@@ -168,6 +169,11 @@ func TestValidateRules(t *testing.T) {
 		{"quota segments zero", "storage: {dir: d, quota_segments: 0}", "storage.quota_segments", "must be > 0"},
 		{"max segment zero", "storage: {dir: d, max_segment_bytes: 0}", "storage.max_segment_bytes", "must be > 0"},
 		{"max segment over wire limit", "storage: {dir: d, quota_bytes: 1TiB, max_segment_bytes: 4GiB}", "storage.max_segment_bytes", "wire limit"},
+		{"on_full unknown", "storage: {dir: d, on_full: drop_oldest}", "storage.on_full", `"drop_oldest" is not one of reject, evict_relayed_oldest`},
+		{"on_full empty", "storage: {dir: d, on_full: ''}", "storage.on_full", `"" is not one of reject, evict_relayed_oldest`},
+		{"on_full not a value", "storage: {dir: d, on_full: [reject]}", "storage.on_full", "must be a single value"},
+		{"verify_on_start not bool", "storage: {dir: d, verify_on_start: yes please}", "storage.verify_on_start", "not true or false"},
+		{"storage unknown key", "storage: {dir: d, on_ful: reject}", "storage.on_ful", "unknown key"},
 		{"max segment over quota", "storage: {dir: d, quota_bytes: 1MiB, max_segment_bytes: 2MiB}", "storage.max_segment_bytes", "exceeds storage.quota_bytes"},
 		{"rpc public ip", "rpc: {listen: '0.0.0.0:7401'}", "rpc.listen", "not a loopback address"},
 		{"rpc lan ip", "rpc: {listen: '192.168.1.5:7401'}", "rpc.listen", "not a loopback address"},
@@ -402,6 +408,7 @@ func TestDefaultsDocumented(t *testing.T) {
 		"storage.quota_segments":    "10000",
 		"storage.max_segment_bytes": d.Storage.MaxSegmentBytes.String(),
 		"storage.verify_on_start":   "true",
+		"storage.on_full":           d.Storage.OnFull,
 		"rpc.listen":                d.RPC.Listen,
 	}
 	rows := map[string]string{}

@@ -152,6 +152,9 @@ func (c *Config) validateStorage(ps *Problems) {
 	if s.QuotaSegments <= 0 {
 		ps.add("storage.quota_segments", fmt.Sprintf("%d must be > 0", s.QuotaSegments))
 	}
+	if s.OnFull != OnFullReject && s.OnFull != OnFullEvictRelayedOldest {
+		ps.add("storage.on_full", fmt.Sprintf("%q is not one of %s, %s", s.OnFull, OnFullReject, OnFullEvictRelayedOldest))
+	}
 	switch {
 	case s.MaxSegmentBytes <= 0:
 		ps.add("storage.max_segment_bytes", fmt.Sprintf("%d must be > 0", s.MaxSegmentBytes))

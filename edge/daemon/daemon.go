@@ -18,6 +18,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"path/filepath"
@@ -59,6 +60,10 @@ type Options struct {
 	// config.MaxWorkers: an edged sender holds at most relay.workers
 	// connections to a peer, so only a misbehaving peer reaches it.
 	MaxConnsPerPeer int
+	// WrapTemp wraps the writer of every segment's temp file
+	// (segstore.Options.WrapTemp): tests make the real store's writes
+	// fail, as a full disk would, with it. nil in production.
+	WrapTemp func(id string, w io.Writer) io.Writer
 }
 
 // Daemon is one running edge agent.
@@ -126,7 +131,7 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 	d.store, err = segstore.Open(cfg.Storage.Dir, d.db, segstore.Options{
 		QuotaBytes: int64(cfg.Storage.QuotaBytes), QuotaSegments: cfg.Storage.QuotaSegments,
 		MaxSegmentBytes: int64(cfg.Storage.MaxSegmentBytes), Now: opt.Now, SyncDir: opt.SyncDir,
-		VerifyOnOpen: cfg.Storage.VerifyOnStart,
+		VerifyOnOpen: cfg.Storage.VerifyOnStart, MakeRoom: d.makeRoomFunc(), WrapTemp: opt.WrapTemp,
 	})
 	if err != nil {
 		return nil, err

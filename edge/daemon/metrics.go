@@ -29,6 +29,7 @@ type metrics struct {
 	dials          *prometheus.CounterVec
 	removed        prometheus.Counter
 	repairs        *prometheus.CounterVec
+	fullEvictions  prometheus.Counter
 }
 
 func newMetrics(d *Daemon) *metrics {
@@ -77,9 +78,12 @@ func newMetrics(d *Daemon) *metrics {
 		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "edged_storage_repairs_total", Help: "What the start-up checks repaired, by action (db_moved_aside, rebuilt, rebuilt_unverified, quarantined, dropped_entry, removed_orphan, removed_temp).",
 		}, []string{"action"}),
+		fullEvictions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edged_storage_full_evictions_total", Help: "Relayed segments evicted to make room under storage.on_full: evict_relayed_oldest.",
+		}),
 	}
 	m.reg.MustRegister(m.inbound, m.nacks, m.protocolErrors, m.rejected, m.reloadErrors, m.attempts, m.sentBytes, m.attemptSecs,
-		m.relayed, m.evicted, m.deferred, m.dials, m.removed, m.repairs,
+		m.relayed, m.evicted, m.deferred, m.dials, m.removed, m.repairs, m.fullEvictions,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		storeCollector{d})
 	return m

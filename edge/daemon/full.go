@@ -1,0 +1,37 @@
+package daemon
+
+import (
+	"github.com/relay-dev/relay/edge/config"
+)
+
+// makeRoomFunc is the store's MakeRoom under storage.on_full:
+// evict_relayed_oldest, and nil (refuse) under reject. d.ex is set after
+// the store is opened; the store calls this only for reservations and
+// writes, which start after New.
+func (d *Daemon) makeRoomFunc() func(bytes, segments int64) {
+	if d.cfg.Storage.OnFull != config.OnFullEvictRelayedOldest {
+		return nil
+	}
+	return d.makeRoom
+}
+
+// makeRoom evicts relayed segments that are owed to no one, oldest first
+// (relay.Executor.MakeRoom), and says what it did: an operator who sees
+// segments vanish must find why in the log.
+func (d *Daemon) makeRoom(bytes, segments int64) {
+	ev := d.ex.MakeRoom(bytes, segments)
+	if len(ev) == 0 {
+		d.log.Warn("storage full: nothing can be evicted (every stored segment is unrelayed or still owed)",
+			"need_bytes", bytes, "need_segments", segments)
+		return
+	}
+	ids := make([]string, len(ev))
+	var freed int64
+	for i, e := range ev {
+		ids[i] = e.ID
+		freed += e.Size
+	}
+	d.met.fullEvictions.Add(float64(len(ev)))
+	d.log.Info("storage full: evicted relayed segments", "segments", ids, "bytes", freed,
+		"need_bytes", bytes, "need_segments", segments)
+}
