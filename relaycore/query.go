@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 )
 
@@ -177,87 +176,5 @@ func (v SourceView) Rows() []Row {
 
 // InspectSource reads and decodes source's whole partition.
 func InspectSource(ctx context.Context, st Store, source Partition) (SourceView, error) {
-	var v SourceView
-	var recs, dead []Item
-	after := ""
-	for {
-		pg, err := st.Scan(ctx, source, ScanRequest{After: after})
-		if err != nil {
-			return v, fmt.Errorf("inspect %s: %w", source, err)
-		}
-		for _, it := range pg.Items {
-			switch {
-			case it.Key == KeyOS:
-				if v.OS, err = decodeOS(it.Value, true); err != nil {
-					return v, fmt.Errorf("inspect %s: %w", source, err)
-				}
-				v.OSFound = true
-			case it.Key == KeyRS:
-				rs, err := decodeRS(it.Value)
-				if err != nil {
-					return v, fmt.Errorf("inspect %s: %w", source, err)
-				}
-				v.RS = &rs
-			case it.Key == KeyAlarm:
-				a, err := decodeAlarm(it.Value)
-				if err != nil {
-					return v, fmt.Errorf("inspect %s: %w", source, err)
-				}
-				v.Alarm = &a
-			case it.Key == KeyLease:
-				l, _, err := decodeLease(it.Value)
-				if err != nil {
-					return v, fmt.Errorf("inspect %s: %w", source, err)
-				}
-				v.Lease = l
-			case strings.HasPrefix(it.Key, PagePrefix):
-				p, err := DecodePage(it.Key, it.Value)
-				if err != nil {
-					return v, fmt.Errorf("inspect %s: %w", source, err)
-				}
-				v.Pages = append(v.Pages, p)
-			case it.Key == KeyHold:
-				h, err := decodeHold(it.Value, true)
-				if err != nil {
-					return v, fmt.Errorf("inspect %s: %w", source, err)
-				}
-				v.Hold = HoldSummary(h)
-			case strings.HasPrefix(it.Key, TargetPrefix):
-				recs = append(recs, it)
-			case strings.HasPrefix(it.Key, HeldPrefix):
-				p, err := DecodePage(it.Key, it.Value)
-				if err != nil {
-					return v, fmt.Errorf("inspect %s: %w", source, err)
-				}
-				v.Held = append(v.Held, p)
-			case strings.HasPrefix(it.Key, RetryPrefix):
-				due, t, err := parseRetryKey(it.Key)
-				if err != nil {
-					return v, fmt.Errorf("inspect %s: %w", source, err)
-				}
-				v.Retries = append(v.Retries, RetryMarker{DueMS: due, Target: t})
-			case strings.HasPrefix(it.Key, DeadPrefix):
-				dead = append(dead, it)
-			case strings.HasPrefix(it.Key, IdemPrefix):
-				v.Idempotency = append(v.Idempotency, it.Key)
-			default:
-				v.Other = append(v.Other, it.Key)
-			}
-		}
-		if pg.Next == "" {
-			break
-		}
-		after = pg.Next
-	}
-	if !v.OSFound {
-		v.OS = emptyOS()
-	}
-	var err error
-	if v.Targets, err = targetStatuses(recs); err != nil {
-		return v, fmt.Errorf("inspect %s: %w", source, err)
-	}
-	if v.Archive, err = archiveEntries(dead); err != nil {
-		return v, fmt.Errorf("inspect %s: %w", source, err)
-	}
-	return v, nil
+	return (*SourceInspector)(nil).Inspect(ctx, st, source)
 }

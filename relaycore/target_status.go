@@ -80,6 +80,11 @@ func statusOf(t Partition, e targetEnq, s targetRec) TargetStatus {
 
 // targetStatuses groups t/ items (e then s per target, in key order).
 func targetStatuses(items []Item) ([]TargetStatus, error) {
+	return (*SourceInspector)(nil).targetStatuses(items)
+}
+
+// targetStatuses decodes the records through in (nil: decode them all).
+func (in *SourceInspector) targetStatuses(items []Item) ([]TargetStatus, error) {
 	var out []TargetStatus
 	for i := 0; i < len(items); {
 		th, _, ok := cutTargetKey(items[i].Key)
@@ -91,7 +96,7 @@ func targetStatuses(items []Item) ([]TargetStatus, error) {
 			return nil, fmt.Errorf("%w: target record key %q", ErrCorruptRecord, items[i].Key)
 		}
 		t := Partition(name)
-		var eRaw, sRaw []byte
+		var eItem, sItem Item
 		var eFound, sFound bool
 		for ; i < len(items); i++ {
 			h, kind, ok := cutTargetKey(items[i].Key)
@@ -100,18 +105,23 @@ func targetStatuses(items []Item) ([]TargetStatus, error) {
 			}
 			switch kind {
 			case "e":
-				eRaw, eFound = items[i].Value, true
+				eItem, eFound = items[i], true
 			case "s":
-				sRaw, sFound = items[i].Value, true
+				sItem, sFound = items[i], true
 			default:
 				return nil, fmt.Errorf("%w: target record key %q", ErrCorruptRecord, items[i].Key)
 			}
 		}
-		e, err := decodeTargetEnq(eRaw, eFound)
-		if err != nil {
-			return nil, err
+		var e targetEnq
+		if eFound {
+			if e, err = memo(in, eItem, func(b []byte) (targetEnq, error) { return decodeTargetEnq(b, true) }); err != nil {
+				return nil, err
+			}
 		}
-		s, err := decodeTargetRec(t, sRaw, sFound)
+		s, err := decodeTargetRec(t, nil, false)
+		if sFound {
+			s, err = memo(in, sItem, func(b []byte) (targetRec, error) { return decodeTargetRec(t, b, true) })
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -1,0 +1,171 @@
+package relaycore
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+)
+
+// SourceInspector reads a source partition like InspectSource, and keeps
+// what it decoded of each item (pages, held pages, target records, os, rs,
+// the alarm, the lease, q) to reuse while the item's stored bytes stay the
+// same. The simulation inspects a source after every store call that may
+// have changed it, and most of its items did not change: decoding them
+// again (inflating pages, parsing JSON) was most of its checker's time.
+// A view is the same as InspectSource's for the same stored bytes, since
+// decoding depends on nothing else.
+//
+// The zero value is ready; a nil *SourceInspector decodes everything (that
+// is InspectSource). An inspector keeps one source's items (inspecting
+// another source starts over). Views share decoded rows and records with
+// each other: callers must not modify them. Not safe for concurrent use.
+type SourceInspector struct {
+	source Partition
+	gen    uint64
+	items  map[string]inspected
+}
+
+type inspected struct {
+	raw []byte
+	val any
+	gen uint64 // the last Inspect that saw the item
+}
+
+func (in *SourceInspector) begin(source Partition) {
+	if in == nil {
+		return
+	}
+	if in.items == nil || in.source != source {
+		in.source, in.items = source, map[string]inspected{}
+	}
+	in.gen++
+}
+
+// end forgets the items the last Inspect did not see (deleted).
+func (in *SourceInspector) end() {
+	if in == nil {
+		return
+	}
+	for k, e := range in.items {
+		if e.gen != in.gen {
+			delete(in.items, k)
+		}
+	}
+}
+
+// memo decodes it.Value with dec, or returns what dec returned for the same
+// key and bytes before. Errors are not kept.
+func memo[T any](in *SourceInspector, it Item, dec func([]byte) (T, error)) (T, error) {
+	if in == nil {
+		return dec(it.Value)
+	}
+	if e, ok := in.items[it.Key]; ok && bytes.Equal(e.raw, it.Value) {
+		e.gen = in.gen
+		in.items[it.Key] = e
+		return e.val.(T), nil
+	}
+	v, err := dec(it.Value)
+	if err != nil {
+		delete(in.items, it.Key)
+		return v, err
+	}
+	in.items[it.Key] = inspected{raw: bytes.Clone(it.Value), val: v, gen: in.gen}
+	return v, nil
+}
+
+func decodeLeaseValue(raw []byte) (Lease, error) {
+	l, _, err := decodeLease(raw)
+	if err != nil {
+		return Lease{}, err
+	}
+	return *l, nil
+}
+
+func (in *SourceInspector) Inspect(ctx context.Context, st Store, source Partition) (SourceView, error) {
+	in.begin(source)
+	var v SourceView
+	var recs, dead []Item
+	after := ""
+	for {
+		pg, err := st.Scan(ctx, source, ScanRequest{After: after})
+		if err != nil {
+			return v, fmt.Errorf("inspect %s: %w", source, err)
+		}
+		for _, it := range pg.Items {
+			switch {
+			case it.Key == KeyOS:
+				if v.OS, err = memo(in, it, func(b []byte) (OutboxState, error) { return decodeOS(b, true) }); err != nil {
+					return v, fmt.Errorf("inspect %s: %w", source, err)
+				}
+				v.OSFound = true
+			case it.Key == KeyRS:
+				rs, err := memo(in, it, decodeRS)
+				if err != nil {
+					return v, fmt.Errorf("inspect %s: %w", source, err)
+				}
+				v.RS = &rs
+			case it.Key == KeyAlarm:
+				a, err := memo(in, it, decodeAlarm)
+				if err != nil {
+					return v, fmt.Errorf("inspect %s: %w", source, err)
+				}
+				v.Alarm = &a
+			case it.Key == KeyLease:
+				l, err := memo(in, it, decodeLeaseValue)
+				if err != nil {
+					return v, fmt.Errorf("inspect %s: %w", source, err)
+				}
+				v.Lease = &l
+			case strings.HasPrefix(it.Key, PagePrefix):
+				p, err := memo(in, it, func(b []byte) (Page, error) { return DecodePage(it.Key, b) })
+				if err != nil {
+					return v, fmt.Errorf("inspect %s: %w", source, err)
+				}
+				v.Pages = append(v.Pages, p)
+			case it.Key == KeyHold:
+				h, err := memo(in, it, func(b []byte) (holdSummary, error) { return decodeHold(b, true) })
+				if err != nil {
+					return v, fmt.Errorf("inspect %s: %w", source, err)
+				}
+				v.Hold = HoldSummary(h)
+			case strings.HasPrefix(it.Key, TargetPrefix):
+				recs = append(recs, it)
+			case strings.HasPrefix(it.Key, HeldPrefix):
+				p, err := memo(in, it, func(b []byte) (Page, error) { return DecodePage(it.Key, b) })
+				if err != nil {
+					return v, fmt.Errorf("inspect %s: %w", source, err)
+				}
+				v.Held = append(v.Held, p)
+			case strings.HasPrefix(it.Key, RetryPrefix):
+				due, t, err := parseRetryKey(it.Key)
+				if err != nil {
+					return v, fmt.Errorf("inspect %s: %w", source, err)
+				}
+				v.Retries = append(v.Retries, RetryMarker{DueMS: due, Target: t})
+			case strings.HasPrefix(it.Key, DeadPrefix):
+				dead = append(dead, it)
+			case strings.HasPrefix(it.Key, IdemPrefix):
+				v.Idempotency = append(v.Idempotency, it.Key)
+			default:
+				v.Other = append(v.Other, it.Key)
+			}
+		}
+		if pg.Next == "" {
+			break
+		}
+		after = pg.Next
+	}
+	if !v.OSFound {
+		v.OS = emptyOS()
+	}
+	var err error
+	if v.Targets, err = in.targetStatuses(recs); err != nil {
+		return v, fmt.Errorf("inspect %s: %w", source, err)
+	}
+	if v.Archive, err = archiveEntries(dead); err != nil {
+		return v, fmt.Errorf("inspect %s: %w", source, err)
+	}
+	in.end()
+	return v, nil
+}
