@@ -21,6 +21,9 @@ type checker struct {
 	src          map[relaycore.Partition]*srcShadow
 	tgt          map[relaycore.Partition]*tgtShadow
 	sourceChecks int
+	// reserve: rsReserve of each source under the source store's
+	// capabilities, which stay the same for the run.
+	reserve map[relaycore.Partition]int
 }
 
 // srcShadow is what the checker knows about one source.
@@ -37,6 +40,9 @@ type srcShadow struct {
 	// made them so; fires started later must not apply their rows until
 	// release or resume.
 	heldSince map[relaycore.Partition]int
+	// inspector reads the source after each step, decoding only the items
+	// that step changed (quiescence reads it afresh with InspectSource).
+	inspector relaycore.SourceInspector
 }
 
 type regRow struct {
@@ -52,7 +58,7 @@ type tgtShadow struct {
 }
 
 func newChecker(s *simulation) *checker {
-	c := &checker{s: s, src: map[relaycore.Partition]*srcShadow{}, tgt: map[relaycore.Partition]*tgtShadow{}}
+	c := &checker{s: s, src: map[relaycore.Partition]*srcShadow{}, tgt: map[relaycore.Partition]*tgtShadow{}, reserve: map[relaycore.Partition]int{}}
 	for _, p := range s.sc.Sources {
 		c.src[p] = &srcShadow{rows: map[uint64]relaycore.Row{}, reg: map[uint64]*regRow{}, byCall: map[[2]int][]uint64{},
 			skipped: map[uint64]bool{}, heldSince: map[relaycore.Partition]int{}}
@@ -135,7 +141,7 @@ func (c *checker) afterSource(a *actor, req *request) {
 		s.violate("apply to unknown source partition %s", p)
 		return
 	}
-	view, err := relaycore.InspectSource(s.ctx, s.raw.Source, p)
+	view, err := sh.inspector.Inspect(s.ctx, s.raw.Source, p)
 	if err != nil {
 		s.violate("inspect source %s: %v", p, err)
 		return
@@ -298,7 +304,12 @@ func (c *checker) checkCheckpoint(req *request) {
 		pageBytes += caps.ItemSize(req.p, w.Key, len(w.Value))
 	}
 	s.res.Checkpoints++
-	room := caps.MaxBatchBytes - rsReserve(caps, req.p)
+	reserve, ok := c.reserve[req.p]
+	if !ok {
+		reserve = rsReserve(caps, req.p)
+		c.reserve[req.p] = reserve
+	}
+	room := caps.MaxBatchBytes - reserve
 	if caps.MaxBatchBytes > 0 && pageBytes > room {
 		s.violate("source %s: checkpoint writes %d bytes of pages (%d rewritten), more than the %d bytes its batch limit %d leaves beside the largest rs",
 			req.p, pageBytes, rewrites, room, caps.MaxBatchBytes)
