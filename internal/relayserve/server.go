@@ -37,6 +37,10 @@ type Options struct {
 	// supervisors read the bound address from it (listen port 0). It is
 	// removed at start and when Run returns.
 	ReadyFile string
+
+	// wrapTarget, when set, wraps the target store (tests inject faults
+	// and hold fires in flight with it).
+	wrapTarget func(relaycore.Store) relaycore.Store
 }
 
 // ReadyInfo is the content of Options.ReadyFile.
@@ -115,7 +119,8 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 			}
 		}
 	}()
-	src, dst := db.Store(SourceTable), db.Store(TargetTable)
+	src := db.Store(SourceTable)
+	var dst relaycore.Store = db.Store(TargetTable)
 	if cfg.Targets.DB != "" {
 		tdb, err := bolt.Open(cfg.Targets.DB, bolt.Options{})
 		if err != nil {
@@ -123,6 +128,9 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 		}
 		dbs = append(dbs, tdb)
 		dst = tdb.Store(TargetTable)
+	}
+	if opt.wrapTarget != nil {
+		dst = opt.wrapTarget(dst)
 	}
 
 	// Fires run on their own context: at shutdown the clock stops
