@@ -2,8 +2,8 @@
 // compiles cmd/relay once (in TestMain), Start runs it as a separate
 // process with a configuration file and returns once it listens, with the
 // address it bound (listen port 0 works: the address comes from the
-// server's "relay serve: listening" log line). The process's JSON log is
-// kept and printed when the test fails.
+// server's --ready-file, whatever its log_level). The process's JSON log
+// is kept and printed when the test fails.
 //
 //	func TestMain(m *testing.M) {
 //		dir, _ := os.MkdirTemp("", "relay-bin-")
@@ -82,12 +82,13 @@ type Proc struct {
 	exitErr error
 }
 
-// Start runs `relay serve --config configPath` and waits until it
-// listens. The process is killed when the test ends if still running.
+// Start runs `relay serve --config configPath --ready-file <temp>` and
+// waits until it listens. The process is killed when the test ends if still running.
 func Start(t testing.TB, bin, configPath string, extraArgs ...string) *Proc {
 	t.Helper()
 	p := &Proc{done: make(chan struct{}), changed: make(chan struct{})}
-	p.cmd = exec.Command(bin, append([]string{"serve", "--config", configPath}, extraArgs...)...)
+	readyFile := filepath.Join(t.TempDir(), "ready.json")
+	p.cmd = exec.Command(bin, append([]string{"serve", "--config", configPath, "--ready-file", readyFile}, extraArgs...)...)
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -124,13 +125,28 @@ func Start(t testing.TB, bin, configPath string, extraArgs ...string) *Proc {
 			t.Logf("relay serve log (%s):\n%s", configPath, p.Log())
 		}
 	})
-	line := p.WaitLog(t, "relay serve: listening")
-	var l struct{ Addr, URL string }
-	if err := json.Unmarshal([]byte(line), &l); err != nil || l.Addr == "" {
-		t.Fatalf("listening line %q: %v", line, err)
+	// The ready file appears (atomically, by rename) once the server
+	// listens; polled, with StartTimeout as the hang guard.
+	deadline := time.Now().Add(StartTimeout)
+	for {
+		b, err := os.ReadFile(readyFile)
+		if err == nil {
+			var l struct{ Addr, URL string }
+			if err := json.Unmarshal(b, &l); err != nil || l.Addr == "" {
+				t.Fatalf("ready file %q: %v", b, err)
+			}
+			p.Addr, p.URL = l.Addr, l.URL
+			return p
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("relay serve exited (%v) before it was ready:\n%s", p.exitErr, p.Log())
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("relay serve not ready within %v:\n%s", StartTimeout, p.Log())
+		}
 	}
-	p.Addr, p.URL = l.Addr, l.URL
-	return p
 }
 
 // Log returns the process's log so far.
