@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -22,7 +25,8 @@ func serveCmd(stdout, stderr io.Writer) *cobra.Command {
 function URL, authenticated by client certificates or bearer tokens, the in-process
 alarm clock and sweeper, /healthz, /readyz and Prometheus /metrics. JSON logs go to
 stderr. SIGTERM or SIGINT drains: in-flight requests and fires finish (within
-drain_timeout), then the store closes.
+drain_timeout), then the store closes. SIGHUP reloads the tokens file, the
+client CA and the server certificate (roles need a restart).
 
 --check-config loads the configuration and every file it names, prints every problem
 and exits non-zero if there is one, without opening the store.`,
@@ -44,7 +48,28 @@ and exits non-zero if there is one, without opening the store.`,
 			}
 			level, _ := cfg.Level()
 			logger := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
-			return relayserve.Run(cmd.Context(), cfg, relayserve.Options{Logger: logger, ReadyFile: readyFile})
+			// SIGHUP reloads the credential files (tokens, client CA,
+			// server certificate) instead of ending the process.
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
+			reload, done := make(chan struct{}), make(chan struct{})
+			defer close(done)
+			go func() {
+				for {
+					select {
+					case <-hup:
+						select {
+						case reload <- struct{}{}:
+						case <-done:
+							return
+						}
+					case <-done:
+						return
+					}
+				}
+			}()
+			return relayserve.Run(cmd.Context(), cfg, relayserve.Options{Logger: logger, ReadyFile: readyFile, Reload: reload})
 		},
 	}
 	c.Flags().StringVar(&configPath, "config", "", "YAML configuration file (docs/serve.md)")

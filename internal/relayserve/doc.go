@@ -22,6 +22,8 @@
 // in the outbox file before the client hears of them, and the targets'
 // rh watermarks make redelivery idempotent.
 //
+// SIGHUP (Options.Reload) reloads the credential files, all or nothing.
+//
 // docs/serve.md is the reference for the configuration, auth, metrics and
 // operations.
 package relayserve

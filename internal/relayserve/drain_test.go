@@ -145,7 +145,7 @@ func TestSystemdUnit(t *testing.T) {
 		}
 	}
 	for k, v := range map[string]string{
-		"Restart": "on-failure", "KillSignal": "SIGTERM", "NoNewPrivileges": "yes", "ProtectSystem": "strict",
+		"Restart": "on-failure", "KillSignal": "SIGTERM", "ExecReload": "/bin/kill -HUP $MAINPID", "NoNewPrivileges": "yes", "ProtectSystem": "strict",
 		"ProtectHome": "yes", "PrivateTmp": "yes", "CapabilityBoundingSet": "", "DynamicUser": "yes",
 		"StateDirectory": "relay", "MemoryDenyWriteExecute": "yes",
 	} {

@@ -3,6 +3,8 @@ package relayserve_test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -11,9 +13,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/relay-dev/relay/edge/pki"
 	"github.com/relay-dev/relay/edge/pki/pkitest"
 	"github.com/relay-dev/relay/infra/bolt"
 	"github.com/relay-dev/relay/internal/relayserve"
@@ -393,4 +397,66 @@ func TestRefusals(t *testing.T) {
 	if err := db.Check(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// SIGHUP reloads the tokens file and the server certificate: a new token
+// works at once and a removed one is refused, new connections get the
+// new certificate, without a restart; a broken file is refused and the
+// credentials in use stay.
+func TestReloadTokens(t *testing.T) {
+	f := newFixture(t, "")
+	p := f.start(t)
+	c := f.client(t, p, "")
+	src := p.URL + "/v1/sources/orders"
+	tokensFile := filepath.Join(f.dir, "tokens")
+
+	newTok, line, err := relayserve.MintToken("producer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(tokensFile, []byte("producer "+strings.Fields(line)[1]+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pki.Issue(f.pki, "server", pki.Options{Overwrite: true}); err != nil {
+		t.Fatal(err)
+	}
+	p.Signal(t, syscall.SIGHUP)
+	p.WaitLog(t, "relay serve: reloaded")
+	served := serverCert(t, p.Addr, servetest.ClientTLS(t, filepath.Join(f.pki, "ca.crt"), "", ""))
+	onDisk, err := tls.LoadX509KeyPair(filepath.Join(f.pki, "server.crt"), filepath.Join(f.pki, "server.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(served.Raw, onDisk.Certificate[0]) {
+		t.Fatal("new connections still get the certificate from before the reload")
+	}
+	if r := do(t, c, "POST", src+"/rows", newTok, rowsBody("t", "k", "v")); r.status != 200 {
+		t.Fatalf("new token after reload: %d %s", r.status, r.body)
+	}
+	if r := do(t, c, "POST", src+"/rows", f.tokens["producer"], rowsBody("t", "k", "v")); r.status != 401 {
+		t.Fatalf("removed token after reload: %d %s", r.status, r.body)
+	}
+
+	if err := os.WriteFile(tokensFile, []byte("producer sha256:nothex\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p.Signal(t, syscall.SIGHUP)
+	p.WaitLog(t, "relay serve: reload failed; the credentials in use stay")
+	if r := do(t, c, "POST", src+"/rows", newTok, rowsBody("t", "k", "v")); r.status != 200 {
+		t.Fatalf("token in use after a failed reload: %d %s", r.status, r.body)
+	}
+	if code := p.Stop(t); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
+}
+
+// serverCert is the certificate a new TLS connection to addr gets.
+func serverCert(t *testing.T, addr string, tc *tls.Config) *x509.Certificate {
+	t.Helper()
+	conn, err := tls.Dial("tcp", addr, tc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	return conn.ConnectionState().PeerCertificates[0]
 }

@@ -29,7 +29,7 @@ const (
 // api.Handler.Serve returns, the same core the Lambda function runs.
 type httpHandler struct {
 	api     *api.Handler
-	auth    *authenticator
+	creds   *credentials
 	routes  []apiRoute
 	maxBody int
 	metrics *metrics
@@ -39,9 +39,9 @@ type httpHandler struct {
 	cop     *http.CrossOriginProtection
 }
 
-func newHTTPHandler(h *api.Handler, a *authenticator, maxBody int, m *metrics, log *slog.Logger, ready func() error) *httpHandler {
+func newHTTPHandler(h *api.Handler, creds *credentials, maxBody int, m *metrics, log *slog.Logger, ready func() error) *httpHandler {
 	return &httpHandler{
-		api: h, auth: a, routes: apiRoutes(), maxBody: maxBody, metrics: m, log: log, ready: ready,
+		api: h, creds: creds, routes: apiRoutes(), maxBody: maxBody, metrics: m, log: log, ready: ready,
 		promh: promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelError)}),
 		cop:   http.NewCrossOriginProtection(),
 	}
@@ -119,7 +119,7 @@ func (h *httpHandler) serve(w http.ResponseWriter, r *http.Request, rawPath stri
 		writeError(w, http.StatusForbidden, "forbidden", "cross-origin request refused: "+err.Error())
 		return ""
 	}
-	name, roles, aerr := h.auth.authenticate(r)
+	name, roles, aerr := h.creds.auth.Load().authenticate(r)
 	if aerr == nil && name == AnonymousPrincipal && !loopbackHostHeader(r.Host) {
 		// DNS rebinding: a page whose name now resolves to 127.0.0.1 is
 		// same-origin to the browser and needs no credentials here, but

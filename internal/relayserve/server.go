@@ -2,7 +2,6 @@ package relayserve
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -38,6 +37,11 @@ type Options struct {
 	// removed at start and when Run returns.
 	ReadyFile string
 
+	// Reload, when it delivers, reloads the tokens file, the client CA
+	// and the server certificate (`relay serve` sends on SIGHUP). A
+	// reload that fails keeps the credentials in use and logs why.
+	Reload <-chan struct{}
+
 	// wrapTarget, when set, wraps the target store (tests inject faults
 	// and hold fires in flight with it).
 	wrapTarget func(relaycore.Store) relaycore.Store
@@ -54,28 +58,8 @@ type ReadyInfo struct {
 // file, client CA) without opening the store or listening, and returns
 // every problem found: what `relay serve --check-config` runs after Load.
 func Check(cfg Config) error {
-	_, aerr := newAuthenticator(cfg)
-	_, terr := tlsConfig(cfg)
-	return errors.Join(aerr, terr)
-}
-
-func tlsConfig(cfg Config) (*tls.Config, error) {
-	if cfg.TLS.Cert == "" {
-		return nil, nil
-	}
-	cert, err := tls.LoadX509KeyPair(cfg.TLS.Cert, cfg.TLS.Key)
-	if err != nil {
-		return nil, fmt.Errorf("tls.cert, tls.key: %w", err)
-	}
-	tc := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert}}
-	if cfg.TLS.ClientCA != "" {
-		// The certificate is requested and its possession proven by the
-		// handshake, but verified against tls.client_ca per request, so
-		// a bad certificate gets a 401 that says why rather than a bare
-		// TLS alert, and a bearer token works on the same listener.
-		tc.ClientAuth = tls.RequestClientCert
-	}
-	return tc, nil
+	_, err := loadCredentials(cfg)
+	return err
 }
 
 // Run serves until ctx is cancelled, then drains: it stops accepting,
@@ -94,14 +78,11 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 		}
 		defer os.Remove(opt.ReadyFile)
 	}
-	auth, err := newAuthenticator(cfg)
+	creds, err := loadCredentials(cfg)
 	if err != nil {
 		return err
 	}
-	tc, err := tlsConfig(cfg)
-	if err != nil {
-		return err
-	}
+	tc := creds.tlsConfig()
 	budget, err := cfg.RelayBudget()
 	if err != nil {
 		return err
@@ -177,7 +158,7 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 	defer cancelRequests()
 	l := cfg.Limits
 	srv := &http.Server{
-		Handler:           newHTTPHandler(h, auth, l.MaxBodyBytes, m, log, ready),
+		Handler:           newHTTPHandler(h, creds, l.MaxBodyBytes, m, log, ready),
 		TLSConfig:         tc,
 		ReadHeaderTimeout: l.ReadHeaderTimeout,
 		ReadTimeout:       l.ReadTimeout,
@@ -222,10 +203,21 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 		"tokens", cfg.Auth.TokensFile != "", "anonymous", cfg.Auth.Anonymous != nil)
 
 	var runErr error
-	select {
-	case <-ctx.Done():
-	case err := <-serveErr:
-		runErr = fmt.Errorf("serve: %w", err)
+wait:
+	for {
+		select {
+		case <-ctx.Done():
+			break wait
+		case err := <-serveErr:
+			runErr = fmt.Errorf("serve: %w", err)
+			break wait
+		case <-opt.Reload:
+			if err := creds.reload(); err != nil {
+				log.Error("relay serve: reload failed; the credentials in use stay", "err", err)
+			} else {
+				log.Info("relay serve: reloaded", "tokens_file", cfg.Auth.TokensFile, "client_ca", cfg.TLS.ClientCA, "cert", cfg.TLS.Cert)
+			}
+		}
 	}
 	draining.Store(true)
 	log.Info("relay serve: draining", "timeout", cfg.DrainTimeout.String())
