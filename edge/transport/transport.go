@@ -60,7 +60,10 @@ type Config struct {
 	// or waiting for Accept; further connections wait in the kernel's
 	// backlog. Default 64.
 	MaxPendingHandshakes int
-	// Wire configures every wire.Conn handed out.
+	// Wire configures every wire.Conn handed out. Wire.Version is the
+	// highest protocol version to negotiate (zero: wire.Version; 1 turns
+	// negotiation off, as in agents that predate it); each connection
+	// then runs the version both ends speak (docs/wire.md).
 	Wire wire.Options
 	// OnReloadError, if set, is told when changed certificate files could
 	// not be loaded (the old ones stay in use). Called once per change.
@@ -134,6 +137,7 @@ func (t *Transport) serverConfig() *tls.Config {
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
 			m := t.rl.Current()
 			return tls13(&tls.Config{
+				NextProtos:   t.protocols(),
 				Certificates: []tls.Certificate{m.Cert},
 				ClientAuth:   tls.RequireAndVerifyClientCert,
 				ClientCAs:    m.Pool,
@@ -146,6 +150,15 @@ func (t *Transport) serverConfig() *tls.Config {
 	})
 }
 
+// protocols are the ALPN names of the versions this side offers.
+func (t *Transport) protocols() []string {
+	max := t.cfg.Wire.Version
+	if max <= 0 {
+		max = wire.Version
+	}
+	return wire.ALPNProtocols(max)
+}
+
 // clientConfig verifies the server against the current pool itself:
 // the standard verifier would also demand a DNS SAN matching the server
 // name, which certificates issued before node ids became DNS SANs lack,
@@ -156,6 +169,7 @@ func (t *Transport) clientConfig(peerID string) *tls.Config {
 	m := t.rl.Current()
 	return tls13(&tls.Config{
 		ServerName:         pki.ServerName(peerID),
+		NextProtos:         t.protocols(),
 		Certificates:       []tls.Certificate{m.Cert},
 		InsecureSkipVerify: true, // replaced by VerifyConnection below, never skipped
 		VerifyConnection: func(cs tls.ConnectionState) error {
@@ -217,7 +231,11 @@ func (t *Transport) handshake(ctx context.Context, tc *tls.Conn, wantPeer string
 	if err != nil {
 		return nil, "", err // unreachable after VerifyConnection; kept as a guard
 	}
-	wc := wire.NewConn(tc, t.cfg.Wire)
+	opt := t.cfg.Wire
+	if opt.Version, err = wire.NegotiatedVersion(tc.ConnectionState().NegotiatedProtocol); err != nil {
+		return nil, "", err
+	}
+	wc := wire.NewConn(tc, opt)
 	// Both sides send first: HELLO is small, so neither write can block on
 	// the other's read. In TLS 1.3 a client learns that the server refused
 	// its certificate only here, when RecvHello reads the alert.

@@ -24,33 +24,68 @@ type Options struct {
 	// a 64 MiB segment may take longer in total as long as bytes keep
 	// flowing. Zero means no idle limit (only the context's deadline).
 	IdleTimeout time.Duration
+	// Version is the protocol version negotiated for this connection
+	// (package transport sets it from the TLS handshake); zero means
+	// Version1.
+	Version int
+	// Window is how many offers this side accepts unanswered as a
+	// receiver on a version 2 connection, announced in its HELLO; zero
+	// means DefaultWindow. At most MaxWindow.
+	Window int
 }
+
+// DefaultWindow is the receive window announced when Options.Window is
+// zero. At 4 KiB segments and a 100 ms round trip, a window holds a
+// slot for about two round trips (offer → accept, segment → ack), so
+// 256 keeps about 5 MB/s moving on one connection; larger segments need
+// fewer.
+const DefaultWindow = 256
 
 // Conn runs the exchange of docs/wire.md over one connection (normally an
 // authenticated *tls.Conn from package transport).
 //
 // Every method takes a context: its deadline becomes the connection's
-// deadline and its cancellation interrupts blocked I/O. A timeout shows as
-// an error matching os.ErrDeadlineExceeded or the context's error.
+// deadline for that direction and its cancellation interrupts blocked I/O.
+// A timeout shows as an error matching os.ErrDeadlineExceeded or the
+// context's error.
 //
-// A Conn is not safe for concurrent use, except Close. After an error in
-// the middle of a frame the affected direction is out of step and further
-// calls in that direction return ErrBroken; errors that leave the stream in
-// step (ErrBadMessage, ErrVersion, ErrChecksum, ErrAckMismatch, a NACK) do
-// not, so a receiver can still send NACK after a failed read.
+// Reads and writes are independent: one goroutine may read while others
+// write. Writes are serialised (each frame goes out whole), so several
+// goroutines may send replies at once; reads must come from one goroutine
+// at a time. After an error in the middle of a frame the affected
+// direction is out of step and further calls in that direction return
+// ErrBroken; errors that leave the stream in step (ErrBadMessage,
+// ErrVersion, ErrChecksum, ErrAckMismatch, a NACK) do not, so a receiver
+// can still send NACK after a failed read.
 type Conn struct {
 	nc  net.Conn
 	opt Options
 
-	rerr error // first error that left the read side out of step
-	werr error // same for the write side
+	wmu sync.Mutex // serialises write operations (whole frames)
 
-	// mu guards the deadline state shared with the context's AfterFunc.
-	mu         sync.Mutex
+	rerr error // first error that left the read side out of step; reader only
+	werr error // same for the write side; under wmu
+
+	peerWindow int // from the peer's HELLO (1 on version 1)
+
+	// mu guards the deadline state shared with the contexts' AfterFuncs,
+	// and the version 2 receiver state.
+	mu      sync.Mutex
+	rd, wr  direction
+	written int64 // bytes handed to nc.Write, to detect partial frames
+	// Version 2 receiver state: offers received and not yet answered
+	// with ACK or NACK, and the accepted ones whose SEGMENT is due, in
+	// ACCEPT order.
+	open     map[string]bool
+	accepted []Offer
+	payload  *payloadReader // SEGMENT payload RecvRequest left to read
+}
+
+// direction is one direction's current operation.
+type direction struct {
 	gen        uint64    // current operation; stale AfterFuncs compare it
 	canceled   bool      // the current operation's context is done
 	opDeadline time.Time // the current operation's context deadline
-	written    int64     // bytes handed to nc.Write, to detect partial frames
 }
 
 // NewConn wraps nc. The Conn owns nc from now on: Close closes it.
@@ -58,7 +93,14 @@ func NewConn(nc net.Conn, opt Options) *Conn {
 	if opt.MaxSegmentSize <= 0 || opt.MaxSegmentSize > MaxSegmentSize {
 		opt.MaxSegmentSize = MaxSegmentSize
 	}
-	return &Conn{nc: nc, opt: opt}
+	if opt.Version < Version1 {
+		opt.Version = Version1
+	}
+	if opt.Window <= 0 {
+		opt.Window = DefaultWindow
+	}
+	opt.Window = min(opt.Window, MaxWindow)
+	return &Conn{nc: nc, opt: opt, peerWindow: 1, open: map[string]bool{}}
 }
 
 // NetConn returns the underlying connection, e.g. to inspect TLS state.
@@ -67,37 +109,67 @@ func (c *Conn) NetConn() net.Conn { return c.nc }
 // RemoteAddr is the peer's network address.
 func (c *Conn) RemoteAddr() net.Addr { return c.nc.RemoteAddr() }
 
+// Version is the protocol version the connection runs.
+func (c *Conn) Version() int { return c.opt.Version }
+
+// PeerWindow is how many offers the peer accepts unanswered: its HELLO's
+// window on version 2, 1 on version 1 (stop-and-wait). Valid after
+// RecvHello.
+func (c *Conn) PeerWindow() int { return c.peerWindow }
+
 // Close closes the underlying connection; blocked calls return.
 func (c *Conn) Close() error { return c.nc.Close() }
 
 // aLongTimeAgo is a deadline in the past: it makes blocked I/O return now.
 var aLongTimeAgo = time.Unix(1, 0)
 
-// op runs f as one operation under ctx. It arranges for cancellation to
-// interrupt f's I/O and for stale cancellations of earlier operations to
-// be ignored.
-func (c *Conn) op(ctx context.Context, name string, f func() error) error {
+// dirRead and dirWrite select a direction.
+const (
+	dirRead  = false
+	dirWrite = true
+)
+
+func (c *Conn) dir(write bool) *direction {
+	if write {
+		return &c.wr
+	}
+	return &c.rd
+}
+
+func (c *Conn) setDeadline(write bool, t time.Time) {
+	if write {
+		_ = c.nc.SetWriteDeadline(t)
+	} else {
+		_ = c.nc.SetReadDeadline(t)
+	}
+}
+
+// op runs f as one operation in one direction under ctx. It arranges for
+// cancellation to interrupt f's I/O in that direction and for stale
+// cancellations of earlier operations to be ignored.
+func (c *Conn) op(ctx context.Context, write bool, name string, f func() error) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("%s: %w", name, err)
 	}
 	c.mu.Lock()
-	c.gen++
-	g := c.gen
-	c.canceled = false
-	c.opDeadline, _ = ctx.Deadline()
+	d := c.dir(write)
+	d.gen++
+	g := d.gen
+	d.canceled = false
+	d.opDeadline, _ = ctx.Deadline()
 	c.mu.Unlock()
 	stop := context.AfterFunc(ctx, func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		if c.gen == g {
-			c.canceled = true
-			_ = c.nc.SetDeadline(aLongTimeAgo)
+		if d.gen == g {
+			d.canceled = true
+			c.setDeadline(write, aLongTimeAgo)
 		}
 	})
 	err := f()
 	stop()
 	c.mu.Lock()
-	c.gen++ // retire g: a late AfterFunc must not touch the next operation
+	d.gen++ // retire g: a late AfterFunc must not touch the next operation
 	c.mu.Unlock()
 	if err == nil {
 		return nil
@@ -109,33 +181,34 @@ func (c *Conn) op(ctx context.Context, name string, f func() error) error {
 }
 
 // arm sets the deadline for the next single read or write.
-func (c *Conn) arm() {
+func (c *Conn) arm(write bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.canceled {
+	d := c.dir(write)
+	if d.canceled {
 		return // the deadline is already in the past
 	}
-	d := c.opDeadline
+	t := d.opDeadline
 	if c.opt.IdleTimeout > 0 {
-		if idle := time.Now().Add(c.opt.IdleTimeout); d.IsZero() || idle.Before(d) {
-			d = idle
+		if idle := time.Now().Add(c.opt.IdleTimeout); t.IsZero() || idle.Before(t) {
+			t = idle
 		}
 	}
-	_ = c.nc.SetDeadline(d)
+	c.setDeadline(write, t)
 }
 
 // reader and writer apply arm before every call on nc.
 type connReader struct{ c *Conn }
 
 func (r connReader) Read(p []byte) (int, error) {
-	r.c.arm()
+	r.c.arm(dirRead)
 	return r.c.nc.Read(p)
 }
 
 type connWriter struct{ c *Conn }
 
 func (w connWriter) Write(p []byte) (int, error) {
-	w.c.arm()
+	w.c.arm(dirWrite)
 	n, err := w.c.nc.Write(p)
 	w.c.mu.Lock()
 	w.c.written += int64(n)
@@ -152,11 +225,17 @@ func (c *Conn) wrote() int64 {
 // send runs one write operation; an error after some bytes went out
 // breaks the write side.
 func (c *Conn) send(ctx context.Context, name string, f func(w io.Writer) error) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return c.sendLocked(ctx, name, f)
+}
+
+func (c *Conn) sendLocked(ctx context.Context, name string, f func(w io.Writer) error) error {
 	if c.werr != nil {
 		return fmt.Errorf("%s: %w (%v)", name, ErrBroken, c.werr)
 	}
 	before := c.wrote()
-	err := c.op(ctx, name, func() error { return f(connWriter{c}) })
+	err := c.op(ctx, dirWrite, name, func() error { return f(connWriter{c}) })
 	if err != nil && c.wrote() != before {
 		c.werr = err
 	}
@@ -170,7 +249,7 @@ func (c *Conn) recv(ctx context.Context, name string, f func(r io.Reader) (inSte
 		return fmt.Errorf("%s: %w (%v)", name, ErrBroken, c.rerr)
 	}
 	inStep := true
-	err := c.op(ctx, name, func() error {
+	err := c.op(ctx, dirRead, name, func() error {
 		var err error
 		inStep, err = f(connReader{c})
 		return err
@@ -203,15 +282,20 @@ func (c *Conn) sendControl(ctx context.Context, name string, t Type, payload []b
 	return c.send(ctx, name, func(w io.Writer) error { return WriteFrame(w, t, payload) })
 }
 
-// SendHello sends HELLO with this protocol version and nodeID.
+// SendHello sends HELLO with the connection's version, nodeID and, from
+// version 2 on, the receive window (Options.Window).
 func (c *Conn) SendHello(ctx context.Context, nodeID string) error {
-	p, err := EncodeHello(Hello{Version: Version, NodeID: nodeID})
+	h := Hello{Version: c.opt.Version, NodeID: nodeID}
+	if h.Version >= Version2 {
+		h.Window = c.opt.Window
+	}
+	p, err := EncodeHello(h)
 	return c.sendControl(ctx, "send hello", TypeHello, p, err)
 }
 
-// RecvHello reads the peer's HELLO. A version other than Version is
-// ErrVersion. Checking the node id against the certificate is the
-// caller's job (package transport does it).
+// RecvHello reads the peer's HELLO. A version other than the connection's
+// (Options.Version, as negotiated) is ErrVersion. Checking the node id
+// against the certificate is the caller's job (package transport does it).
 func (c *Conn) RecvHello(ctx context.Context) (Hello, error) {
 	var h Hello
 	err := c.recv(ctx, "recv hello", func(r io.Reader) (bool, error) {
@@ -222,9 +306,10 @@ func (c *Conn) RecvHello(ctx context.Context) (Hello, error) {
 		if h, err = DecodeHello(f.Payload); err != nil {
 			return true, err
 		}
-		if h.Version != Version {
-			return true, fmt.Errorf("%w: peer speaks %d, we speak %d", ErrVersion, h.Version, Version)
+		if h.Version != c.opt.Version {
+			return true, fmt.Errorf("%w: peer's HELLO says %d, the connection negotiated %d", ErrVersion, h.Version, c.opt.Version)
 		}
+		c.peerWindow = max(1, h.Window)
 		return true, nil
 	})
 	return h, err
@@ -264,8 +349,12 @@ func (c *Conn) SendSegment(ctx context.Context, o Offer, src io.Reader) error {
 		_, err := writeSegment(w, o.Size, src, nil)
 		return err
 	})
-	if err != nil && c.werr == nil {
-		c.werr = err
+	if err != nil {
+		c.wmu.Lock()
+		if c.werr == nil {
+			c.werr = err
+		}
+		c.wmu.Unlock()
 	}
 	return err
 }
@@ -331,6 +420,7 @@ func (c *Conn) DiscardSegment(ctx context.Context, o Offer) error {
 // SendAck acknowledges segmentID. Call it only once the segment is durably
 // stored (or already was, with the same digest).
 func (c *Conn) SendAck(ctx context.Context, segmentID string) error {
+	c.answered(segmentID)
 	return c.sendControl(ctx, "send ack "+segmentID, TypeAck, []byte(segmentID), badMessage(CheckSegmentID(segmentID)))
 }
 
@@ -338,6 +428,7 @@ func (c *Conn) SendAck(ctx context.Context, segmentID string) error {
 // truncated rather than refused, so any error text can be sent.
 func (c *Conn) SendNack(ctx context.Context, n Nack) error {
 	n.Message = TruncateMessage(n.Message)
+	c.answered(n.SegmentID)
 	p, err := EncodeNack(n)
 	return c.sendControl(ctx, "send nack "+n.SegmentID, TypeNack, p, err)
 }

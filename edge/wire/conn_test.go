@@ -90,7 +90,7 @@ func TestConnHappyPathManyExchanges(t *testing.T) {
 	if err := snd.SendHello(ctx, "sender"); err != nil {
 		t.Fatal(err)
 	}
-	if h, err := snd.RecvHello(ctx); err != nil || h != (Hello{Version, "receiver"}) {
+	if h, err := snd.RecvHello(ctx); err != nil || h != (Hello{Version: Version1, NodeID: "receiver"}) {
 		t.Fatalf("RecvHello = %+v, %v", h, err)
 	}
 	for _, id := range order {
@@ -278,7 +278,7 @@ func TestConnReceiveErrors(t *testing.T) {
 		{"unknown frame type", []byte{0x09, 0, 0, 0, 0}, func(ctx context.Context, c *Conn) error { return c.RecvAck(ctx, "s1") }, ErrUnknownType, true},
 		{"oversized control frame", []byte{0x04, 0, 1, 0, 0}, func(ctx context.Context, c *Conn) error { return c.RecvAck(ctx, "s1") }, ErrFrameTooLarge, true},
 		{"bad offer json", AppendFrame(nil, TypeOffer, []byte(`{"segment_id":"s1"}`)), func(ctx context.Context, c *Conn) error { _, err := c.RecvOffer(ctx); return err }, ErrBadMessage, false},
-		{"future hello version", AppendFrame(nil, TypeHello, []byte(`{"version":2,"node_id":"n"}`)), func(ctx context.Context, c *Conn) error { _, err := c.RecvHello(ctx); return err }, ErrVersion, false},
+		{"hello version above the negotiated one", AppendFrame(nil, TypeHello, []byte(`{"version":2,"node_id":"n","window":8}`)), func(ctx context.Context, c *Conn) error { _, err := c.RecvHello(ctx); return err }, ErrVersion, false},
 		{"segment shorter than offer", AppendFrame(nil, TypeSegment, data[:4]), func(ctx context.Context, c *Conn) error { return c.RecvSegment(ctx, good, io.Discard) }, ErrSizeMismatch, true},
 		{"segment longer than offer", AppendFrame(nil, TypeSegment, append(data, '6')), func(ctx context.Context, c *Conn) error { return c.RecvSegment(ctx, good, io.Discard) }, ErrSizeMismatch, true},
 		{"ack where segment due", ack("s1"), func(ctx context.Context, c *Conn) error { return c.RecvSegment(ctx, good, io.Discard) }, ErrUnexpectedFrame, true},

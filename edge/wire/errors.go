@@ -37,6 +37,10 @@ var (
 	// not speak.
 	ErrVersion = errors.New("unsupported protocol version")
 
+	// ErrWindow: a version 2 peer sent an OFFER while the receiver's
+	// window (its HELLO) was already full of unanswered offers.
+	ErrWindow = errors.New("offer beyond the window")
+
 	// ErrSizeMismatch: a SEGMENT frame's length differs from the size its
 	// OFFER announced. The payload was not read.
 	ErrSizeMismatch = errors.New("segment length differs from offer")
@@ -83,6 +87,7 @@ const (
 	ReasonSizeMismatch    = "size_mismatch"    // ErrSizeMismatch
 	ReasonBadMessage      = "bad_message"      // ErrBadMessage (includes ErrInvalidID)
 	ReasonVersion         = "version"          // ErrVersion
+	ReasonWindow          = "window"           // ErrWindow
 )
 
 // ProtocolViolation reports whether err is the peer breaking the protocol
@@ -101,6 +106,7 @@ func ProtocolViolation(err error) (reason string, ok bool) {
 		{ErrSizeMismatch, ReasonSizeMismatch},
 		{ErrBadMessage, ReasonBadMessage},
 		{ErrVersion, ReasonVersion},
+		{ErrWindow, ReasonWindow},
 	} {
 		if errors.Is(err, c.err) {
 			return c.reason, true

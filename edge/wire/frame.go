@@ -8,8 +8,46 @@ import (
 	"math"
 )
 
-// Version is the protocol version this package speaks, sent in HELLO.
-const Version = 1
+// Protocol versions. Version is the highest this package speaks; a
+// connection runs the version both ends negotiated during the TLS
+// handshake (ALPN, see docs/wire.md), and HELLO repeats it.
+const (
+	// Version1 is stop-and-wait: OFFER, SEGMENT, then ACK or NACK.
+	Version1 = 1
+	// Version2 pipelines: up to the receiver's window of offers in flight,
+	// each answered ACCEPT (send it), ACK (already held) or NACK before
+	// any segment byte moves, and replies matched by segment id.
+	Version2 = 2
+	// Version is the highest version spoken here.
+	Version = Version2
+)
+
+// ALPNProtocols returns the TLS application protocol names that offer
+// versions 2..max, highest first. Version 1 predates negotiation: a peer
+// that offers or selects no protocol speaks version 1, and agents that
+// speak only version 1 ignore the names (TLS servers without protocols of
+// their own skip negotiation), so offering them is always safe.
+func ALPNProtocols(max int) []string {
+	var out []string
+	for v := min(max, Version); v >= Version2; v-- {
+		out = append(out, fmt.Sprintf("relay/%d", v))
+	}
+	return out
+}
+
+// NegotiatedVersion maps the TLS handshake's negotiated protocol to a
+// version: "" (none) is version 1.
+func NegotiatedVersion(alpn string) (int, error) {
+	if alpn == "" {
+		return Version1, nil
+	}
+	for v := Version2; v <= Version; v++ {
+		if alpn == fmt.Sprintf("relay/%d", v) {
+			return v, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: application protocol %q", ErrVersion, alpn)
+}
 
 // Type is a frame's first byte.
 type Type uint8
@@ -32,6 +70,10 @@ const (
 	// "message":"<text>"}. segment_id is empty only when the offer itself
 	// could not be decoded.
 	TypeNack Type = 0x05
+	// TypeAccept (version 2 only): the segment id as raw bytes. The
+	// receiver wants the offered segment: the sender sends its SEGMENT.
+	// SEGMENT frames follow in the order of the ACCEPTs.
+	TypeAccept Type = 0x06
 )
 
 func (t Type) String() string {
@@ -46,18 +88,23 @@ func (t Type) String() string {
 		return "ACK"
 	case TypeNack:
 		return "NACK"
+	case TypeAccept:
+		return "ACCEPT"
 	}
 	return fmt.Sprintf("type(0x%02x)", uint8(t))
 }
 
-// Known reports whether t is one of the five defined frame types.
-func (t Type) Known() bool { return t >= TypeHello && t <= TypeNack }
+// Known reports whether t is one of the defined frame types (ACCEPT is
+// defined for version 2 connections only; on a version 1 connection it
+// is an unexpected frame).
+func (t Type) Known() bool { return t >= TypeHello && t <= TypeAccept }
 
 const (
 	// HeaderLen is the size of a frame header: type and length.
 	HeaderLen = 5
 
-	// MaxControlPayload bounds the payload of HELLO, OFFER, ACK and NACK.
+	// MaxControlPayload bounds the payload of HELLO, OFFER, ACK, NACK and
+	// ACCEPT.
 	// The largest valid message (a NACK whose 1 KiB message is all
 	// characters JSON escapes as \u00XX, plus a 128-byte id) stays well
 	// below it.

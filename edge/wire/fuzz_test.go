@@ -2,8 +2,10 @@ package wire
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
+	"net"
 	"testing"
 )
 
@@ -97,6 +99,66 @@ func FuzzDecodeNack(f *testing.F) {
 		}
 		if n2, err := DecodeNack(enc); err != nil || n2 != n {
 			t.Fatalf("round trip: %+v -> %s -> %+v, %v", n, enc, n2, err)
+		}
+	})
+}
+
+// FuzzRecvRequest: a version 2 receiver fed any byte stream (seeded with
+// real frames and with offer+segment sequences) never panics, accepts
+// at most its window of offers, reads a SEGMENT only for an accepted
+// offer and with the offer's length, and fails only with the documented
+// error classes.
+func FuzzRecvRequest(f *testing.F) {
+	seedFrames(f, false)
+	offer := AppendFrame(nil, TypeOffer, []byte(`{"segment_id":"s1","size":5,"sha256":"2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"}`))
+	f.Add(append(append([]byte{}, offer...), AppendFrame(nil, TypeSegment, []byte("hello"))...))
+	f.Add(append(append(append([]byte{}, offer...), offer...), offer...))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		const window = 2
+		a, b := net.Pipe()
+		defer a.Close()
+		go func() {
+			a.Write(data)
+			a.Close()
+		}()
+		c := NewConn(b, Options{Version: Version2, Window: window, MaxSegmentSize: 64})
+		defer c.Close()
+		ctx := context.Background()
+		for range 16 {
+			req, err := c.RecvRequest(ctx)
+			if err != nil {
+				if !(errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, ErrUnknownType) ||
+					errors.Is(err, ErrFrameTooLarge) || errors.Is(err, ErrBadMessage) || errors.Is(err, ErrUnexpectedFrame) ||
+					errors.Is(err, ErrSizeMismatch) || errors.Is(err, ErrWindow)) {
+					t.Fatalf("unexpected error class: %v", err)
+				}
+				return
+			}
+			if len(c.open) > window {
+				t.Fatalf("%d offers open, window %d", len(c.open), window)
+			}
+			if !req.Segment {
+				// Accept every other offer, decline the rest as held.
+				if len(c.open)%2 == 1 {
+					c.accepted = append(c.accepted, req.Offer)
+				} else {
+					c.answered(req.Offer.SegmentID)
+				}
+				continue
+			}
+			var n int64
+			err = c.RecvPayload(ctx, req.Offer, func(r io.Reader) error {
+				var err error
+				n, err = io.Copy(io.Discard, r)
+				return err
+			})
+			if err == nil && n != req.Offer.Size {
+				t.Fatalf("read %d payload bytes for an offer of %d", n, req.Offer.Size)
+			}
+			if err != nil {
+				return
+			}
+			c.answered(req.Offer.SegmentID)
 		}
 	})
 }

@@ -30,7 +30,9 @@ func goldenFrames(t testing.TB) map[string][]byte {
 	}
 	const helloSum = "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824" // sha256("hello")
 	return map[string][]byte{
-		"hello.frame":           frame(TypeHello, must(EncodeHello(Hello{Version: Version, NodeID: "node-a"}))),
+		"hello.frame":           frame(TypeHello, must(EncodeHello(Hello{Version: Version1, NodeID: "node-a"}))),
+		"hello-v2.frame":        frame(TypeHello, must(EncodeHello(Hello{Version: Version2, NodeID: "node-a", Window: 256}))),
+		"accept.frame":          frame(TypeAccept, []byte("seg-0001")),
 		"offer.frame":           frame(TypeOffer, must(EncodeOffer(Offer{SegmentID: "seg-0001", Size: 5, SHA256: helloSum}))),
 		"offer-empty.frame":     frame(TypeOffer, must(EncodeOffer(Offer{SegmentID: "empty.bin", Size: 0, SHA256: digest}))),
 		"segment.frame":         seg.Bytes(),

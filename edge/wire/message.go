@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"regexp"
 	"slices"
 	"strings"
@@ -52,17 +53,33 @@ func badMessage(err error) error {
 	return fmt.Errorf("%w: %w", ErrBadMessage, err)
 }
 
+// MaxWindow bounds the window a HELLO may announce: offers in flight on
+// one connection. Each costs the receiver a reservation and, while its
+// commit runs, a file descriptor.
+const MaxWindow = 4096
+
 // Hello is the HELLO payload.
 type Hello struct {
 	Version int    `json:"version"`
 	NodeID  string `json:"node_id"`
+	// Window (version 2 and later; absent in version 1) is how many
+	// offers the sender of this HELLO accepts unanswered on the
+	// connection, 1..MaxWindow.
+	Window int `json:"window,omitempty"`
 }
 
 // Validate checks the fields' syntax. Any positive version is well formed;
-// whether it is spoken is Conn.RecvHello's decision.
+// whether it is spoken is Conn.RecvHello's decision. Version 1 has no
+// window (its decoders refuse the key); later versions require one.
 func (h Hello) Validate() error {
 	if h.Version < 1 {
 		return fmt.Errorf("%w: version %d must be positive", ErrBadMessage, h.Version)
+	}
+	switch {
+	case h.Version == Version1 && h.Window != 0:
+		return fmt.Errorf("%w: version 1 has no window, got %d", ErrBadMessage, h.Window)
+	case h.Version > Version1 && (h.Window < 1 || h.Window > MaxWindow):
+		return fmt.Errorf("%w: window %d outside 1..%d", ErrBadMessage, h.Window, MaxWindow)
 	}
 	return badMessage(CheckNodeID(h.NodeID))
 }
@@ -187,9 +204,19 @@ func encode(m any, invalid error) ([]byte, error) {
 
 // DecodeHello strictly decodes and validates a HELLO payload.
 func DecodeHello(p []byte) (Hello, error) {
-	var m Hello
-	err := decodeObject(p, map[string]any{"version": &m.Version, "node_id": &m.NodeID})
-	if err == nil {
+	// Window starts at absent to tell a missing key from "window":0,
+	// which no version allows (a version 1 HELLO must not carry the key).
+	const absent = math.MinInt
+	m := Hello{Window: absent}
+	err := decodeObject(p, map[string]any{"version": &m.Version, "node_id": &m.NodeID, "window": &m.Window}, "window")
+	switch {
+	case err != nil:
+	case m.Window == absent:
+		m.Window = 0
+		err = m.Validate()
+	case m.Version == Version1 || m.Window == 0:
+		err = fmt.Errorf("%w: window %d in a version %d HELLO", ErrBadMessage, m.Window, m.Version)
+	default:
 		err = m.Validate()
 	}
 	if err != nil {
@@ -223,6 +250,14 @@ func DecodeNack(p []byte) (Nack, error) {
 		return Nack{}, fmt.Errorf("decode nack: %w", err)
 	}
 	return m, nil
+}
+
+// DecodeAccept validates an ACCEPT payload (the raw segment id, as ACK).
+func DecodeAccept(p []byte) (string, error) {
+	if err := CheckSegmentID(string(p)); err != nil {
+		return "", fmt.Errorf("decode accept: %w", badMessage(err))
+	}
+	return string(p), nil
 }
 
 // DecodeAck validates an ACK payload (the raw segment id) and returns it.

@@ -93,8 +93,16 @@ func TestDecodeHello(t *testing.T) {
 		want     Hello
 		err      string
 	}{
-		{"ok", `{"version":1,"node_id":"node-a"}`, Hello{1, "node-a"}, ""},
-		{"future version decodes", `{"version":7,"node_id":"n"}`, Hello{7, "n"}, ""},
+		{"ok", `{"version":1,"node_id":"node-a"}`, Hello{Version: 1, NodeID: "node-a"}, ""},
+		{"v2 with window", `{"version":2,"node_id":"n","window":64}`, Hello{Version: 2, NodeID: "n", Window: 64}, ""},
+		{"future version decodes", `{"version":7,"node_id":"n","window":1}`, Hello{Version: 7, NodeID: "n", Window: 1}, ""},
+		{"v1 with window", `{"version":1,"node_id":"n","window":4}`, Hello{}, "window 4 in a version 1"},
+		{"v1 with window 0", `{"version":1,"node_id":"n","window":0}`, Hello{}, "window 0 in a version 1"},
+		{"v2 without window", `{"version":2,"node_id":"n"}`, Hello{}, "window 0 outside"},
+		{"v2 window 0", `{"version":2,"node_id":"n","window":0}`, Hello{}, "window 0 in a version 2"},
+		{"v2 window too large", `{"version":2,"node_id":"n","window":4097}`, Hello{}, "window 4097 outside"},
+		{"v2 window negative", `{"version":2,"node_id":"n","window":-1}`, Hello{}, "window -1 outside"},
+		{"v2 window string", `{"version":2,"node_id":"n","window":"4"}`, Hello{}, `key "window"`},
 		{"zero version", `{"version":0,"node_id":"n"}`, Hello{}, "version 0"},
 		{"missing node", `{"version":1}`, Hello{}, `missing key "node_id"`},
 		{"bad node", `{"version":1,"node_id":"a b"}`, Hello{}, "node id"},

@@ -1,0 +1,235 @@
+package wire
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"testing"
+	"time"
+)
+
+// v2Pair is a version 2 connection pair after both HELLOs; the receiver
+// announces window.
+func v2Pair(t *testing.T, window int) (snd, rcv *Conn) {
+	t.Helper()
+	snd, rcv = tcpPair(t, Options{Version: Version2, Window: window})
+	ctx := context.Background()
+	errs := goAsync(func() error { return rcv.SendHello(ctx, "receiver") })
+	if err := snd.SendHello(ctx, "sender"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := snd.RecvHello(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rcv.RecvHello(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	return snd, rcv
+}
+
+func item(id string, data []byte) Item {
+	return Item{Offer: offerFor(id, data), Open: func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil }}
+}
+
+// TestDeliverWindow: one connection carries a window of offers; the
+// receiver declines one it holds before any byte moves (ACK), refuses one
+// (NACK quota, no SEGMENT follows), NACKs a bad digest after the bytes,
+// and acknowledges the rest in reverse order once all arrived: replies
+// are matched by id, and the sender never has more than the window
+// unanswered.
+func TestDeliverWindow(t *testing.T) {
+	ctx := context.Background()
+	const window = 3
+	snd, rcv := v2Pair(t, window)
+	var items []Item
+	for i := range 8 {
+		items = append(items, item(fmt.Sprintf("s%d", i), bytes.Repeat([]byte{byte(i)}, 1000*i)))
+	}
+	bad := item("bad", []byte("real content"))
+	bad.Offer.SHA256 = offerFor("x", []byte("other content")).SHA256
+	items = append(items, bad)
+
+	type got struct {
+		offers   []string
+		received map[string][]byte
+	}
+	done := make(chan got, 1)
+	go func() {
+		g := got{received: map[string][]byte{}}
+		var toAck []string
+		defer func() { done <- g }()
+		finals := 0
+		for finals < len(items) {
+			req, err := rcv.RecvRequest(ctx)
+			if err != nil {
+				t.Errorf("RecvRequest: %v", err)
+				return
+			}
+			o := req.Offer
+			if !req.Segment {
+				g.offers = append(g.offers, o.SegmentID)
+				switch o.SegmentID {
+				case "s1", "s2":
+					finals++
+				}
+				switch o.SegmentID {
+				case "s1":
+					err = rcv.SendAck(ctx, o.SegmentID) // already held
+				case "s2":
+					err = rcv.SendNack(ctx, Nack{SegmentID: o.SegmentID, Code: NackQuota})
+				default:
+					err = rcv.SendAccept(ctx, o)
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				continue
+			}
+			var b bytes.Buffer
+			if err := rcv.RecvPayload(ctx, o, func(r io.Reader) error { _, err := io.Copy(&b, r); return err }); err != nil {
+				t.Errorf("RecvPayload: %v", err)
+				return
+			}
+			if offerFor(o.SegmentID, b.Bytes()).SHA256 != o.SHA256 {
+				if err := rcv.SendNack(ctx, Nack{SegmentID: o.SegmentID, Code: NackChecksum}); err != nil {
+					t.Error(err)
+					return
+				}
+				finals++
+				continue
+			}
+			g.received[o.SegmentID] = b.Bytes()
+			toAck = append(toAck, o.SegmentID)
+			// Hold ACKs until the window is used up, then answer newest
+			// first.
+			rcv.mu.Lock()
+			full := len(rcv.open) == window || len(g.offers) == len(items) && len(rcv.accepted) == 0
+			rcv.mu.Unlock()
+			if full {
+				for _, id := range slices.Backward(toAck) {
+					if err := rcv.SendAck(ctx, id); err != nil {
+						t.Error(err)
+						return
+					}
+					finals++
+				}
+				toAck = nil
+			}
+		}
+	}()
+	res := snd.DeliverWindow(ctx, items, 10*time.Second)
+	g := <-done
+	if len(g.offers) != len(items) {
+		t.Fatalf("receiver saw %d offers: %v", len(g.offers), g.offers)
+	}
+	for i, r := range res {
+		id := items[i].Offer.SegmentID
+		var ne *NackError
+		switch id {
+		case "s1":
+			if r.Err != nil || r.Sent {
+				t.Errorf("%s (held): %+v, want declined success", id, r)
+			}
+		case "s2":
+			if !errors.As(r.Err, &ne) || ne.Nack.Code != NackQuota || r.Sent {
+				t.Errorf("%s: %+v, want NACK quota before sending", id, r)
+			}
+		case "bad":
+			if !errors.As(r.Err, &ne) || ne.Nack.Code != NackChecksum || !r.Sent {
+				t.Errorf("%s: %+v, want NACK checksum after sending", id, r)
+			}
+		default:
+			if r.Err != nil || !r.Sent {
+				t.Errorf("%s: %+v, want sent and acknowledged", id, r)
+			}
+		}
+	}
+}
+
+// TestDeliverWindowFailures: replies the sender must not believe, and a
+// peer that stops answering.
+func TestDeliverWindowFailures(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		reply func(rcv *Conn, o Offer) error
+		want  error
+	}{
+		{"ack for an accepted segment not sent", func(rcv *Conn, o Offer) error {
+			if err := rcv.SendAccept(ctx, o); err != nil {
+				return err
+			}
+			return rcv.sendControl(ctx, "ack", TypeAck, []byte(o.SegmentID), nil)
+		}, ErrAckMismatch},
+		{"ack for another segment", func(rcv *Conn, o Offer) error {
+			return rcv.sendControl(ctx, "ack", TypeAck, []byte("other"), nil)
+		}, ErrAckMismatch},
+		{"accept twice", func(rcv *Conn, o Offer) error {
+			if err := rcv.SendAccept(ctx, o); err != nil {
+				return err
+			}
+			return rcv.sendControl(ctx, "accept", TypeAccept, []byte(o.SegmentID), nil)
+		}, ErrAckMismatch},
+		{"no reply", func(rcv *Conn, o Offer) error { return nil }, os.ErrDeadlineExceeded},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			snd, rcv := v2Pair(t, 4)
+			go func() {
+				req, err := rcv.RecvRequest(ctx)
+				if err == nil {
+					err = tc.reply(rcv, req.Offer)
+				}
+				if err != nil {
+					t.Error(err)
+				}
+			}()
+			res := snd.DeliverWindow(ctx, []Item{item("s1", []byte("x"))}, 200*time.Millisecond)
+			if !errors.Is(res[0].Err, tc.want) {
+				t.Fatalf("err = %v, want %v", res[0].Err, tc.want)
+			}
+		})
+	}
+}
+
+// TestReceiverEnforcesWindow: an OFFER beyond the announced window, or a
+// second OFFER for a segment in flight, is a protocol violation.
+func TestReceiverEnforcesWindow(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name   string
+		offers []string
+		want   error
+	}{
+		{"beyond the window", []string{"a", "b", "c"}, ErrWindow},
+		{"duplicate in flight", []string{"a", "a"}, ErrUnexpectedFrame},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			snd, rcv := v2Pair(t, 2)
+			for _, id := range tc.offers {
+				if err := snd.SendOffer(ctx, offerFor(id, nil)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var err error
+			for range tc.offers {
+				if _, err = rcv.RecvRequest(ctx); err != nil {
+					break
+				}
+			}
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("err = %v, want %v", err, tc.want)
+			}
+			if _, ok := ProtocolViolation(err); !ok {
+				t.Fatalf("%v is not a protocol violation", err)
+			}
+		})
+	}
+}
