@@ -61,6 +61,8 @@ const (
 	DefaultBackoffMax       = 5 * time.Minute
 	DefaultWorkers          = 4
 	DefaultAckTimeout       = 30 * time.Second
+	DefaultWindow           = 256
+	DefaultProtocolVersion  = 2
 	DefaultDialTimeout      = 10 * time.Second
 	DefaultLedgerRetention  = 7 * 24 * time.Hour
 	DefaultQuotaBytes       = 1 << 30 // 1 GiB
@@ -148,6 +150,14 @@ type Relay struct {
 	// AckTimeout (ack_timeout, default 30s) bounds the wait for an ACK after
 	// the segment is sent; a late ACK is a failed attempt.
 	AckTimeout time.Duration `yaml:"ack_timeout"`
+	// Window (window, default 256, 1..4096) is how many offers this node
+	// accepts unanswered on one inbound version 2 connection (announced
+	// in its HELLO); senders pipeline up to the peer's window.
+	Window int `yaml:"window"`
+	// MaxProtocolVersion (max_protocol_version, default 2, 1..2) is the
+	// highest wire protocol version negotiated; 1 makes the node speak
+	// only stop-and-wait version 1, as agents before version 2 did.
+	MaxProtocolVersion int `yaml:"max_protocol_version"`
 	// DialTimeout (dial_timeout, default 10s) bounds connect + TLS handshake.
 	DialTimeout time.Duration `yaml:"dial_timeout"`
 	// LedgerRetention (ledger_retention, default 168h) is how long the
@@ -210,13 +220,15 @@ func Default() *Config {
 	return &Config{
 		Listen: DefaultListen,
 		Relay: Relay{
-			SuccessCondition: DefaultSuccessCondition,
-			MaxRetries:       DefaultMaxRetries,
-			Backoff:          Backoff{Initial: DefaultBackoffInitial, Max: DefaultBackoffMax},
-			Workers:          DefaultWorkers,
-			AckTimeout:       DefaultAckTimeout,
-			DialTimeout:      DefaultDialTimeout,
-			LedgerRetention:  DefaultLedgerRetention,
+			SuccessCondition:   DefaultSuccessCondition,
+			MaxRetries:         DefaultMaxRetries,
+			Backoff:            Backoff{Initial: DefaultBackoffInitial, Max: DefaultBackoffMax},
+			Workers:            DefaultWorkers,
+			AckTimeout:         DefaultAckTimeout,
+			Window:             DefaultWindow,
+			MaxProtocolVersion: DefaultProtocolVersion,
+			DialTimeout:        DefaultDialTimeout,
+			LedgerRetention:    DefaultLedgerRetention,
 		},
 		Storage: Storage{
 			QuotaBytes:      DefaultQuotaBytes,

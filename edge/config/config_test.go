@@ -48,6 +48,8 @@ relay:
   evict_on_relay: true
   workers: 8
   ack_timeout: 5s
+  window: 64
+  max_protocol_version: 1
   dial_timeout: 2s
 storage:
   dir: /var/lib/edged
@@ -77,7 +79,7 @@ func TestParseFull(t *testing.T) {
 		Relay: Relay{
 			SuccessCondition: OnePeer, MaxRetries: 5,
 			Backoff:      Backoff{Initial: 250 * time.Millisecond, Max: time.Minute},
-			EvictOnRelay: true, Workers: 8, AckTimeout: 5 * time.Second, DialTimeout: 2 * time.Second, LedgerRetention: DefaultLedgerRetention,
+			EvictOnRelay: true, Workers: 8, AckTimeout: 5 * time.Second, Window: 64, MaxProtocolVersion: 1, DialTimeout: 2 * time.Second, LedgerRetention: DefaultLedgerRetention,
 		},
 		Storage: Storage{Dir: "/var/lib/edged", QuotaBytes: 2 << 30, QuotaSegments: 500, MaxSegmentBytes: 16 << 20, OnFull: OnFullEvictRelayedOldest},
 		RPC:     RPC{Listen: "unix:/run/edged/rpc.sock"},
@@ -159,6 +161,10 @@ func TestValidateRules(t *testing.T) {
 		{"workers too many", "relay: {workers: 257}", "relay.workers", "out of range"},
 		{"workers not int", "relay: {workers: many}", "relay.workers", `"many" is not an integer`},
 		{"ack timeout zero", "relay: {ack_timeout: 0s}", "relay.ack_timeout", "must be > 0"},
+		{"window zero", "relay: {window: 0}", "relay.window", "out of range 1..4096"},
+		{"window too large", "relay: {window: 4097}", "relay.window", "out of range"},
+		{"protocol version 3", "relay: {max_protocol_version: 3}", "relay.max_protocol_version", "out of range 1..2"},
+		{"protocol version 0", "relay: {max_protocol_version: 0}", "relay.max_protocol_version", "out of range"},
 		{"dial timeout negative", "relay: {dial_timeout: -5s}", "relay.dial_timeout", "must be > 0"},
 		{"ledger retention too short", "relay: {ledger_retention: 5m}", "relay.ledger_retention", "below 1h0m0s"},
 		{"evict not bool", "relay: {evict_on_relay: maybe}", "relay.evict_on_relay", "not true or false"},
@@ -394,22 +400,24 @@ func TestDefaultsDocumented(t *testing.T) {
 	}
 	d := Default()
 	want := map[string]string{
-		"listen":                    d.Listen,
-		"relay.success_condition":   d.Relay.SuccessCondition,
-		"relay.max_retries":         "10",
-		"relay.backoff.initial":     d.Relay.Backoff.Initial.String(),
-		"relay.backoff.max":         d.Relay.Backoff.Max.String(),
-		"relay.evict_on_relay":      "false",
-		"relay.workers":             "4",
-		"relay.ack_timeout":         d.Relay.AckTimeout.String(),
-		"relay.dial_timeout":        d.Relay.DialTimeout.String(),
-		"relay.ledger_retention":    d.Relay.LedgerRetention.String(),
-		"storage.quota_bytes":       d.Storage.QuotaBytes.String(),
-		"storage.quota_segments":    "10000",
-		"storage.max_segment_bytes": d.Storage.MaxSegmentBytes.String(),
-		"storage.verify_on_start":   "true",
-		"storage.on_full":           d.Storage.OnFull,
-		"rpc.listen":                d.RPC.Listen,
+		"listen":                     d.Listen,
+		"relay.success_condition":    d.Relay.SuccessCondition,
+		"relay.max_retries":          "10",
+		"relay.backoff.initial":      d.Relay.Backoff.Initial.String(),
+		"relay.backoff.max":          d.Relay.Backoff.Max.String(),
+		"relay.evict_on_relay":       "false",
+		"relay.workers":              "4",
+		"relay.ack_timeout":          d.Relay.AckTimeout.String(),
+		"relay.window":               "256",
+		"relay.max_protocol_version": "2",
+		"relay.dial_timeout":         d.Relay.DialTimeout.String(),
+		"relay.ledger_retention":     d.Relay.LedgerRetention.String(),
+		"storage.quota_bytes":        d.Storage.QuotaBytes.String(),
+		"storage.quota_segments":     "10000",
+		"storage.max_segment_bytes":  d.Storage.MaxSegmentBytes.String(),
+		"storage.verify_on_start":    "true",
+		"storage.on_full":            d.Storage.OnFull,
+		"rpc.listen":                 d.RPC.Listen,
 	}
 	rows := map[string]string{}
 	for _, line := range strings.Split(string(doc), "\n") {

@@ -130,6 +130,12 @@ func (c *Config) validateRelay(ps *Problems) {
 	if r.Workers < 1 || r.Workers > MaxWorkers {
 		ps.add("relay.workers", fmt.Sprintf("%d is out of range 1..%d", r.Workers, MaxWorkers))
 	}
+	if r.Window < 1 || r.Window > wire.MaxWindow {
+		ps.add("relay.window", fmt.Sprintf("%d is out of range 1..%d", r.Window, wire.MaxWindow))
+	}
+	if r.MaxProtocolVersion < wire.Version1 || r.MaxProtocolVersion > wire.Version {
+		ps.add("relay.max_protocol_version", fmt.Sprintf("%d is out of range %d..%d", r.MaxProtocolVersion, wire.Version1, wire.Version))
+	}
 	if r.AckTimeout <= 0 {
 		ps.add("relay.ack_timeout", fmt.Sprintf("%s must be > 0", r.AckTimeout))
 	}

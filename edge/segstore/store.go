@@ -148,6 +148,8 @@ type Store struct {
 	resBytes int64
 	resCount int64
 	busy     map[string]bool // ids being written or evicted
+
+	group groupCommitter // see group.go
 }
 
 // Open opens the store under dir (creating dir/segments), creates its

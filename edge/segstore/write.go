@@ -105,34 +105,18 @@ func (s *Store) unreserveLocked(r *Reservation, committed bool) {
 
 // Write streams the segment from src, verifies it against the reserved
 // size and digest, and commits it (see the package documentation for the
-// exact sequence). It reads at most size+1 bytes from src (the extra byte
-// detects an over-long stream). On nil the segment is durable and
-// indexed and the receiver may ACK. On error nothing of the attempt is
-// left on disk or in the index: ErrSize and ErrChecksum for bad content,
-// other errors for local I/O failures. Either way the reservation is used
-// up; a retry needs a new Reserve.
+// exact sequence): Receive, then Staged.Commit. It reads at most size+1
+// bytes from src (the extra byte detects an over-long stream). On nil the
+// segment is durable and indexed and the receiver may ACK. On error
+// nothing of the attempt is left on disk or in the index: ErrSize and
+// ErrChecksum for bad content, other errors for local I/O failures.
+// Either way the reservation is used up; a retry needs a new Reserve.
 func (r *Reservation) Write(src io.Reader, source string) (Entry, error) {
-	s := r.s
-	s.mu.Lock()
-	used := r.used
-	r.used = true
-	s.mu.Unlock()
-	if used {
-		return Entry{}, ErrReservationUsed
-	}
-	committed := false
-	defer func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		s.unreserveLocked(r, committed)
-	}()
-	e, err := s.commit(r.id, r.size, r.digest, src, source)
+	st, err := r.Receive(src, source)
 	if err != nil {
-		err = s.diskFull(err, r.size) // room.go
-		return Entry{}, fmt.Errorf("write segment %s: %w", r.id, err)
+		return Entry{}, err
 	}
-	committed = true
-	return e, nil
+	return st.Commit()
 }
 
 // Write is Reserve followed by Reservation.Write, for callers that have
@@ -155,98 +139,152 @@ func (s *Store) Write(id string, size int64, sha256hex string, src io.Reader, so
 	return r.Write(src, source)
 }
 
-// commit is the crash-safe commit path. The id is held (busy) by the
-// caller's reservation, so no one else creates or removes its file or
-// entry meanwhile.
-func (s *Store) commit(id string, size int64, digest string, src io.Reader, source string) (_ Entry, err error) {
-	final := filepath.Join(s.dir, id)
-	f, err := os.CreateTemp(s.dir, tmpPrefix+id+"-*")
-	if err != nil {
-		return Entry{}, err
+// Staged is a received segment whose bytes are verified in a temp file
+// but not yet durable: Commit makes it so, Abort discards it. Exactly one
+// of them must be called.
+type Staged struct {
+	r      *Reservation
+	f      *os.File
+	tmp    string
+	source string
+	done   bool
+}
+
+// Receive streams the segment from src into a temp file and verifies its
+// size and digest (ErrSize, ErrChecksum), hashing on another goroutine
+// while the bytes are copied. It does not fsync: Commit does, so a
+// receiver can read the next segment while earlier ones are made durable
+// (and their fsyncs, run concurrently, share the file system's journal
+// commits). On error nothing is left and the reservation is used up.
+func (r *Reservation) Receive(src io.Reader, source string) (_ *Staged, err error) {
+	s := r.s
+	s.mu.Lock()
+	used := r.used
+	r.used = true
+	s.mu.Unlock()
+	if used {
+		return nil, ErrReservationUsed
 	}
-	tmp := f.Name()
-	tagFile(tmp, digest, source) // before any byte: see tag.go
-	renamed := false
 	defer func() {
-		if err == nil {
-			return
+		if err != nil {
+			s.mu.Lock()
+			s.unreserveLocked(r, false)
+			s.mu.Unlock()
+			err = fmt.Errorf("write segment %s: %w", r.id, s.diskFull(err, r.size)) // room.go
 		}
-		if f != nil {
-			f.Close()
-		}
-		// Remove what this attempt created; the startup scan is the
-		// backstop if removal fails or the process dies first.
-		if renamed {
-			os.Remove(final)
-		} else {
-			os.Remove(tmp)
+	}()
+	f, err := os.CreateTemp(s.dir, tmpPrefix+r.id+"-*")
+	if err != nil {
+		return nil, err
+	}
+	st := &Staged{r: r, f: f, tmp: f.Name(), source: source}
+	tagFile(st.tmp, r.digest, source) // before any byte: see tag.go
+	defer func() {
+		if err != nil {
+			st.discard()
 		}
 	}()
 	if err := s.hit(stepCreated); err != nil {
-		return Entry{}, err
+		return nil, err
 	}
-	h := sha256.New()
-	buf := make([]byte, 256<<10)
-	n, err := io.CopyBuffer(io.MultiWriter(s.tempWriter(id, f), h), io.LimitReader(src, size+1), buf)
+	n, sum, err := copyHashing(s.tempWriter(r.id, f), io.LimitReader(src, r.size+1))
 	if err != nil {
-		return Entry{}, fmt.Errorf("receive: %w", err)
+		return nil, fmt.Errorf("receive: %w", err)
 	}
-	if n != size {
-		if n > size {
-			return Entry{}, fmt.Errorf("%w: stream longer than %d bytes", ErrSize, size)
+	if n != r.size {
+		if n > r.size {
+			return nil, fmt.Errorf("%w: stream longer than %d bytes", ErrSize, r.size)
 		}
-		return Entry{}, fmt.Errorf("%w: got %d of %d bytes", ErrSize, n, size)
+		return nil, fmt.Errorf("%w: got %d of %d bytes", ErrSize, n, r.size)
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != digest {
-		return Entry{}, fmt.Errorf("%w: content sha256 %s, offered %s", ErrChecksum, got, digest)
+	if got := hex.EncodeToString(sum); got != r.digest {
+		return nil, fmt.Errorf("%w: content sha256 %s, offered %s", ErrChecksum, got, r.digest)
 	}
 	if err := s.hit(stepCopied); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// discard closes and removes the temp file.
+func (st *Staged) discard() {
+	if st.f != nil {
+		st.f.Close()
+		st.f = nil
+	}
+	os.Remove(st.tmp)
+}
+
+// Abort discards a staged segment and gives back its reservation.
+// Idempotent, and a no-op after Commit.
+func (st *Staged) Abort() {
+	s := st.r.s
+	s.mu.Lock()
+	done := st.done
+	st.done = true
+	s.mu.Unlock()
+	if done {
+		return
+	}
+	st.discard()
+	s.mu.Lock()
+	s.unreserveLocked(st.r, false)
+	s.mu.Unlock()
+}
+
+// Commit makes a staged segment durable and indexed: fsync the temp file,
+// then, together with every other segment ready at that moment (group
+// commit), rename into place, fsync the directory once and commit the
+// index entries in one bbolt transaction. On nil the segment is durable
+// and the receiver may ACK; on error nothing of it is left.
+func (st *Staged) Commit() (Entry, error) {
+	r, s := st.r, st.r.s
+	s.mu.Lock()
+	done := st.done
+	st.done = true
+	s.mu.Unlock()
+	if done {
+		return Entry{}, ErrReservationUsed
+	}
+	e, err := s.commitStaged(st)
+	s.mu.Lock()
+	s.unreserveLocked(r, err == nil)
+	s.mu.Unlock()
+	if err != nil {
+		return Entry{}, fmt.Errorf("write segment %s: %w", r.id, s.diskFull(err, r.size))
+	}
+	return e, nil
+}
+
+// commitStaged is the crash-safe commit path after Receive. The id is
+// held (busy) by the reservation, so no one else creates or removes its
+// file or entry meanwhile.
+func (s *Store) commitStaged(st *Staged) (Entry, error) {
+	r := st.r
+	err := st.f.Sync()
+	if err == nil {
+		err = s.hit(stepSynced)
+	} else {
+		err = fmt.Errorf("fsync: %w", err)
+	}
+	if cerr := st.f.Close(); cerr != nil && err == nil {
+		err = fmt.Errorf("close: %w", cerr)
+	}
+	st.f = nil
+	if err != nil {
+		os.Remove(st.tmp)
 		return Entry{}, err
 	}
-	if err := f.Sync(); err != nil {
-		return Entry{}, fmt.Errorf("fsync: %w", err)
-	}
-	cerr := f.Close()
-	f = nil
-	if cerr != nil {
-		return Entry{}, fmt.Errorf("close: %w", cerr)
-	}
-	if err := s.hit(stepSynced); err != nil {
-		return Entry{}, err
-	}
-	if err := os.Rename(tmp, final); err != nil {
-		return Entry{}, fmt.Errorf("rename: %w", err)
-	}
-	renamed = true
-	if err := s.hit(stepRenamed); err != nil {
-		return Entry{}, err
-	}
-	if err := syncDir(s.dir); err != nil {
-		return Entry{}, fmt.Errorf("fsync dir: %w", err)
-	}
-	if err := s.hit(stepDirSync); err != nil {
-		return Entry{}, err
-	}
-	e := Entry{ID: id, Size: size, SHA256: digest, Received: s.opt.Now().UTC(), Source: source}
+	e := Entry{ID: r.id, Size: r.size, SHA256: r.digest, Received: s.opt.Now().UTC(), Source: st.source}
 	v, err := e.encode()
 	if err != nil {
+		os.Remove(st.tmp)
 		return Entry{}, err
 	}
-	err = s.db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(indexBucket)
-		if b.Get([]byte(id)) != nil {
-			// Cannot happen while the id is held; refuse rather than
-			// overwrite an entry whose file we just replaced.
-			return fmt.Errorf("index entry for %s appeared during write", id)
-		}
-		return b.Put([]byte(id), v)
-	})
-	if err != nil {
-		return Entry{}, fmt.Errorf("index: %w", err)
+	req := &commitReq{id: r.id, tmp: st.tmp, val: v, wake: make(chan struct{}, 1)}
+	if err := s.group.commit(s, req); err != nil {
+		return Entry{}, err
 	}
-	// Committed and durable: past this point the write succeeds, so the
-	// hook only marks the point for crash tests and cannot fail it.
-	_ = s.hit(stepIndexed)
 	return e, nil
 }
 

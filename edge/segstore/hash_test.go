@@ -1,0 +1,29 @@
+package segstore
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"testing"
+)
+
+// TestCopyHashing: the overlapped copy+hash yields the bytes and the
+// digest of a plain copy at every size around the chunk boundaries, and
+// reports a source error.
+func TestCopyHashing(t *testing.T) {
+	for _, n := range []int{0, 1, copyChunk - 1, copyChunk, copyChunk + 1, 3 * copyChunk, 9*copyChunk + 17} {
+		src := content(n, byte(n))
+		var dst bytes.Buffer
+		got, sum, err := copyHashing(&dst, bytes.NewReader(src))
+		want := sha256.Sum256(src)
+		if err != nil || got != int64(n) || !bytes.Equal(sum, want[:]) || !bytes.Equal(dst.Bytes(), src) {
+			t.Fatalf("size %d: copied %d, err %v, digest ok %v, content ok %v", n, got, err, bytes.Equal(sum, want[:]), bytes.Equal(dst.Bytes(), src))
+		}
+	}
+	boom := errors.New("boom")
+	_, _, err := copyHashing(io.Discard, io.MultiReader(bytes.NewReader(content(5*copyChunk, 1)), &errReader{err: boom}))
+	if !errors.Is(err, boom) {
+		t.Fatalf("err = %v, want the source's", err)
+	}
+}
