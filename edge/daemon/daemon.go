@@ -142,7 +142,8 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 		NodeID: cfg.NodeID, CertFile: cfg.TLS.Cert, KeyFile: cfg.TLS.Key, CAFile: cfg.TLS.CA,
 		AllowPeer:        cfg.Accepts, // known_peers and inbound-only accept_from
 		HandshakeTimeout: cfg.Relay.DialTimeout,
-		Wire:             wire.Options{MaxSegmentSize: int64(cfg.Storage.MaxSegmentBytes), IdleTimeout: idleTimeout(cfg)},
+		Wire: wire.Options{MaxSegmentSize: int64(cfg.Storage.MaxSegmentBytes), IdleTimeout: idleTimeout(cfg),
+			Version: cfg.Relay.MaxProtocolVersion, Window: cfg.Relay.Window},
 		OnReloadError: func(err error) {
 			d.met.reloadErrors.Inc()
 			d.log.Error("certificate reload failed; keeping the previous certificate", "err", err)

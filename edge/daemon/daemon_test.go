@@ -350,12 +350,19 @@ func (g *gate) loop() {
 }
 
 // rawSender dials a node with node a's certificate and speaks the wire
-// protocol directly, to send what edged itself never would.
+// protocol directly, to send what edged itself never would. It speaks
+// version 1 (stop-and-wait), as agents before version 2 do; rawSenderV2
+// negotiates version 2.
 func rawSender(t *testing.T, pkiDir string, to *testNode) *wire.Conn {
+	return rawSenderVersion(t, pkiDir, to, wire.Version1)
+}
+
+func rawSenderVersion(t *testing.T, pkiDir string, to *testNode, version int) *wire.Conn {
 	t.Helper()
 	tr, err := transport.New(transport.Config{
 		NodeID: "a", CertFile: filepath.Join(pkiDir, "a.crt"), KeyFile: filepath.Join(pkiDir, "a.key"),
 		CAFile: filepath.Join(pkiDir, pki.CACertFile), AllowPeer: func(string) bool { return true },
+		Wire: wire.Options{Version: version},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -154,7 +154,7 @@ func TestSenderAbortMidSegment(t *testing.T) {
 }
 
 // TestBadHelloCounted: a node that passes TLS but sends a HELLO of another
-// protocol version is refused, and counted as a protocol error (version)
+// protocol version than the one negotiated (none here: version 1) is refused, and counted as a protocol error (version)
 // as well as a rejected connection.
 func TestBadHelloCounted(t *testing.T) {
 	dir, b, logs := receiverB(t)
@@ -169,7 +169,7 @@ func TestBadHelloCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tc.Close()
-	if err := wire.WriteFrame(tc, wire.TypeHello, []byte(`{"version":2,"node_id":"a"}`)); err != nil {
+	if err := wire.WriteFrame(tc, wire.TypeHello, []byte(`{"version":2,"node_id":"a","window":4}`)); err != nil {
 		t.Fatal(err)
 	}
 	io.Copy(io.Discard, tc) // b's HELLO, then b closes

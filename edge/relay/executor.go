@@ -255,7 +255,7 @@ func (e *Executor) worker(ctx, hard context.Context) {
 			continue
 		}
 		if ok {
-			e.executeRelay(hard, c.rec)
+			e.executeRelay(hard, c.rec, c.probe != 0)
 			if c.probe != 0 {
 				e.circuits.release(c.rec.PeerID, c.probe)
 			}
@@ -419,11 +419,32 @@ var errSegmentMissing = errors.New("segment missing from local store")
 // errUnknownPeer: the record's peer is not in known_peers (any more).
 var errUnknownPeer = errors.New("peer not in known_peers")
 
-// executeRelay runs one claimed attempt and records its outcome.
-func (e *Executor) executeRelay(ctx context.Context, rec ledger.Record) {
+// executeRelay runs one claimed attempt and records its outcome. On a
+// version 2 connection it claims more due records for the same peer, up
+// to the peer's window, and delivers them all pipelined on that
+// connection (not for a circuit probe: a probe is one attempt).
+func (e *Executor) executeRelay(ctx context.Context, rec ledger.Record, probe bool) {
 	start := time.Now()
-	size, err := e.deliver(ctx, rec)
-	elapsed := time.Since(start)
+	conn, reused, err := e.prepare(ctx, rec)
+	if err != nil {
+		e.finish(rec, 0, err, time.Since(start))
+		return
+	}
+	if conn.Version() < wire.Version2 {
+		size, err := e.deliver(ctx, conn, reused, rec)
+		e.finish(rec, size, err, time.Since(start))
+		return
+	}
+	recs := []ledger.Record{rec}
+	if !probe {
+		recs = append(recs, e.claimMore(rec.PeerID, conn.PeerWindow()-1)...)
+	}
+	outs := e.deliverWindow(ctx, conn, reused, recs)
+	e.finishBatch(recs, outs, time.Since(start))
+}
+
+// finish records one attempt's outcome: the ACK, or the failure.
+func (e *Executor) finish(rec ledger.Record, size int64, err error, elapsed time.Duration) {
 	now := e.cfg.Now()
 	log := e.log.With("segment", rec.SegmentID, "peer", rec.PeerID, "attempt", rec.Attempts)
 	if err == nil {
@@ -439,6 +460,14 @@ func (e *Executor) executeRelay(ctx context.Context, rec ledger.Record) {
 		e.checkSuccessCondition(rec.SegmentID)
 		return
 	}
+	e.failed(rec, err, elapsed)
+}
+
+// failed records a failed attempt (or deadletters a record whose segment
+// is gone).
+func (e *Executor) failed(rec ledger.Record, err error, elapsed time.Duration) {
+	now := e.cfg.Now()
+	log := e.log.With("segment", rec.SegmentID, "peer", rec.PeerID, "attempt", rec.Attempts)
 	if errors.Is(err, errSegmentMissing) {
 		// Deadletter now rather than spending the retry budget: the
 		// source is gone and no retry can bring it back.
@@ -478,27 +507,39 @@ func (e *Executor) observe(peer, outcome string, bytes int64, d time.Duration) {
 	}
 }
 
-// deliver sends the record's segment to its peer and waits for the ACK.
-// It returns the segment size and nil only for a matching ACK.
-func (e *Executor) deliver(ctx context.Context, rec ledger.Record) (int64, error) {
+// prepare finds the record's peer and segment and gets a connection
+// (pooled or dialled). A segment no longer stored is errSegmentMissing,
+// found before dialling.
+func (e *Executor) prepare(ctx context.Context, rec ledger.Record) (*wire.Conn, bool, error) {
 	addr, ok := e.cfg.Peers[rec.PeerID]
 	if !ok {
-		return 0, fmt.Errorf("deliver to %s: %w", rec.PeerID, errUnknownPeer)
+		return nil, false, fmt.Errorf("deliver to %s: %w", rec.PeerID, errUnknownPeer)
 	}
+	if _, err := e.store.Stat(rec.SegmentID); err != nil {
+		if errors.Is(err, segstore.ErrNotFound) {
+			return nil, false, fmt.Errorf("deliver %s: %w", rec.SegmentID, errSegmentMissing)
+		}
+		return nil, false, fmt.Errorf("deliver %s: %w", rec.SegmentID, err)
+	}
+	return e.conn(ctx, rec.PeerID, addr)
+}
+
+// deliver sends the record's segment on a version 1 connection and waits
+// for the ACK. It returns the segment size and nil only for a matching
+// ACK. The connection goes back to the pool after success and is closed
+// otherwise.
+func (e *Executor) deliver(ctx context.Context, conn *wire.Conn, reused bool, rec ledger.Record) (int64, error) {
 	f, entry, err := e.store.Open(rec.SegmentID)
 	if errors.Is(err, segstore.ErrNotFound) {
+		conn.Close()
 		return 0, fmt.Errorf("deliver %s: %w", rec.SegmentID, errSegmentMissing)
 	}
 	if err != nil {
+		conn.Close()
 		return 0, fmt.Errorf("deliver %s: %w", rec.SegmentID, err)
 	}
 	defer f.Close()
 	offer := wire.Offer{SegmentID: entry.ID, Size: entry.Size, SHA256: entry.SHA256}
-
-	conn, reused, err := e.conn(ctx, rec.PeerID, addr)
-	if err != nil {
-		return 0, err
-	}
 	err = e.exchange(ctx, conn, offer, f)
 	if err != nil && reused && staleConn(err) {
 		// The pooled connection was dead before the peer saw our offer
@@ -507,8 +548,13 @@ func (e *Executor) deliver(ctx context.Context, rec ledger.Record) (int64, error
 		if _, serr := f.Seek(0, io.SeekStart); serr != nil {
 			return 0, fmt.Errorf("deliver %s: rewind: %w", rec.SegmentID, serr)
 		}
-		if conn, err = e.dialPeer(ctx, rec.PeerID, addr); err != nil {
+		if conn, err = e.dialPeer(ctx, rec.PeerID, e.cfg.Peers[rec.PeerID]); err != nil {
 			return 0, err
+		}
+		if conn.Version() >= wire.Version2 {
+			// The peer was upgraded meanwhile; the next attempt pipelines.
+			conn.Close()
+			return 0, fmt.Errorf("deliver %s: peer now speaks version %d: retry", rec.SegmentID, conn.Version())
 		}
 		err = e.exchange(ctx, conn, offer, f)
 	}

@@ -33,7 +33,9 @@ func newTransport(t testing.TB, dir, id string, peers ...string) *transport.Tran
 		CertFile: filepath.Join(dir, id+".crt"), KeyFile: filepath.Join(dir, id+".key"),
 		CAFile:    filepath.Join(dir, pki.CACertFile),
 		AllowPeer: func(p string) bool { return slices.Contains(peers, p) },
-		Wire:      wire.Options{IdleTimeout: time.Minute},
+		// Version 1: the scripted peers (newPeer) speak stop-and-wait; the
+		// pipelined path has its own tests (window_test.go).
+		Wire: wire.Options{IdleTimeout: time.Minute, Version: wire.Version1},
 	})
 	if err != nil {
 		t.Fatal(err)

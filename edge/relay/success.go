@@ -14,51 +14,86 @@ import (
 // start-up; it is idempotent. Errors are
 // logged, not returned: the next call repeats whatever did not happen.
 func (e *Executor) checkSuccessCondition(segmentID string) {
-	entry, err := e.store.Stat(segmentID)
-	if errors.Is(err, segstore.ErrNotFound) {
-		return // evicted already (or by the operator)
+	e.checkSuccessConditions([]string{segmentID})
+}
+
+// met is a segment whose success condition holds.
+type met struct {
+	entry    segstore.Entry
+	required []string
+	acked    []string
+}
+
+// checkSuccessConditions is checkSuccessCondition for several segments:
+// the relayed markers they need are set in one transaction (a window of
+// ACKs meets a window of conditions at once).
+func (e *Executor) checkSuccessConditions(ids []string) {
+	var ready []met
+	var unmarked []string
+	for _, id := range ids {
+		entry, err := e.store.Stat(id)
+		if errors.Is(err, segstore.ErrNotFound) {
+			continue // evicted already (or by the operator)
+		}
+		log := e.log.With("segment", id)
+		if err != nil {
+			log.Error("success check: stat failed", "err", err)
+			continue
+		}
+		required := e.RequiredPeers(entry)
+		a, err := e.led.Assurance(id, required, e.cfg.Condition)
+		if err != nil {
+			log.Error("success check: assurance failed", "err", err)
+			continue
+		}
+		if !a.Met {
+			continue
+		}
+		ready = append(ready, met{entry: entry, required: required, acked: a.AckedPeers})
+		if !entry.Relayed {
+			unmarked = append(unmarked, id)
+		}
 	}
-	log := e.log.With("segment", segmentID)
-	if err != nil {
-		log.Error("success check: stat failed", "err", err)
-		return
-	}
-	required := e.RequiredPeers(entry)
-	a, err := e.led.Assurance(segmentID, required, e.cfg.Condition)
-	if err != nil {
-		log.Error("success check: assurance failed", "err", err)
-		return
-	}
-	if !a.Met {
-		return
-	}
-	if !entry.Relayed {
-		var marked bool
-		if entry, marked, err = e.store.MarkRelayed(segmentID); err != nil {
-			log.Error("success check: marking relayed failed", "err", err)
+	if len(unmarked) > 0 {
+		marked, err := e.store.MarkRelayedAll(unmarked)
+		if err != nil {
+			e.log.Error("success check: marking relayed failed", "segments", len(unmarked), "err", err)
 			return
 		}
 		// Workers finishing acks of one segment at once all get here;
 		// only the one whose call set the marker reports the success.
-		if marked {
-			log.Info("relay success", "condition", string(e.cfg.Condition), "acks", len(a.AckedPeers),
-				"acked_peers", a.AckedPeers, "required", len(required))
+		byID := map[string]met{}
+		for _, m := range ready {
+			byID[m.entry.ID] = m
+		}
+		for _, entry := range marked {
+			m := byID[entry.ID]
+			e.log.Info("relay success", "segment", entry.ID, "condition", string(e.cfg.Condition), "acks", len(m.acked),
+				"acked_peers", m.acked, "required", len(m.required))
 			if f := e.cfg.Observer.Relayed; f != nil {
-				f(segmentID)
+				f(entry.ID)
 			}
 		}
 	}
 	if !e.cfg.EvictOnRelay {
 		return
 	}
-	// The relayed marker is committed; the gate re-checks the ledger in
-	// the eviction's own transaction.
-	err = e.store.EvictIf(segmentID, e.led.EvictionGate(segmentID, required, e.cfg.Condition))
+	for _, m := range ready {
+		e.evictRelayed(m)
+	}
+}
+
+// evictRelayed evicts a segment whose relayed marker is committed; the
+// gate re-checks the ledger in the eviction's own transaction.
+func (e *Executor) evictRelayed(m met) {
+	id := m.entry.ID
+	log := e.log.With("segment", id)
+	err := e.store.EvictIf(id, e.led.EvictionGate(id, m.required, e.cfg.Condition))
 	switch {
 	case err == nil:
-		log.Info("segment evicted on relay", "bytes", entry.Size)
+		log.Info("segment evicted on relay", "bytes", m.entry.Size)
 		if f := e.cfg.Observer.Evicted; f != nil {
-			f(segmentID, entry.Size)
+			f(id, m.entry.Size)
 		}
 	case errors.Is(err, ledger.ErrEvictionBlocked):
 		log.Debug("eviction waits for pending deliveries", "reason", err)

@@ -1,0 +1,48 @@
+package segstore
+
+import (
+	"fmt"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// MarkRelayedAll is MarkRelayed for several segments in one transaction
+// (a pipelining sender meets the success condition of a window of
+// segments at once). It returns the entries whose marker this call set;
+// ids not stored, or already marked, are skipped. Idempotent.
+func (s *Store) MarkRelayedAll(ids []string) ([]Entry, error) {
+	var marked []Entry
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		marked = marked[:0]
+		b := tx.Bucket(indexBucket)
+		now := s.opt.Now().UTC()
+		for _, id := range ids {
+			v := b.Get([]byte(id))
+			if v == nil {
+				continue
+			}
+			e, err := decodeEntry(id, v)
+			if err != nil {
+				return err
+			}
+			if e.Relayed {
+				continue
+			}
+			e.Relayed, e.RelayedAt = true, now
+			nv, err := e.encode()
+			if err != nil {
+				return err
+			}
+			if err := b.Put([]byte(id), nv); err != nil {
+				return err
+			}
+			marked = append(marked, e)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("mark relayed: %w", err)
+	}
+	return marked, nil
+}
+
