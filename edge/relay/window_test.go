@@ -92,7 +92,7 @@ func (p *v2Peer) serve(ctx context.Context, t *testing.T, c *wire.Conn) {
 	p.conns++
 	drop := p.conns == 1 && p.dropAfter > 0
 	p.mu.Unlock()
-	var pending []string // received, not acknowledged
+	var pending []string  // received, not acknowledged
 	got, declined := 0, 0 // declined since the last flush
 	for {
 		req, err := c.RecvRequest(ctx)
@@ -246,4 +246,3 @@ func TestPipelinedCutWithWindowInFlight(t *testing.T) {
 		}
 	}
 }
-

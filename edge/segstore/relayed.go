@@ -45,4 +45,3 @@ func (s *Store) MarkRelayedAll(ids []string) ([]Entry, error) {
 	}
 	return marked, nil
 }
-
