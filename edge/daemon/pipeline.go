@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -22,6 +23,7 @@ import (
 // when its own commit returned, in whatever order they finish.
 func (d *Daemon) servePipelined(ctx context.Context, c *wire.Conn, log *slog.Logger, peer string) {
 	var commits sync.WaitGroup
+	small := make(chan struct{}, smallBudget)
 	reserved := map[string]*segstore.Reservation{}
 	defer func() {
 		for _, r := range reserved {
@@ -48,48 +50,97 @@ func (d *Daemon) servePipelined(ctx context.Context, c *wire.Conn, log *slog.Log
 		}
 		res := reserved[o.SegmentID]
 		delete(reserved, o.SegmentID)
+		if o.Size <= smallSegment {
+			select {
+			case small <- struct{}{}:
+				// Read it into memory and leave the file to the commit
+				// goroutine (below).
+				buf := make([]byte, o.Size)
+				if rerr := c.RecvPayload(ctx, o, func(r io.Reader) error { _, err := io.ReadFull(r, buf); return err }); rerr != nil {
+					<-small
+					res.Release()
+					d.segmentFailed(ctx, c, slog, o, rerr)
+					return
+				}
+				commits.Add(1)
+				go func() {
+					defer commits.Done()
+					staged, err := res.Receive(bytes.NewReader(buf), peer)
+					<-small
+					if err != nil {
+						d.refusePipelined(ctx, c, slog, o, nackCode(err), err)
+						return
+					}
+					d.commitAndAck(ctx, c, slog, o, staged)
+				}()
+				continue
+			default: // the budget is in use: stream it as a large one
+			}
+		}
 		var staged *segstore.Staged
 		rerr := c.RecvPayload(ctx, o, func(r io.Reader) error {
 			var err error
 			staged, err = res.Receive(r, peer)
 			return err
 		})
-		switch {
-		case rerr == nil:
-		case errors.Is(rerr, segstore.ErrChecksum):
-			// The whole frame was read: the connection stays in step.
-			if !d.refusePipelined(ctx, c, slog, o, wire.NackChecksum, rerr) {
-				return
+		if rerr != nil {
+			if errors.Is(rerr, segstore.ErrChecksum) {
+				// The whole frame was read: the connection stays in step.
+				if !d.refusePipelined(ctx, c, slog, o, wire.NackChecksum, rerr) {
+					return
+				}
+				continue
 			}
-			continue
-		case ctx.Err() == nil && wire.PeerAborted(rerr):
-			d.met.inbound.WithLabelValues("aborted").Inc()
-			slog.Warn("peer aborted the segment; nothing stored", "err", rerr)
-			return
-		default:
-			// A local failure in the middle of the frame, or a stop: the
-			// rest of the SEGMENT was not read, so tell the peer and close.
-			d.refusePipelined(ctx, c, slog, o, nackCode(rerr), rerr)
+			d.segmentFailed(ctx, c, slog, o, rerr)
 			return
 		}
 		commits.Add(1)
 		go func() {
 			defer commits.Done()
-			e, err := staged.Commit()
-			if err != nil {
-				d.refusePipelined(ctx, c, slog, o, nackCode(err), err)
-				return
-			}
-			if err := d.ex.Schedule(e); err != nil {
-				slog.Error("stored but not scheduled; start-up reconciliation will schedule it", "err", err)
-			}
-			d.met.inbound.WithLabelValues("stored").Inc()
-			slog.Debug("segment stored")
-			if err := c.SendAck(ctx, o.SegmentID); err != nil {
-				slog.Debug("ack not sent", "err", err)
-				c.Close() // the write side is broken: stop reading too
-			}
+			d.commitAndAck(ctx, c, slog, o, staged)
 		}()
+	}
+}
+
+// smallSegment: a SEGMENT up to this size is read into memory by the
+// connection's reader and written to its temp file by the commit
+// goroutine, so that creating files (about a millisecond each on a busy
+// ext4, far less when several run at once) does not serialise a stream
+// of small segments. smallBudget bounds how many are held at once per
+// connection (4 MiB at most); beyond it they are streamed.
+const (
+	smallSegment = 64 << 10
+	smallBudget  = 64
+)
+
+// segmentFailed handles a SEGMENT that could not be read whole: the peer
+// went away, or a local failure (or a stop) left the rest of the frame
+// unread, in which case the peer is told and the connection closed.
+func (d *Daemon) segmentFailed(ctx context.Context, c *wire.Conn, log *slog.Logger, o wire.Offer, err error) {
+	if ctx.Err() == nil && wire.PeerAborted(err) {
+		d.met.inbound.WithLabelValues("aborted").Inc()
+		log.Warn("peer aborted the segment; nothing stored", "err", err)
+		return
+	}
+	d.refusePipelined(ctx, c, log, o, nackCode(err), err)
+}
+
+// commitAndAck makes a staged segment durable, schedules it for onward
+// delivery and only then sends its ACK.
+func (d *Daemon) commitAndAck(ctx context.Context, c *wire.Conn, log *slog.Logger, o wire.Offer, staged *segstore.Staged) {
+	e, err := staged.Commit()
+	if err != nil {
+		d.refusePipelined(ctx, c, log, o, nackCode(err), err)
+		return
+	}
+	if err := d.ex.Schedule(e); err != nil {
+		log.Error("stored but not scheduled; start-up reconciliation will schedule it", "err", err)
+	}
+	d.met.inbound.WithLabelValues("stored").Inc()
+	log.Debug("segment stored")
+	if err := c.SendAck(ctx, o.SegmentID); err != nil {
+		log.Debug("ack not sent", "err", err)
+		c.Close() // the write side is broken: stop reading too
 	}
 }
 

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/relay-dev/relay/edge/wire"
 )
 
 // Reservation holds quota for one segment being received, and the id
@@ -187,7 +189,7 @@ func (r *Reservation) Receive(src io.Reader, source string) (_ *Staged, err erro
 	if err := s.hit(stepCreated); err != nil {
 		return nil, err
 	}
-	n, sum, err := copyHashing(s.tempWriter(r.id, f), io.LimitReader(src, r.size+1))
+	n, sum, err := wire.CopyHashing(s.tempWriter(r.id, f), io.LimitReader(src, r.size+1))
 	if err != nil {
 		return nil, fmt.Errorf("receive: %w", err)
 	}

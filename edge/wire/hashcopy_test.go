@@ -1,4 +1,4 @@
-package segstore
+package wire
 
 import (
 	"bytes"
@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"testing"
+	"testing/iotest"
 )
 
 // TestCopyHashing: the overlapped copy+hash yields the bytes and the
@@ -13,17 +14,25 @@ import (
 // reports a source error.
 func TestCopyHashing(t *testing.T) {
 	for _, n := range []int{0, 1, copyChunk - 1, copyChunk, copyChunk + 1, 3 * copyChunk, 9*copyChunk + 17} {
-		src := content(n, byte(n))
+		src := patterned(n)
 		var dst bytes.Buffer
-		got, sum, err := copyHashing(&dst, bytes.NewReader(src))
+		got, sum, err := CopyHashing(&dst, bytes.NewReader(src))
 		want := sha256.Sum256(src)
 		if err != nil || got != int64(n) || !bytes.Equal(sum, want[:]) || !bytes.Equal(dst.Bytes(), src) {
 			t.Fatalf("size %d: copied %d, err %v, digest ok %v, content ok %v", n, got, err, bytes.Equal(sum, want[:]), bytes.Equal(dst.Bytes(), src))
 		}
 	}
 	boom := errors.New("boom")
-	_, _, err := copyHashing(io.Discard, io.MultiReader(bytes.NewReader(content(5*copyChunk, 1)), &errReader{err: boom}))
+	_, _, err := CopyHashing(io.Discard, io.MultiReader(bytes.NewReader(patterned(5*copyChunk)), iotest.ErrReader(boom)))
 	if !errors.Is(err, boom) {
 		t.Fatalf("err = %v, want the source's", err)
 	}
+}
+
+func patterned(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*131>>3 + n)
+	}
+	return b
 }
