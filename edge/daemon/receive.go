@@ -75,6 +75,7 @@ const discardLimit = 1 << 20
 func (d *Daemon) handleRelayConn(ctx context.Context, c *wire.Conn, peer string) {
 	defer c.Close()
 	log := d.log.With("peer", peer, "remote", addrString(c.RemoteAddr()))
+	log.Debug("relay connection accepted", "version", c.Version())
 	if c.Version() >= wire.Version2 {
 		d.servePipelined(ctx, c, log, peer)
 		return

@@ -91,8 +91,9 @@ type node struct {
 	listen   string
 	rpc      string // rpc.listen
 	peers    []string
-	relay    string // YAML of the relay section, inner lines
-	storage  string // YAML of the storage section, extra lines
+	dial     map[string]string // peer → address to dial instead of its listen (a linkem proxy)
+	relay    string            // YAML of the relay section, inner lines
+	storage  string            // YAML of the storage section, extra lines
 	cfgPath  string
 	logPath  string
 	client   *rpc.Client
@@ -157,7 +158,11 @@ func (n *node) writeConfig() {
 	fmt.Fprintf(&b, "tls:\n  cert: pki/%s.crt\n  key: pki/%s.key\n  ca: pki/ca.crt\n", n.id, n.id)
 	b.WriteString("known_peers:\n")
 	for _, p := range n.peers {
-		fmt.Fprintf(&b, "  - {id: %s, address: %q}\n", p, n.c.nodes[p].listen)
+		addr := n.c.nodes[p].listen
+		if a, ok := n.dial[p]; ok {
+			addr = a
+		}
+		fmt.Fprintf(&b, "  - {id: %s, address: %q}\n", p, addr)
 	}
 	fmt.Fprintf(&b, "relay:\n%s", n.relay)
 	fmt.Fprintf(&b, "storage:\n  dir: data-%s\n%s", n.id, n.storage)

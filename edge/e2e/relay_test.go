@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -147,10 +149,17 @@ func TestQuotaNack(t *testing.T) {
 
 // rawTransport speaks for node id with certificates in pkiDir.
 func rawTransport(t *testing.T, pkiDir, id string) *transport.Transport {
+	return rawTransportVersion(t, pkiDir, id, 0)
+}
+
+// rawTransportVersion is rawTransport offering protocol versions up to
+// version (0: every version).
+func rawTransportVersion(t *testing.T, pkiDir, id string, version int) *transport.Transport {
 	t.Helper()
 	tr, err := transport.New(transport.Config{
 		NodeID: id, CertFile: filepath.Join(pkiDir, id+".crt"), KeyFile: filepath.Join(pkiDir, id+".key"),
 		CAFile: filepath.Join(pkiDir, pki.CACertFile), AllowPeer: func(string) bool { return true },
+		Wire: wire.Options{Version: version},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -160,31 +169,48 @@ func rawTransport(t *testing.T, pkiDir, id string) *transport.Transport {
 
 // TestBadDigest: a raw client (with a's valid certificate) sends bytes
 // that do not match its offer: NACK checksum, nothing stored, and the
-// connection still takes a good segment.
+// connection still takes a good segment. Once in each protocol version:
+// version 1 (a client restricted to it) and version 2 (pipelined).
 func TestBadDigest(t *testing.T) {
 	t.Parallel()
-	c := newCluster(t, "a", "b")
-	b := c.nodes["b"]
-	b.start()
-	conn, err := rawTransport(t, filepath.Join(c.dir, "pki"), "a").Dial(context.Background(), b.listen, "b")
-	if err != nil {
-		t.Fatal(err)
+	for _, version := range []int{wire.Version1, wire.Version2} {
+		t.Run(fmt.Sprintf("v%d", version), func(t *testing.T) {
+			t.Parallel()
+			c := newCluster(t, "a", "b")
+			b := c.nodes["b"]
+			b.start()
+			tr := rawTransportVersion(t, filepath.Join(c.dir, "pki"), "a", version)
+			conn, err := tr.Dial(context.Background(), b.listen, "b")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			if conn.Version() != version {
+				t.Fatalf("negotiated version %d, want %d", conn.Version(), version)
+			}
+			ctx := context.Background()
+			deliver := func(o wire.Offer, data string) error {
+				if version == wire.Version1 {
+					return conn.Deliver(ctx, o, strings.NewReader(data))
+				}
+				item := wire.Item{Offer: o, Open: func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(data)), nil }}
+				return conn.DeliverWindow(ctx, []wire.Item{item}, 10*time.Second)[0].Err
+			}
+			o := wire.Offer{SegmentID: "forged", Size: 5, SHA256: digest([]byte("right"))}
+			err = deliver(o, "wrong")
+			if ne, ok := err.(*wire.NackError); !ok || ne.Nack.Code != wire.NackChecksum {
+				t.Fatalf("deliver of forged bytes: %v, want NACK checksum", err)
+			}
+			if ix := b.index(); len(ix) != 0 {
+				t.Fatalf("b stored %+v", ix)
+			}
+			good := wire.Offer{SegmentID: "honest", Size: 5, SHA256: digest([]byte("right"))}
+			if err := deliver(good, "right"); err != nil {
+				t.Fatalf("good segment after a bad one: %v", err)
+			}
+			eventually(t, "b holds honest", func() bool { return b.has("honest", good.SHA256) })
+		})
 	}
-	defer conn.Close()
-	ctx := context.Background()
-	o := wire.Offer{SegmentID: "forged", Size: 5, SHA256: digest([]byte("right"))}
-	err = conn.Deliver(ctx, o, strings.NewReader("wrong"))
-	if ne, ok := err.(*wire.NackError); !ok || ne.Nack.Code != wire.NackChecksum {
-		t.Fatalf("deliver of forged bytes: %v, want NACK checksum", err)
-	}
-	if ix := b.index(); len(ix) != 0 {
-		t.Fatalf("b stored %+v", ix)
-	}
-	good := wire.Offer{SegmentID: "honest", Size: 5, SHA256: digest([]byte("right"))}
-	if err := conn.Deliver(ctx, good, strings.NewReader("right")); err != nil {
-		t.Fatalf("good segment after a bad one: %v", err)
-	}
-	eventually(t, "b holds honest", func() bool { return b.has("honest", good.SHA256) })
 }
 
 // TestRefusedClients: a certificate from another CA, no certificate, and

@@ -585,6 +585,9 @@ func (e *Executor) dialPeer(ctx context.Context, peer, addr string) (*wire.Conn,
 		return nil, err
 	}
 	e.circuits.dialed(peer, e.cfg.Now(), err)
+	if err == nil {
+		e.log.Debug("relay connection", "peer", peer, "version", c.Version(), "peer_window", c.PeerWindow())
+	}
 	if f := e.cfg.Observer.Dialed; f != nil {
 		f(peer, err)
 	}

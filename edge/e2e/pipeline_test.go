@@ -1,0 +1,206 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/relay-dev/relay/edge/linkem"
+)
+
+// Pipelined delivery (protocol version 2) between real edged processes
+// through linkem: kill -9 of either side with a window in flight, link
+// stalls and resets, and version 1 peers. After every fault, every
+// record a holds as acked names a segment b durably holds with that
+// digest (checked while the link is stalled, so nothing moves), and in
+// the end every segment arrives exactly once.
+
+// smallSegments are many small segments, so a window is full of them.
+func smallSegments(n, size int) map[string][]byte {
+	out := map[string][]byte{}
+	for i := range n {
+		out[fmt.Sprintf("small-%03d", i)] = bytes.Repeat([]byte(fmt.Sprintf("%03d", i)), size/3)
+	}
+	return out
+}
+
+// linked is a cluster a → link → b: a dials b through a linkem proxy.
+func linked(t *testing.T, cfg linkem.Config, aRelay, bRelay string) (a, b *node, link *linkem.Link) {
+	t.Helper()
+	c := newCluster(t, "a", "b")
+	a, b = c.nodes["a"], c.nodes["b"]
+	cfg.Target = b.listen
+	link, err := linkem.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { link.Close() })
+	a.dial = map[string]string{"b": link.Addr().String()}
+	a.relay = "  backoff: {initial: 50ms, max: 200ms}\n  max_retries: 1000\n  dial_timeout: 2s\n  workers: 2\n" + aRelay
+	if !strings.Contains(aRelay, "ack_timeout") {
+		a.relay += "  ack_timeout: 10s\n"
+	}
+	b.relay += bRelay
+	return a, b, link
+}
+
+// ingest puts segs into n over its RPC.
+func ingest(t *testing.T, n *node, segs map[string][]byte) {
+	t.Helper()
+	for id, content := range segs {
+		if _, err := n.client.PutSegment(context.Background(), id, int64(len(content)), digest(content), bytes.NewReader(content)); err != nil {
+			t.Fatalf("put %s: %v", id, err)
+		}
+	}
+}
+
+// noAckedButMissing: every record a holds as acked for b names a segment
+// b holds with a's digest. b's index is read over RPC, so b must be up.
+func noAckedButMissing(t *testing.T, a, b *node, segs map[string][]byte) int {
+	t.Helper()
+	rs, err := a.client.Records(context.Background(), "acked")
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := map[string]string{}
+	for _, s := range b.index() {
+		held[s.ID] = s.SHA256
+	}
+	acked := 0
+	for _, r := range rs.Records {
+		if r.Peer != "b" {
+			continue
+		}
+		acked++
+		if held[r.Segment] != digest(segs[r.Segment]) {
+			t.Errorf("a holds %s as acked by b, but b does not hold it (digest %q)", r.Segment, held[r.Segment])
+		}
+	}
+	return acked
+}
+
+// stalledWithWindow waits until a has sent segments through the link and
+// b has acknowledged some, then stalls the link: a window is in flight.
+func stalledWithWindow(t *testing.T, a *node, link *linkem.Link, segs map[string][]byte) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	if err := link.WaitStats(ctx, func(s linkem.Stats) bool { return s.Up.Delivered > 64<<10 }); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a has acked records", func() bool {
+		rs, err := a.client.Records(context.Background(), "acked")
+		return err == nil && len(rs.Records) > 0
+	})
+	link.Stall()
+	rs, err := a.client.Records(context.Background(), "acked")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs.Records) == len(segs) {
+		t.Fatal("every segment acked before the stall: no window in flight; use more segments")
+	}
+}
+
+func TestPipelinedKillWithWindowInFlight(t *testing.T) {
+	t.Parallel()
+	for _, victim := range []string{"receiver", "sender"} {
+		t.Run(victim, func(t *testing.T) {
+			t.Parallel()
+			a, b, link := linked(t, linkem.Config{Latency: 10 * time.Millisecond, Bandwidth: 8e6, Buffer: 256 << 10}, "  window: 32\n", "  window: 32\n")
+			segs := smallSegments(300, 8<<10)
+			a.start()
+			ingest(t, a, segs)
+			b.start()
+			stalledWithWindow(t, a, link, segs)
+			if victim == "receiver" {
+				b.kill()
+				b.start()
+			} else {
+				a.kill()
+				a.start()
+				if !regexp.MustCompile(`msg="ledger reconciled" .*abandoned_inflight=[1-9]`).MatchString(a.log()) {
+					t.Error("a's restart found no abandoned inflight records: the kill did not hit a window in flight")
+				}
+			}
+			acked := noAckedButMissing(t, a, b, segs)
+			t.Logf("after kill -9 of the %s: %d of %d acked, all held by b", victim, acked, len(segs))
+			link.Resume()
+			settled(t, a, b, segs)
+			noAckedButMissing(t, a, b, segs)
+			if !regexp.MustCompile(`msg="relay connection" .*peer=b version=2`).MatchString(a.log()) {
+				t.Error("a never ran version 2 with b")
+			}
+		})
+	}
+}
+
+// TestPipelinedLinkStallAndResets: the link stalls with a window in
+// flight long enough for ack_timeout to expire, then resets every
+// connection twice at byte counts inside the transfer; a retries and every
+// segment arrives once.
+func TestPipelinedLinkStallAndResets(t *testing.T) {
+	t.Parallel()
+	a, b, link := linked(t, linkem.Config{Latency: 5 * time.Millisecond, Bandwidth: 8e6, Buffer: 256 << 10}, "  window: 16\n  ack_timeout: 1s\n", "")
+	segs := smallSegments(300, 8<<10)
+	a.start()
+	ingest(t, a, segs)
+	b.start()
+	stalledWithWindow(t, a, link, segs)
+	eventually(t, "a times out the stalled window", func() bool {
+		return regexp.MustCompile(`msg="relay attempt failed" .*no reply within 1s`).MatchString(a.log())
+	})
+	noAckedButMissing(t, a, b, segs)
+	sent := link.Stats().Up.Delivered
+	link.After(linkem.Up, 100<<10, linkem.FaultReset)
+	link.Resume()
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	if err := link.WaitStats(ctx, func(s linkem.Stats) bool { return s.Up.Delivered > sent+100<<10 }); err != nil {
+		t.Fatal(err)
+	}
+	link.After(linkem.Up, 200<<10, linkem.FaultReset)
+	settled(t, a, b, segs)
+	noAckedButMissing(t, a, b, segs)
+}
+
+// TestVersion1Peer: b is held at protocol version 1; a (version 2) sends to
+// it through the link and b sends back to a, both in version 1, and every
+// segment arrives.
+func TestVersion1Peer(t *testing.T) {
+	t.Parallel()
+	a, b, _ := linked(t, linkem.Config{Latency: 5 * time.Millisecond}, "", "  max_protocol_version: 1\n")
+	a.start()
+	b.start()
+	toB := smallSegments(20, 4<<10)
+	ingest(t, a, toB)
+	for id, content := range toB {
+		eventually(t, "a acked "+id, a.inState(id, "b", "acked"))
+		if !b.has(id, digest(content)) {
+			t.Errorf("b lacks %s", id)
+		}
+	}
+	toA := map[string][]byte{"from-b-1": []byte("one"), "from-b-2": bytes.Repeat([]byte("two"), 5000)}
+	ingest(t, b, toA)
+	for id, content := range toA {
+		eventually(t, "b acked "+id, b.inState(id, "a", "acked"))
+		if !a.has(id, digest(content)) {
+			t.Errorf("a lacks %s", id)
+		}
+	}
+	if !regexp.MustCompile(`msg="relay connection" .*peer=b version=1`).MatchString(a.log()) {
+		t.Error("a did not run version 1 with b")
+	}
+	if !regexp.MustCompile(`msg="relay connection" .*peer=a version=1`).MatchString(b.log()) {
+		t.Error("b did not run version 1 with a")
+	}
+	if regexp.MustCompile(`version=2`).MatchString(a.log() + b.log()) {
+		t.Error("a connection between a and b ran version 2")
+	}
+	a.ledgerConsistent(t)
+	b.ledgerConsistent(t)
+}
