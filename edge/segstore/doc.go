@@ -18,7 +18,15 @@
 // it goes, and then, in this order: checks the size and SHA-256 against
 // the offer, fsyncs the file, renames it to its id, fsyncs the directory,
 // and commits the index entry. Only then does Write return nil, and only
-// then may the receiver ACK. Any failure removes whatever the attempt
+// then may the receiver ACK. Write is Receive (temp file, hash on another
+// goroutine, size and digest check) then Staged.Commit (fsync, then the
+// rest); a pipelined receiver calls them separately so it reads the next
+// segment while earlier ones commit. The rename, directory fsync and index
+// commit are group commits (group.go): every segment whose fsync finished
+// while a group was committing joins the next group, which renames all of
+// them, fsyncs the directory once and writes all entries in one bbolt
+// transaction; the order of steps per segment, and what a crash between
+// them leaves, are unchanged. Any failure removes whatever the attempt
 // created (temp file or renamed file); the index entry is the commit
 // point. Open's start-up scan finishes the job for a process that died
 // mid-write: it removes temp files, removes segment files that have no

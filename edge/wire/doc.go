@@ -11,12 +11,20 @@
 // segment bytes and are always streamed (WriteSegment, PayloadReader), never
 // held in memory.
 //
-// One connection carries, after one HELLO each way, any number of exchanges
-// in sequence:
+// The protocol version is negotiated in the TLS handshake (ALPN "relay/2";
+// none means version 1), and HELLO repeats it. In version 1 one connection
+// carries, after one HELLO each way, any number of exchanges in sequence:
 //
 //	sender:   OFFER, SEGMENT            (back to back)
 //	receiver: ACK   once the segment is durably stored
 //	      or  NACK  with a code; nothing stored
+//
+// In version 2 (pipeline.go) the sender keeps up to the receiver's window
+// (announced in its HELLO) of offers unanswered; each OFFER is answered
+// ACCEPT, ACK (already held: nothing is sent) or NACK before any byte of
+// it moves, SEGMENTs follow in ACCEPT order, and the final ACK or NACK of
+// each comes in any order, matched by segment id (Conn.DeliverWindow,
+// Conn.RecvRequest).
 //
 // Conn wraps a net.Conn with one method per step. Its methods take a
 // context whose deadline and cancellation are applied to the underlying
