@@ -104,10 +104,10 @@ func TestDeliverWindow(t *testing.T) {
 					return
 				}
 				finals++
-				continue
+			} else {
+				g.received[o.SegmentID] = b.Bytes()
+				toAck = append(toAck, o.SegmentID)
 			}
-			g.received[o.SegmentID] = b.Bytes()
-			toAck = append(toAck, o.SegmentID)
 			// Hold ACKs until the window is used up, then answer newest
 			// first.
 			rcv.mu.Lock()
@@ -155,7 +155,9 @@ func TestDeliverWindow(t *testing.T) {
 }
 
 // TestDeliverWindowFailures: replies the sender must not believe, and a
-// peer that stops answering.
+// peer that stops answering. (An ACK for an accepted segment whose SEGMENT
+// has not been sent is refused too, but from outside it races with the
+// sender's writer, so it is not provoked here.)
 func TestDeliverWindowFailures(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -163,12 +165,6 @@ func TestDeliverWindowFailures(t *testing.T) {
 		reply func(rcv *Conn, o Offer) error
 		want  error
 	}{
-		{"ack for an accepted segment not sent", func(rcv *Conn, o Offer) error {
-			if err := rcv.SendAccept(ctx, o); err != nil {
-				return err
-			}
-			return rcv.sendControl(ctx, "ack", TypeAck, []byte(o.SegmentID), nil)
-		}, ErrAckMismatch},
 		{"ack for another segment", func(rcv *Conn, o Offer) error {
 			return rcv.sendControl(ctx, "ack", TypeAck, []byte("other"), nil)
 		}, ErrAckMismatch},
