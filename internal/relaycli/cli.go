@@ -38,7 +38,7 @@ func RunWithInput(ctx context.Context, args []string, stdin io.Reader, stdout, s
 	root.SetErr(stderr)
 	root.SetArgs(args)
 	root.AddCommand(demoCmd(stdout, stderr), statusCmd(stdout), enqueueCmd(stdinOr(stdin), stdout), fireCmd(stdout))
-	root.AddCommand(targetsCmd(stdout), targetCmd(stdout), archiveCmd(stdout), serveCmd(stdout, stderr))
+	root.AddCommand(targetsCmd(stdout), targetCmd(stdout), archiveCmd(stdout), serveCmd(stdout, stderr), backupCmd(stdout))
 	root.AddCommand(&cobra.Command{
 		Use:   "version",
 		Short: "Print relay's version: module version, commit, Go version and platform",

@@ -1,0 +1,124 @@
+package relaycli
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/relay-dev/relay/infra/bolt"
+	"github.com/relay-dev/relay/internal/relaybackup"
+)
+
+// BackupPath is the route of a running server that streams its backup
+// (relaybackup.Handler, operate role).
+const BackupPath = "/v1/admin/backup"
+
+// backupCmd is `relay backup`: a consistent copy of a stopped relay's bbolt
+// file, or of a running server's files through its backup route.
+func backupCmd(stdout io.Writer) *cobra.Command {
+	var (
+		dbPath, url, tokenFile string
+		caFile, certFile, key  string
+	)
+	c := &cobra.Command{
+		Use:   "backup (--db FILE OUT | --url URL OUTDIR)",
+		Short: "Copy a relay's bbolt file consistently: a stopped file, or a running server's through its API",
+		Long: `backup writes a consistent copy of a relay's bbolt files (docs/serve.md, "Backup
+and restore"). Every copy is written under a temporary name, synced, checked with
+bbolt's consistency check and only then renamed into place.
+
+  --db FILE OUT     copy the file FILE to OUT. No process may hold FILE open: a
+                    running relay serve locks it (bbolt is single-process), and
+                    backup says so; back a running server up with --url instead.
+  --url URL OUTDIR  ask the running server at URL (https://host:7480) for a backup:
+                    one request, answered with snapshots of all its files taken at
+                    one instant (relay.db, and targets.db when targets live in
+                    their own file), written into the directory OUTDIR. Needs a
+                    principal with the operate role: --token-file (a file holding
+                    the bearer token) or --cert/--key; --ca trusts the server's CA.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			out := args[0]
+			switch {
+			case (dbPath == "") == (url == ""):
+				return errors.New("give one of --db FILE (a stopped relay's file) or --url URL (a running server)")
+			case dbPath != "" && (tokenFile != "" || caFile != "" || certFile != "" || key != ""):
+				return errors.New("--token-file, --ca, --cert and --key go with --url")
+			case dbPath != "":
+				if err := relaybackup.WriteFile(out, func(w io.Writer) (int64, error) { return bolt.CopyFile(dbPath, w, 0) }); err != nil {
+					if errors.Is(err, bolt.ErrLocked) {
+						return fmt.Errorf("%w: a running relay serve holds it; back it up through the server: relay backup --url https://HOST:PORT --token-file FILE OUTDIR", err)
+					}
+					return err
+				}
+				fmt.Fprintln(stdout, "relay backup: wrote", out)
+				return nil
+			}
+			client, req, err := backupRequest(url, tokenFile, caFile, certFile, key)
+			if err != nil {
+				return err
+			}
+			if st, err := os.Stat(out); err != nil || !st.IsDir() {
+				return fmt.Errorf("OUTDIR %s: not a directory (create it first)", out)
+			}
+			paths, err := relaybackup.Fetch(cmd.Context(), client, req, out)
+			for _, p := range paths {
+				fmt.Fprintln(stdout, "relay backup: wrote", p)
+			}
+			return err
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&dbPath, "db", "", "bbolt file of a stopped relay")
+	f.StringVar(&url, "url", "", "base URL of a running relay serve (https://host:7480)")
+	f.StringVar(&tokenFile, "token-file", "", "file holding a bearer token of a principal with the operate role")
+	f.StringVar(&caFile, "ca", "", "CA certificate (PEM) that signed the server's certificate (default: the system's roots)")
+	f.StringVar(&certFile, "cert", "", "client certificate (PEM) of a principal with the operate role")
+	f.StringVar(&key, "key", "", "the client certificate's key (PEM)")
+	return c
+}
+
+// backupRequest builds the client and the GET of the server's backup
+// route from the flags.
+func backupRequest(url, tokenFile, caFile, certFile, keyFile string) (*http.Client, *http.Request, error) {
+	req, err := http.NewRequest("GET", strings.TrimSuffix(url, "/")+BackupPath, nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--url: %w", err)
+	}
+	if tokenFile != "" {
+		tok, err := os.ReadFile(tokenFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--token-file: %w", err)
+		}
+		req.Header.Set("authorization", "Bearer "+strings.TrimSpace(string(tok)))
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS13}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--ca: %w", err)
+		}
+		tc.RootCAs = x509.NewCertPool()
+		if !tc.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, nil, fmt.Errorf("--ca %s: no certificate", caFile)
+		}
+	}
+	if (certFile == "") != (keyFile == "") {
+		return nil, nil, errors.New("--cert and --key go together")
+	}
+	if certFile != "" {
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--cert, --key: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: tc, Proxy: http.ProxyFromEnvironment}}, req, nil
+}
