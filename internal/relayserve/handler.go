@@ -22,6 +22,9 @@ const (
 	PathHealthz = "/healthz"
 	PathReadyz  = "/readyz"
 	PathMetrics = "/metrics"
+	// PathBackup streams a consistent backup of the server's files
+	// (internal/relaybackup; operate role).
+	PathBackup = "/v1/admin/backup"
 )
 
 // httpHandler is the server's HTTP face: it authenticates and authorises
@@ -37,6 +40,7 @@ type httpHandler struct {
 	ready   func() error
 	promh   http.Handler
 	cop     *http.CrossOriginProtection
+	backup  http.Handler
 }
 
 func newHTTPHandler(h *api.Handler, creds *credentials, maxBody int, m *metrics, log *slog.Logger, ready func() error) *httpHandler {
@@ -52,6 +56,10 @@ type statusWriter struct {
 	http.ResponseWriter
 	status int
 }
+
+// Unwrap lets http.ResponseController reach the connection (the backup
+// lifts its write deadline).
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func (w *statusWriter) WriteHeader(code int) {
 	if w.status == 0 {
@@ -75,7 +83,7 @@ func (h *httpHandler) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	rawPath := r.URL.EscapedPath()
 	var c classified
 	switch rawPath {
-	case PathHealthz, PathReadyz, PathMetrics:
+	case PathHealthz, PathReadyz, PathMetrics, PathBackup:
 		c = classified{pattern: rawPath, need: needAuthenticated}
 	default:
 		c = classify(h.routes, r.Method, rawPath)
@@ -131,6 +139,9 @@ func (h *httpHandler) serve(w http.ResponseWriter, r *http.Request, rawPath stri
 			// Metrics name every source: a read-role matter.
 			c.need = needRead
 		}
+		if rawPath == PathBackup {
+			c.need = needOperate
+		}
 		aerr = authorize(name, roles, c)
 	}
 	if aerr != nil {
@@ -142,6 +153,10 @@ func (h *httpHandler) serve(w http.ResponseWriter, r *http.Request, rawPath stri
 	}
 	if rawPath == PathMetrics {
 		h.promh.ServeHTTP(w, r)
+		return name
+	}
+	if rawPath == PathBackup {
+		h.backup.ServeHTTP(w, r)
 		return name
 	}
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/relay-dev/relay/infra/alarmclock"
 	"github.com/relay-dev/relay/infra/bolt"
+	"github.com/relay-dev/relay/internal/relaybackup"
 	"github.com/relay-dev/relay/lambda/api"
 	"github.com/relay-dev/relay/relaycore"
 )
@@ -157,8 +158,14 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 	reqCtx, cancelRequests := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelRequests()
 	l := cfg.Limits
+	hh := newHTTPHandler(h, creds, l.MaxBodyBytes, m, log, ready)
+	backupFiles := []relaybackup.File{{Name: "relay.db", DB: db}}
+	if len(dbs) > 1 {
+		backupFiles = append(backupFiles, relaybackup.File{Name: "targets.db", DB: dbs[1]})
+	}
+	hh.backup = relaybackup.Handler(log, backupFiles...)
 	srv := &http.Server{
-		Handler:           newHTTPHandler(h, creds, l.MaxBodyBytes, m, log, ready),
+		Handler:           hh,
 		TLSConfig:         tc,
 		ReadHeaderTimeout: l.ReadHeaderTimeout,
 		ReadTimeout:       l.ReadTimeout,
