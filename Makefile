@@ -69,13 +69,15 @@ run:
 
 ## sim: the deterministic simulation over SEEDS seeds from SEED (make sim
 ## SEEDS=100000), in SIM_PROCS child processes (0: GOMAXPROCS) given chunks
-## of seeds as they finish; each chunk is reported as it ends, then the totals,
-## failing seeds and the commands that reproduce them. No overall timeout
-## (each chunk has one); run it under `nice -n 19` on a shared machine.
+## of SIM_CHUNK seeds (0: up to 2000) as earlier ones finish; each chunk is
+## reported as it ends, then the totals, failing seeds and the commands that
+## reproduce them. No overall timeout (each chunk has one); run it under
+## `nice -n 19` on a shared machine.
 SEED      ?= 1
 SIM_PROCS ?= 0
+SIM_CHUNK ?= 0
 sim:
-	$(GO) test -count=1 -timeout 0 -run 'TestSimulation$$' $(SIM_PKG) -seeds=$(SEEDS) -seed=$(SEED) -procs=$(SIM_PROCS) -v
+	$(GO) test -count=1 -timeout 0 -run 'TestSimulation$$' $(SIM_PKG) -seeds=$(SEEDS) -seed=$(SEED) -procs=$(SIM_PROCS) -chunk=$(SIM_CHUNK) -v
 
 ## bench: cost and speed figures; see docs/benchmarks.md.
 bench: tools

@@ -303,8 +303,8 @@ func runProcs(t *testing.T, b backend, first uint64, n int) {
 				} else {
 					total.merge(got)
 					done += got.Seeds
-					t.Logf("seeds %d-%d: violations=%d failed_seeds=%v time=%s (%d of %d seeds done, %s)", j.first, last, got.Violations, got.FailedSeeds,
-						time.Since(cstart).Round(time.Second), done, n, time.Since(start).Round(time.Second))
+					t.Logf("seeds %d-%d: %s failing=%v (%d of %d seeds done, %s)", j.first, last, got.summary(b.name, "1", time.Since(cstart)), got.FailedSeeds,
+						done, n, time.Since(start).Round(time.Second))
 					if runErr != nil {
 						t.Errorf("seeds %d-%d failed (%v); re-run: %s\n%s", j.first, last, runErr, rerun, failures(out))
 					}
