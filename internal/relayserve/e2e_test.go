@@ -282,9 +282,14 @@ func TestEnqueueDeliverQuery(t *testing.T) {
 	if r.status != 200 || !strings.Contains(string(r.body), `"targets":`) {
 		t.Fatalf("targets: %d %s", r.status, r.body)
 	}
+	// Any token is a method to HTTP; the metrics label it "other".
+	if r := do(t, c, "BREW", src+"/rows", f.tokens["producer"], nil); r.status != 405 {
+		t.Fatalf("BREW: %d %s", r.status, r.body)
+	}
 	// An alarm's metrics are recorded after its rows are visible as
 	// delivered, so the figures are awaited.
 	waitMetrics(t, c, p.URL, f.tokens["reader"],
+		`relay_http_requests_total{code="405",method="other",route="unmatched"} 1`,
 		`relay_rows_delivered_total{source="orders"} 3`,
 		`relay_http_requests_total{code="200",method="POST",route="/v1/sources/{source}/rows"}`,
 		`relay_oldest_undelivered_age_seconds{source="orders"} 0`,

@@ -89,10 +89,10 @@ func (h *httpHandler) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		c = classify(h.routes, r.Method, rawPath)
 	}
 	caller := h.serve(w, r, rawPath, c)
-	code := strconv.Itoa(w.status)
-	h.metrics.requests.WithLabelValues(c.pattern, r.Method, code).Inc()
+	code, method := strconv.Itoa(w.status), methodLabel(r.Method)
+	h.metrics.requests.WithLabelValues(c.pattern, method, code).Inc()
 	elapsed := time.Since(start)
-	h.metrics.duration.WithLabelValues(c.pattern, r.Method).Observe(elapsed.Seconds())
+	h.metrics.duration.WithLabelValues(c.pattern, method).Observe(elapsed.Seconds())
 	level := slog.LevelDebug
 	switch {
 	case w.status >= 500:
@@ -214,4 +214,14 @@ func loopbackHostHeader(hostport string) bool {
 		host = hostport
 	}
 	return LoopbackHost(strings.Trim(host, "[]"))
+}
+
+// methodLabel bounds the method label: a client may send any token as a
+// method, and each would be a new series.
+func methodLabel(m string) string {
+	switch m {
+	case http.MethodGet, http.MethodPost, http.MethodPut, http.MethodDelete, http.MethodHead, http.MethodPatch, http.MethodOptions:
+		return m
+	}
+	return "other"
 }

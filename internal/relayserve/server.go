@@ -151,6 +151,12 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
+	if ta, ok := ln.Addr().(*net.TCPAddr); (cfg.Auth.Anonymous != nil || tc == nil) && (!ok || !ta.IP.IsLoopback()) {
+		// The configuration check read the name; this is what it bound
+		// (a "localhost" that resolves elsewhere).
+		ln.Close()
+		return fmt.Errorf("listen %s bound %s, not a loopback address: anonymous access and plain HTTP are loopback only", cfg.Listen, ln.Addr())
+	}
 	lim := newLimitListener(ln, cfg.Limits.MaxConnections)
 	// Requests run on a context a drain does not cancel (in-flight
 	// requests finish); past the drain deadline it is cancelled, so store
