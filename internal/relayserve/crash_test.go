@@ -75,7 +75,7 @@ func TestKill9UnderLoad(t *testing.T) {
 		writers      = 4
 		rowsPerBatch = 10
 		targets      = 8
-		killAfter    = 60 // acknowledged batches before the kill
+		killAfter    = 120// acknowledged batches before the kill
 	)
 	sources := []string{"orders", "tenant/42"}
 	var (
@@ -198,6 +198,23 @@ func TestKill9UnderLoad(t *testing.T) {
 		v, ok, err := dst.Get(ctx, relaycore.Partition(k.target), "last/"+k.source)
 		if err != nil || !ok || string(v) != last[k].id {
 			t.Fatalf("target %s last/%s = %q (%v, %v); want %q, the row of seq %d", k.target, k.source, v, ok, err, last[k].id, last[k].seq)
+		}
+	}
+	// Each target's watermark for a source covers the newest row it got
+	// and no seq the source never gave.
+	for _, k := range keys {
+		wms, err := relaycore.TargetWatermarks(ctx, dst, relaycore.Partition(k.target))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var through uint64
+		for _, w := range wms {
+			if string(w.Source) == k.source {
+				through = w.Through
+			}
+		}
+		if through < last[k].seq || through > maxSeq[k.source] {
+			t.Fatalf("target %s: rh of %s is %d; want %d..%d", k.target, k.source, through, last[k].seq, maxSeq[k.source])
 		}
 	}
 	t.Logf("%d acknowledged rows checked at %d (source, target) pairs", rowsChecked, len(keys))
