@@ -75,7 +75,7 @@ func TestKill9UnderLoad(t *testing.T) {
 		writers      = 4
 		rowsPerBatch = 10
 		targets      = 8
-		killAfter    = 120// acknowledged batches before the kill
+		killAfter    = 120 // acknowledged batches before the kill
 	)
 	sources := []string{"orders", "tenant/42"}
 	var (
