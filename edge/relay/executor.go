@@ -255,7 +255,7 @@ func (e *Executor) worker(ctx, hard context.Context) {
 			continue
 		}
 		if ok {
-			e.executeRelay(hard, c.rec, c.probe != 0)
+			e.executeRelay(ctx, hard, c.rec, c.probe != 0)
 			if c.probe != 0 {
 				e.circuits.release(c.rec.PeerID, c.probe)
 			}
@@ -420,10 +420,11 @@ var errSegmentMissing = errors.New("segment missing from local store")
 var errUnknownPeer = errors.New("peer not in known_peers")
 
 // executeRelay runs one claimed attempt and records its outcome. On a
-// version 2 connection it claims more due records for the same peer, up
-// to the peer's window, and delivers them all pipelined on that
-// connection (not for a circuit probe: a probe is one attempt).
-func (e *Executor) executeRelay(ctx context.Context, rec ledger.Record, probe bool) {
+// version 2 connection it goes on to pipeline whatever else is due for
+// the same peer (executeStream; not for a circuit probe: a probe is one
+// attempt). soft is Run's context: once it is done no more is claimed;
+// ctx bounds the attempts themselves.
+func (e *Executor) executeRelay(soft, ctx context.Context, rec ledger.Record, probe bool) {
 	start := time.Now()
 	conn, reused, err := e.prepare(ctx, rec)
 	if err != nil {
@@ -435,12 +436,7 @@ func (e *Executor) executeRelay(ctx context.Context, rec ledger.Record, probe bo
 		e.finish(rec, size, err, time.Since(start))
 		return
 	}
-	recs := []ledger.Record{rec}
-	if !probe {
-		recs = append(recs, e.claimMore(rec.PeerID, conn.PeerWindow()-1)...)
-	}
-	outs := e.deliverWindow(ctx, conn, reused, recs)
-	e.finishBatch(recs, outs, time.Since(start))
+	e.executeStream(soft, ctx, conn, reused, rec, probe)
 }
 
 // finish records one attempt's outcome: the ACK, or the failure.

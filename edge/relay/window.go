@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/relay-dev/relay/edge/ledger"
@@ -13,13 +15,15 @@ import (
 )
 
 // Pipelined delivery on version 2 connections (docs/wire.md). A worker
-// that got a version 2 connection for a claimed record claims more due
-// records of the same peer, up to the peer's window, in one ledger
-// transaction (ClaimBatch), delivers them all on that connection with up
-// to the window in flight (wire.Conn.DeliverWindow), and records the
-// ACKs in one transaction (AckBatch) and the relayed markers in another.
-// Per record the rules do not change: it is Inflight before its OFFER,
-// and Acked only after the peer's ACK naming it.
+// that got a version 2 connection for a claimed record keeps the
+// connection's window full: as slots free up it claims more due records
+// of the same peer, a quarter window per ledger transaction (ClaimBatch),
+// and offers them (wire.Conn.DeliverStream); ACKs are recorded as they
+// arrive, all those that arrived meanwhile in one transaction (AckBatch),
+// followed by their relayed markers in another. It stops when nothing of
+// the peer is due, the executor stops, or the connection fails. Per
+// record the rules do not change: it is Inflight before its OFFER, and
+// Acked only after the peer's ACK naming it.
 
 // claimScanFactor: claimMore looks at this many due records per wanted
 // one, since the due list interleaves peers.
@@ -55,126 +59,198 @@ func (e *Executor) claimMore(peer string, n int) []ledger.Record {
 	return recs
 }
 
-// outcome is one record's delivery result.
-type outcome struct {
-	size int64
-	err  error
+// stream is one pipelined delivery session on a version 2 connection:
+// records claimed as window slots free up, ACKs recorded in batches as
+// they arrive, failures recorded at the end.
+type stream struct {
+	e     *Executor
+	soft  context.Context // Run's context: once done, no more claims
+	peer  string
+	probe bool
+	chunk int
+
+	queue []ledger.Record // claimed, not yet offered (writer goroutine only)
+
+	mu       sync.Mutex
+	inflight map[string]flight // offered, no result yet
+	failed   []failure         // results with an error, not yet recorded
+	missing  []failure         // segments gone before their offer
+	replied  bool              // the peer answered anything
+	acked    bool              // some record was acked
+	acks     chan flight       // to the recorder
 }
 
-// deliverWindow delivers recs on a version 2 connection. The connection
-// goes back to the pool unless it failed; a pooled connection that turns
-// out dead before any reply is replaced by a fresh dial once.
-func (e *Executor) deliverWindow(ctx context.Context, conn *wire.Conn, reused bool, recs []ledger.Record) []outcome {
-	outs := make([]outcome, len(recs))
-	var items []wire.Item
-	var at []int // items[k] is recs[at[k]]
-	for i, rec := range recs {
+type flight struct {
+	rec   ledger.Record
+	size  int64
+	start time.Time
+}
+
+type failure struct {
+	f   flight
+	err error
+}
+
+// executeStream delivers first, and whatever else is due for its peer,
+// on a version 2 connection until nothing more is due (or the executor
+// stops, or the connection fails).
+func (e *Executor) executeStream(soft, ctx context.Context, conn *wire.Conn, reused bool, first ledger.Record, probe bool) {
+	st := &stream{e: e, soft: soft, peer: first.PeerID, probe: probe,
+		chunk: max(1, conn.PeerWindow()/4), queue: []ledger.Record{first}, inflight: map[string]flight{}}
+	st.acks = make(chan flight, conn.PeerWindow())
+	recorded := make(chan struct{})
+	go func() {
+		defer close(recorded)
+		st.record()
+	}()
+	err := conn.DeliverStream(ctx, st.next, st.done, e.cfg.AckTimeout)
+	st.mu.Lock()
+	retry := err != nil && reused && !st.replied && staleConn(err)
+	st.mu.Unlock()
+	if retry {
+		// The pooled connection was dead before the peer saw anything
+		// (typically closed by its idle timeout): one fresh try with the
+		// same records.
+		conn.Close()
+		st.mu.Lock()
+		for _, f := range slices.Backward(st.failed) {
+			st.queue = append([]ledger.Record{f.f.rec}, st.queue...)
+		}
+		st.failed = nil
+		st.mu.Unlock()
+		conn, err = e.dialPeer(ctx, st.peer, e.cfg.Peers[st.peer])
+		switch {
+		case err != nil:
+			conn = nil
+		case conn.Version() < wire.Version2:
+			err = fmt.Errorf("deliver to %s: peer now speaks version %d: retry", st.peer, conn.Version())
+			conn.Close()
+			conn = nil
+		default:
+			err = conn.DeliverStream(ctx, st.next, st.done, e.cfg.AckTimeout)
+		}
+	}
+	// Records claimed but not offered when the connection failed are
+	// failed attempts too: they are Inflight in the ledger.
+	for _, rec := range st.queue {
+		st.failed = append(st.failed, failure{flight{rec: rec, start: time.Now()}, fmt.Errorf("not offered: %w", err)})
+	}
+	st.queue = nil
+	close(st.acks)
+	<-recorded
+	if conn != nil {
+		if err != nil {
+			conn.Close()
+		} else {
+			e.pool.put(st.peer, conn)
+		}
+	}
+	for _, f := range append(st.missing, st.failed...) {
+		e.failed(f.f.rec, f.err, time.Since(f.f.start))
+	}
+}
+
+// next yields the next record's segment: the queue first, then more due
+// records of the peer claimed chunk by chunk. A record whose segment is
+// gone is set aside as failed.
+func (st *stream) next() (wire.Item, bool) {
+	e := st.e
+	for {
+		if len(st.queue) == 0 {
+			if st.probe || st.soft.Err() != nil {
+				return wire.Item{}, false
+			}
+			st.queue = e.claimMore(st.peer, st.chunk)
+			if len(st.queue) == 0 {
+				return wire.Item{}, false
+			}
+		}
+		rec := st.queue[0]
+		st.queue = st.queue[1:]
 		entry, err := e.store.Stat(rec.SegmentID)
+		now := time.Now()
 		if err != nil {
 			if errors.Is(err, segstore.ErrNotFound) {
 				err = errSegmentMissing
 			}
-			outs[i].err = fmt.Errorf("deliver %s: %w", rec.SegmentID, err)
+			st.mu.Lock()
+			st.missing = append(st.missing, failure{flight{rec: rec, start: now}, fmt.Errorf("deliver %s: %w", rec.SegmentID, err)})
+			st.mu.Unlock()
 			continue
 		}
 		id := entry.ID
-		items = append(items, wire.Item{
+		st.mu.Lock()
+		st.inflight[id] = flight{rec: rec, size: entry.Size, start: now}
+		st.mu.Unlock()
+		return wire.Item{
 			Offer: wire.Offer{SegmentID: id, Size: entry.Size, SHA256: entry.SHA256},
 			Open: func() (io.ReadCloser, error) {
 				f, _, err := e.store.Open(id)
 				return f, err
 			},
-		})
-		at = append(at, i)
-		outs[i].size = entry.Size
+		}, true
 	}
-	if len(items) == 0 {
-		e.pool.put(recs[0].PeerID, conn)
-		return outs
-	}
-	peer := recs[0].PeerID
-	res := conn.DeliverWindow(ctx, items, e.cfg.AckTimeout)
-	if reused && stale(res) {
-		conn.Close()
-		var err error
-		if conn, err = e.dialPeer(ctx, peer, e.cfg.Peers[peer]); err != nil {
-			for _, i := range at {
-				outs[i].err = err
-			}
-			return outs
-		}
-		if conn.Version() < wire.Version2 {
-			conn.Close()
-			for _, i := range at {
-				outs[i].err = fmt.Errorf("deliver to %s: peer now speaks version %d: retry", peer, conn.Version())
-			}
-			return outs
-		}
-		res = conn.DeliverWindow(ctx, items, e.cfg.AckTimeout)
-	}
-	broken := false
-	for k, r := range res {
-		outs[at[k]].err = r.Err
-		if r.Err != nil && !r.Replied {
-			broken = true
-		}
-	}
-	if broken {
-		conn.Close()
-	} else {
-		e.pool.put(peer, conn)
-	}
-	return outs
 }
 
-// stale reports whether a pooled connection was dead before the peer saw
-// anything: no reply at all, and every failure looks like a closed
-// connection.
-func stale(res []wire.Result) bool {
-	for _, r := range res {
-		if r.Replied || r.Err == nil || !staleConn(r.Err) {
-			return false
-		}
+// done takes one result: an ACK goes to the recorder, a failure waits for
+// the end of the stream.
+func (st *stream) done(it wire.Item, r wire.Result) {
+	st.mu.Lock()
+	f := st.inflight[it.Offer.SegmentID]
+	delete(st.inflight, it.Offer.SegmentID)
+	st.replied = st.replied || r.Replied
+	if r.Err != nil {
+		st.failed = append(st.failed, failure{f, r.Err})
+		st.mu.Unlock()
+		return
 	}
-	return true
+	st.acked = true
+	st.mu.Unlock()
+	st.acks <- f
 }
 
-// finishBatch records a window's outcomes: the ACKs in one transaction,
-// then the success conditions of their segments, then each failure.
-func (e *Executor) finishBatch(recs []ledger.Record, outs []outcome, elapsed time.Duration) {
-	var acked []ledger.Pair
-	for i, rec := range recs {
-		if outs[i].err == nil {
-			acked = append(acked, ledger.Pair{SegmentID: rec.SegmentID, PeerID: rec.PeerID})
-		}
-	}
-	if len(acked) > 0 {
-		if _, err := e.led.AckBatch(acked, e.cfg.Now()); err != nil {
-			// Record them one by one: the single transitions say which
-			// one the ledger refuses.
-			e.log.Warn("relay ack batch not recorded; recording one by one", "err", err)
-			for i, rec := range recs {
-				if outs[i].err == nil {
-					e.finish(rec, outs[i].size, nil, elapsed)
+// record writes ACKs as they arrive: whatever has accumulated since the
+// last write goes in one transaction, then the success conditions.
+func (st *stream) record() {
+	for f := range st.acks {
+		batch := []flight{f}
+	drain:
+		for {
+			select {
+			case f, ok := <-st.acks:
+				if !ok {
+					break drain
 				}
+				batch = append(batch, f)
+			default:
+				break drain
 			}
-			acked = nil
 		}
+		st.e.recordAcks(batch)
 	}
-	ids := make([]string, 0, len(acked))
-	for i, rec := range recs {
-		if outs[i].err != nil || acked == nil {
-			continue
+}
+
+// recordAcks records a batch of ACKs in one transaction (one by one if the
+// ledger refuses the batch), then their segments' success conditions.
+func (e *Executor) recordAcks(batch []flight) {
+	pairs := make([]ledger.Pair, len(batch))
+	for i, f := range batch {
+		pairs[i] = ledger.Pair{SegmentID: f.rec.SegmentID, PeerID: f.rec.PeerID}
+	}
+	if _, err := e.led.AckBatch(pairs, e.cfg.Now()); err != nil {
+		e.log.Warn("relay ack batch not recorded; recording one by one", "err", err)
+		for _, f := range batch {
+			e.finish(f.rec, f.size, nil, time.Since(f.start))
 		}
-		e.observe(rec.PeerID, "acked", outs[i].size, elapsed)
-		e.log.Info("relay acked", "segment", rec.SegmentID, "peer", rec.PeerID, "attempt", rec.Attempts,
-			"bytes", outs[i].size, "duration", elapsed, "window", len(recs))
-		ids = append(ids, rec.SegmentID)
+		return
+	}
+	ids := make([]string, len(batch))
+	for i, f := range batch {
+		elapsed := time.Since(f.start)
+		e.observe(f.rec.PeerID, "acked", f.size, elapsed)
+		e.log.Info("relay acked", "segment", f.rec.SegmentID, "peer", f.rec.PeerID, "attempt", f.rec.Attempts,
+			"bytes", f.size, "duration", elapsed, "batch", len(batch))
+		ids[i] = f.rec.SegmentID
 	}
 	e.checkSuccessConditions(ids)
-	for i, rec := range recs {
-		if outs[i].err != nil {
-			e.failed(rec, outs[i].err, elapsed)
-		}
-	}
 }

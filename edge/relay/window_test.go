@@ -38,6 +38,9 @@ type v2Peer struct {
 	acked     map[string]bool
 	dropAfter int
 	conns     int
+	// holdFirst: acknowledge every segment at once except the first one
+	// received, which is acknowledged only when total have arrived.
+	holdFirst bool
 }
 
 func newV2Peer(t *testing.T, dir string, window, total int) *v2Peer {
@@ -132,6 +135,24 @@ func (p *v2Peer) serve(ctx context.Context, t *testing.T, c *wire.Conn) {
 		done := len(p.acked) + len(pending) + 1
 		p.mu.Unlock()
 		pending = append(pending, o.SegmentID)
+		if p.holdFirst {
+			ids := pending[len(pending)-1:]
+			if got == 1 {
+				ids = nil // held
+			}
+			if got == p.total {
+				ids = []string{pending[0], o.SegmentID}
+			}
+			for _, id := range ids {
+				if c.SendAck(ctx, id) != nil {
+					return
+				}
+				p.mu.Lock()
+				p.acked[id] = true
+				p.mu.Unlock()
+			}
+			continue
+		}
 		if drop && got == p.dropAfter {
 			return // cut with the window in flight, nothing acknowledged
 		}
@@ -243,6 +264,29 @@ func TestPipelinedCutWithWindowInFlight(t *testing.T) {
 		b.mu.Unlock()
 		if !acked {
 			t.Errorf("%s Acked but the peer never acknowledged it", id)
+		}
+	}
+}
+
+// TestPipelinedWindowRefills: the window is refilled as single slots free
+// up, not only once a whole window is answered. The peer holds the first
+// segment's ACK until every segment has arrived, which a sender that waits
+// for all of a window's replies before offering more would never reach.
+func TestPipelinedWindowRefills(t *testing.T) {
+	const window, n = 4, 16
+	a, b, ex := windowFixture(t, window, n)
+	b.holdFirst = true
+	for i := range n {
+		id := fmt.Sprintf("seg-%02d", i)
+		if err := ex.Schedule(a.put(t, id, []byte("content of "+id))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run(t, ex)
+	for i := range n {
+		r := a.waitRecord(t, fmt.Sprintf("seg-%02d", i), "b", inState(ledger.StateAcked))
+		if r.Attempts != 1 {
+			t.Errorf("%s took %d attempts", r.SegmentID, r.Attempts)
 		}
 	}
 }

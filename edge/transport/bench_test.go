@@ -140,8 +140,10 @@ func BenchmarkSegment64MiB(b *testing.B) {
 	}
 
 	var relayTime, rawTime, rawSHATime time.Duration
+	best := [3]time.Duration{time.Hour, time.Hour, time.Hour} // relay, raw, rawsha
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
+		before := [3]time.Duration{relayTime, rawTime, rawSHATime}
 		start := time.Now()
 		item := wire.Item{Offer: offer, Open: func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil }}
 		if res := sc.DeliverWindow(ctx, []wire.Item{item}, time.Minute); res[0].Err != nil || !res[0].Sent {
@@ -151,6 +153,9 @@ func BenchmarkSegment64MiB(b *testing.B) {
 
 		rawTime += rawCopy(raw)
 		rawSHATime += rawCopy(rawSHA)
+		for k, total := range [3]time.Duration{relayTime, rawTime, rawSHATime} {
+			best[k] = min(best[k], total-before[k])
+		}
 	}
 	b.StopTimer()
 	mb := float64(size) * float64(b.N) / 1e6
@@ -160,6 +165,10 @@ func BenchmarkSegment64MiB(b *testing.B) {
 	b.ReportMetric(rawSHAMBps, "rawsha-MB/s")
 	b.ReportMetric(relayMBps/rawMBps, "relay/raw")
 	b.ReportMetric(relayMBps/rawSHAMBps, "relay/rawsha")
+	// On a shared machine one leg of a round can be slowed by others; the
+	// fastest round of each leg is the least disturbed.
+	b.ReportMetric(best[1].Seconds()/best[0].Seconds(), "best-relay/raw")
+	b.ReportMetric(best[2].Seconds()/best[0].Seconds(), "best-relay/rawsha")
 	sc.Close()
 	if err := <-recvDone; err != nil {
 		b.Fatal(err)

@@ -156,17 +156,53 @@ type Result struct {
 	Replied bool
 }
 
-// Item states in DeliverWindow.
+// Item states in DeliverStream.
 const (
-	itemWaiting  = iota // not offered yet
-	itemOffered         // OFFER sent, no reply yet
+	itemOffered  = iota // OFFER sent, no reply yet
 	itemAccepted        // ACCEPT received, SEGMENT not started
 	itemSending         // SEGMENT being written or written
 	itemDone            // final reply (or failure) recorded
 )
 
 // DeliverWindow delivers items over a version 2 connection with up to
-// PeerWindow offers in flight, and returns one result per item, in order.
+// PeerWindow offers in flight (DeliverStream), and returns one result per
+// item, in order. Item ids must be distinct.
+func (c *Conn) DeliverWindow(ctx context.Context, items []Item, replyTimeout time.Duration) []Result {
+	res := make([]Result, len(items))
+	index := make(map[string]int, len(items))
+	k := 0
+	var mu sync.Mutex // index is written by next and read by done
+	next := func() (Item, bool) {
+		if k == len(items) {
+			return Item{}, false
+		}
+		k++
+		mu.Lock()
+		index[items[k-1].Offer.SegmentID] = k - 1
+		mu.Unlock()
+		return items[k-1], true
+	}
+	done := func(it Item, r Result) {
+		mu.Lock()
+		defer mu.Unlock()
+		res[index[it.Offer.SegmentID]] = r
+	}
+	if err := c.DeliverStream(ctx, next, done, replyTimeout); err != nil {
+		for i := k; i < len(items); i++ {
+			res[i].Err = err // never offered
+		}
+	}
+	return res
+}
+
+// DeliverStream delivers the items next yields over a version 2
+// connection, keeping up to PeerWindow offers unanswered: whenever a slot
+// is free it asks next for another item, until next reports none (then it
+// finishes the items in flight and returns). done is called once per item
+// yielded, with its result, as soon as it is known: on the item's final
+// reply, or when the connection fails. next runs on the writing goroutine
+// and done on the reading one; neither may block for long.
+//
 // Replies are matched by segment id, in any order. An ACK is success only
 // for an offered or sent segment; an ACCEPT, ACK or NACK naming anything
 // else, or an ACK for an accepted segment not yet sent, is the peer
@@ -174,22 +210,16 @@ const (
 //
 // replyTimeout bounds the wait for the next reply while nothing is being
 // written (zero: no bound besides ctx): a peer that stops answering fails
-// the unfinished items and the connection is closed. After any
-// connection failure the unfinished items fail with it, and the caller
-// must close the Conn. Item ids must be distinct.
-func (c *Conn) DeliverWindow(ctx context.Context, items []Item, replyTimeout time.Duration) []Result {
-	res := make([]Result, len(items))
+// the unfinished items and the connection is closed. The error returned
+// is the connection failure, if any: the caller must then close the Conn.
+// Ids of items in flight together must be distinct.
+func (c *Conn) DeliverStream(ctx context.Context, next func() (Item, bool), done func(Item, Result), replyTimeout time.Duration) error {
 	if c.opt.Version < Version2 {
-		for i := range res {
-			res[i].Err = fmt.Errorf("deliver window: %w: version %d connection", ErrVersion, c.opt.Version)
-		}
-		return res
+		return fmt.Errorf("deliver: %w: version %d connection", ErrVersion, c.opt.Version)
 	}
-	p := &pipeline{c: c, items: items, res: res, state: make([]int, len(items)),
-		index: make(map[string]int, len(items)), accepted: make(chan int, len(items)), freed: make(chan struct{}, len(items))}
-	for i, it := range items {
-		p.index[it.Offer.SegmentID] = i
-	}
+	window := c.PeerWindow()
+	p := &pipeline{c: c, next: next, done: done, items: map[string]*pending{},
+		accepted: make(chan *pending, window), freed: make(chan struct{}, window)}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	p.cancel = cancel
@@ -202,45 +232,60 @@ func (c *Conn) DeliverWindow(ctx context.Context, items []Item, replyTimeout tim
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		p.write(ctx)
+		p.write(ctx, window)
 	}()
 	p.read(ctx)
 	cancel()
 	wg.Wait()
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	for i := range res {
-		if p.state[i] != itemDone {
-			p.finish(i, Result{Err: p.failure()})
+	var left []*pending
+	for _, it := range p.items {
+		if it.state != itemDone {
+			it.state = itemDone
+			left = append(left, it)
 		}
 	}
-	return res
+	err := p.err
+	if p.finished {
+		err = nil
+	}
+	p.mu.Unlock()
+	for _, it := range left {
+		done(it.item, Result{Err: p.failure()})
+	}
+	return err
 }
 
-// pipeline is one DeliverWindow call.
+// pending is one item in flight.
+type pending struct {
+	item  Item
+	state int
+}
+
+// pipeline is one DeliverStream call.
 type pipeline struct {
 	c        *Conn
-	items    []Item
-	index    map[string]int
-	accepted chan int      // items the peer accepted, in order
+	next     func() (Item, bool)
+	done     func(Item, Result)
+	accepted chan *pending // items the peer accepted, in order
 	freed    chan struct{} // one per final reply: a window slot
 	cancel   context.CancelFunc
 	watchdog *time.Timer
 	period   time.Duration // the reply timeout the watchdog enforces
 
-	mu       sync.Mutex
-	res      []Result
-	state    []int
-	done     int
-	writing  bool  // a write is in progress: replies may wait for it
-	err      error // the first connection failure
-	timedOut bool
+	mu        sync.Mutex
+	items     map[string]*pending // by segment id, until done
+	inFlight  int                 // items not done
+	exhausted bool                // next reported no more items
+	finished  bool                // exhausted and every item done: a clean end
+	writing   bool                // a write is in progress: replies may wait for it
+	err       error               // the first connection failure
 }
 
 // fail records the first connection failure and stops both loops.
 func (p *pipeline) fail(err error) {
 	p.mu.Lock()
-	if p.err == nil {
+	if p.err == nil && !p.finished {
 		p.err = err
 	}
 	p.mu.Unlock()
@@ -264,7 +309,12 @@ func (p *pipeline) idle(d time.Duration) {
 		p.watchdog.Reset(d)
 		return
 	}
-	p.timedOut = true
+	if p.finished || p.inFlight == 0 && !p.exhausted {
+		// Nothing is owed a reply: the writer is asking next for work.
+		p.mu.Unlock()
+		p.watchdog.Reset(d)
+		return
+	}
 	if p.err == nil {
 		p.err = fmt.Errorf("no reply within %v: %w", d, os.ErrDeadlineExceeded)
 	}
@@ -273,22 +323,23 @@ func (p *pipeline) idle(d time.Duration) {
 	p.cancel()
 }
 
-// finish records item i's final result; p.mu is held.
-func (p *pipeline) finish(i int, r Result) {
-	p.state[i] = itemDone
-	p.res[i] = r
-	p.done++
+// checkFinished ends the stream cleanly once next is exhausted and every
+// item is done; p.mu is held.
+func (p *pipeline) checkFinished() {
+	if p.exhausted && p.inFlight == 0 && !p.finished {
+		p.finished = true
+		p.cancel() // wakes the reader blocked on the next reply
+	}
 }
 
 // write sends offers while the window has room and SEGMENTs in ACCEPT
 // order, accepted segments first so the peer's reservations turn over.
-func (p *pipeline) write(ctx context.Context) {
-	window := p.c.PeerWindow()
-	next, inFlight := 0, 0
+func (p *pipeline) write(ctx context.Context, window int) {
+	slots := window
 	for {
 		select {
-		case i := <-p.accepted:
-			if !p.sendSegment(ctx, i) {
+		case it := <-p.accepted:
+			if !p.sendSegment(ctx, it) {
 				return
 			}
 			continue
@@ -296,25 +347,48 @@ func (p *pipeline) write(ctx context.Context) {
 		}
 		select {
 		case <-p.freed:
-			inFlight--
+			slots++
 			continue
 		default:
 		}
-		if next < len(p.items) && inFlight < window {
-			if !p.sendOffer(ctx, next) {
+		p.mu.Lock()
+		exhausted := p.exhausted
+		p.mu.Unlock()
+		if !exhausted && slots > 0 {
+			it, ok := p.next()
+			p.mu.Lock()
+			if !ok {
+				p.exhausted = true
+				p.checkFinished()
+				p.mu.Unlock()
+				continue
+			}
+			if _, dup := p.items[it.Offer.SegmentID]; dup {
+				p.mu.Unlock()
+				p.done(it, Result{Err: fmt.Errorf("deliver %s: already in flight on this connection", it.Offer.SegmentID)})
+				continue
+			}
+			pd := &pending{item: it, state: itemOffered}
+			p.items[it.Offer.SegmentID] = pd
+			p.inFlight++
+			p.writing = true
+			p.mu.Unlock()
+			slots--
+			err := p.c.SendOffer(ctx, it.Offer)
+			p.setWriting(false)
+			if err != nil {
+				p.fail(err)
 				return
 			}
-			next++
-			inFlight++
 			continue
 		}
 		select {
-		case i := <-p.accepted:
-			if !p.sendSegment(ctx, i) {
+		case it := <-p.accepted:
+			if !p.sendSegment(ctx, it) {
 				return
 			}
 		case <-p.freed:
-			inFlight--
+			slots++
 		case <-ctx.Done():
 			return
 		}
@@ -327,28 +401,14 @@ func (p *pipeline) setWriting(w bool) {
 	p.mu.Unlock()
 }
 
-func (p *pipeline) sendOffer(ctx context.Context, i int) bool {
+func (p *pipeline) sendSegment(ctx context.Context, pd *pending) bool {
+	it := pd.item
 	p.mu.Lock()
-	p.state[i] = itemOffered
-	p.writing = true
-	p.mu.Unlock()
-	err := p.c.SendOffer(ctx, p.items[i].Offer)
-	p.setWriting(false)
-	if err != nil {
-		p.fail(err)
-		return false
-	}
-	return true
-}
-
-func (p *pipeline) sendSegment(ctx context.Context, i int) bool {
-	it := p.items[i]
-	p.mu.Lock()
-	if p.state[i] != itemAccepted {
+	if pd.state != itemAccepted {
 		p.mu.Unlock()
 		return true // failed meanwhile
 	}
-	p.state[i] = itemSending
+	pd.state = itemSending
 	p.writing = true
 	p.mu.Unlock()
 	defer p.setWriting(false)
@@ -367,16 +427,10 @@ func (p *pipeline) sendSegment(ctx context.Context, i int) bool {
 	return true
 }
 
-// read matches replies to items until every item has its final reply or
-// the connection fails.
+// read matches replies to items until the stream finishes or the
+// connection fails.
 func (p *pipeline) read(ctx context.Context) {
 	for {
-		p.mu.Lock()
-		all := p.done == len(p.items)
-		p.mu.Unlock()
-		if all {
-			return
-		}
 		var f Frame
 		err := p.c.recv(ctx, "recv reply", func(r io.Reader) (bool, error) {
 			var err error
@@ -389,6 +443,12 @@ func (p *pipeline) read(ctx context.Context) {
 		}
 		if err := p.reply(f); err != nil {
 			p.fail(err)
+			return
+		}
+		p.mu.Lock()
+		finished := p.finished
+		p.mu.Unlock()
+		if finished {
 			return
 		}
 	}
@@ -417,31 +477,40 @@ func (p *pipeline) reply(f Frame) error {
 		return err
 	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.watchdog != nil {
 		p.watchdog.Reset(p.period)
 	}
 	if nack != nil && id == "" {
 		// The peer could not decode an offer and will close.
+		p.mu.Unlock()
 		return &NackError{Nack: *nack}
 	}
-	i, ok := p.index[id]
+	pd, ok := p.items[id]
 	if !ok {
-		return fmt.Errorf("%w: %s for %q, which was not offered", ErrAckMismatch, f.Type, id)
+		p.mu.Unlock()
+		return fmt.Errorf("%w: %s for %q, which is not in flight", ErrAckMismatch, f.Type, id)
 	}
-	st := p.state[i]
-	switch {
+	var r Result
+	switch st := pd.state; {
 	case f.Type == TypeAccept && st == itemOffered:
-		p.state[i] = itemAccepted
-		p.accepted <- i // buffered for every item: never blocks
+		pd.state = itemAccepted
+		p.mu.Unlock()
+		p.accepted <- pd // at most a window of items: never blocks
 		return nil
 	case f.Type == TypeAck && (st == itemOffered || st == itemSending):
-		p.finish(i, Result{Sent: st == itemSending, Replied: true})
+		r = Result{Sent: st == itemSending, Replied: true}
 	case f.Type == TypeNack && (st == itemOffered || st == itemSending):
-		p.finish(i, Result{Err: &NackError{Nack: *nack}, Sent: st == itemSending, Replied: true})
+		r = Result{Err: &NackError{Nack: *nack}, Sent: st == itemSending, Replied: true}
 	default:
+		p.mu.Unlock()
 		return fmt.Errorf("%w: %s for %q in state %d", ErrAckMismatch, f.Type, id, st)
 	}
-	p.freed <- struct{}{}
+	pd.state = itemDone
+	delete(p.items, id)
+	p.inFlight--
+	p.freed <- struct{}{} // at most a window outstanding: never blocks
+	p.checkFinished()
+	p.mu.Unlock()
+	p.done(pd.item, r)
 	return nil
 }
