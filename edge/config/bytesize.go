@@ -68,3 +68,22 @@ func (b ByteSize) String() string {
 	}
 	return strconv.FormatInt(int64(b), 10) + "B"
 }
+
+// UnmarshalYAML accepts what ByteSize does; checkSchema has refused values
+// ≤ 0 already.
+func (r *Rate) UnmarshalYAML(n *yaml.Node) error {
+	var b ByteSize
+	if err := b.UnmarshalYAML(n); err != nil {
+		return err
+	}
+	*r = Rate(b)
+	return nil
+}
+
+// String prints the rate as a size per second, or "unlimited".
+func (r Rate) String() string {
+	if r <= 0 {
+		return "unlimited"
+	}
+	return ByteSize(r).String() + "/s"
+}

@@ -165,7 +165,26 @@ type Relay struct {
 	// all of them are acked. They stop a copy of the segment that comes
 	// back from being relayed again, so the window must outlast resends.
 	LedgerRetention time.Duration `yaml:"ledger_retention"`
+	// Bandwidth (bandwidth) bounds the bytes this node sends.
+	Bandwidth Bandwidth `yaml:"bandwidth"`
 }
+
+// Bandwidth bounds what edged sends, in bytes per second on the wire (TLS
+// included): per peer, and over all peers together. An absent key means
+// no limit; a present one must be at least MinBandwidth.
+type Bandwidth struct {
+	Total   Rate `yaml:"total"`    // relay.bandwidth.total
+	PerPeer Rate `yaml:"per_peer"` // relay.bandwidth.per_peer
+}
+
+// Rate is a byte rate per second, written as a size (64KiB, 10MB); zero
+// means unlimited and can only come from an absent key: a present key
+// with 0 is refused, so "no limit" is never a typo away from "nothing".
+type Rate int64
+
+// MinBandwidth is the smallest limit: below it a single TLS record waits
+// for many seconds.
+const MinBandwidth = 1 << 10
 
 // Backoff is exponential: attempt n waits min(Max, Initial·2^(n-1)). There
 // is no jitter, by design: the relay path is deterministic (no PRNG).

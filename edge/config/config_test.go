@@ -51,6 +51,7 @@ relay:
   window: 64
   max_protocol_version: 1
   dial_timeout: 2s
+  bandwidth: {total: 10MB, per_peer: 512KiB}
 storage:
   dir: /var/lib/edged
   quota_bytes: 2GiB
@@ -80,6 +81,7 @@ func TestParseFull(t *testing.T) {
 			SuccessCondition: OnePeer, MaxRetries: 5,
 			Backoff:      Backoff{Initial: 250 * time.Millisecond, Max: time.Minute},
 			EvictOnRelay: true, Workers: 8, AckTimeout: 5 * time.Second, Window: 64, MaxProtocolVersion: 1, DialTimeout: 2 * time.Second, LedgerRetention: DefaultLedgerRetention,
+			Bandwidth: Bandwidth{Total: 10_000_000, PerPeer: 512 << 10},
 		},
 		Storage: Storage{Dir: "/var/lib/edged", QuotaBytes: 2 << 30, QuotaSegments: 500, MaxSegmentBytes: 16 << 20, OnFull: OnFullEvictRelayedOldest},
 		RPC:     RPC{Listen: "unix:/run/edged/rpc.sock"},
@@ -175,6 +177,12 @@ func TestValidateRules(t *testing.T) {
 		{"quota segments zero", "storage: {dir: d, quota_segments: 0}", "storage.quota_segments", "must be > 0"},
 		{"max segment zero", "storage: {dir: d, max_segment_bytes: 0}", "storage.max_segment_bytes", "must be > 0"},
 		{"max segment over wire limit", "storage: {dir: d, quota_bytes: 1TiB, max_segment_bytes: 4GiB}", "storage.max_segment_bytes", "wire limit"},
+		{"bandwidth zero", "relay: {bandwidth: {total: 0}}", "relay.bandwidth.total", "must be > 0 bytes per second; leave the key out for no limit"},
+		{"bandwidth negative", "relay: {bandwidth: {per_peer: -5KiB}}", "relay.bandwidth.per_peer", "must be > 0"},
+		{"bandwidth tiny", "relay: {bandwidth: {per_peer: 100}}", "relay.bandwidth.per_peer", "below the minimum of 1KiB"},
+		{"bandwidth not a size", "relay: {bandwidth: {total: fast}}", "relay.bandwidth.total", "is not a size"},
+		{"bandwidth a list", "relay: {bandwidth: {total: [1MB]}}", "relay.bandwidth.total", "must be a rate"},
+		{"bandwidth unknown key", "relay: {bandwidth: {per_node: 1MB}}", "relay.bandwidth.per_node", "unknown key"},
 		{"on_full unknown", "storage: {dir: d, on_full: drop_oldest}", "storage.on_full", `"drop_oldest" is not one of reject, evict_relayed_oldest`},
 		{"on_full empty", "storage: {dir: d, on_full: ''}", "storage.on_full", `"" is not one of reject, evict_relayed_oldest`},
 		{"on_full not a value", "storage: {dir: d, on_full: [reject]}", "storage.on_full", "must be a single value"},
@@ -412,6 +420,8 @@ func TestDefaultsDocumented(t *testing.T) {
 		"relay.max_protocol_version": "2",
 		"relay.dial_timeout":         d.Relay.DialTimeout.String(),
 		"relay.ledger_retention":     d.Relay.LedgerRetention.String(),
+		"relay.bandwidth.total":      d.Relay.Bandwidth.Total.String(),
+		"relay.bandwidth.per_peer":   d.Relay.Bandwidth.PerPeer.String(),
 		"storage.quota_bytes":        d.Storage.QuotaBytes.String(),
 		"storage.quota_segments":     "10000",
 		"storage.max_segment_bytes":  d.Storage.MaxSegmentBytes.String(),

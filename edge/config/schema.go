@@ -14,6 +14,7 @@ var (
 	configType   = reflect.TypeOf(Config{})
 	durationType = reflect.TypeOf(time.Duration(0))
 	byteSizeType = reflect.TypeOf(ByteSize(0))
+	rateType     = reflect.TypeOf(Rate(0))
 )
 
 // checkSchema walks a YAML node against the Go type it will be decoded
@@ -64,6 +65,17 @@ func checkSchema(path string, n *yaml.Node, t reflect.Type, probs *Problems) boo
 		}
 		if _, err := ParseByteSize(n.Value); err != nil {
 			return bad("%v", err)
+		}
+	case t == rateType:
+		if n.Kind != yaml.ScalarNode {
+			return bad("must be a rate in bytes per second such as 512KiB or 10MB, not %s", kindName(n))
+		}
+		v, err := ParseByteSize(n.Value)
+		if err != nil {
+			return bad("%v", err)
+		}
+		if v <= 0 {
+			return bad("%s must be > 0 bytes per second; leave the key out for no limit", v)
 		}
 	case t.Kind() == reflect.Struct:
 		if n.Kind != yaml.MappingNode {

@@ -142,6 +142,14 @@ func (c *Config) validateRelay(ps *Problems) {
 	if r.DialTimeout <= 0 {
 		ps.add("relay.dial_timeout", fmt.Sprintf("%s must be > 0", r.DialTimeout))
 	}
+	for _, b := range []struct {
+		key string
+		v   Rate
+	}{{"relay.bandwidth.total", r.Bandwidth.Total}, {"relay.bandwidth.per_peer", r.Bandwidth.PerPeer}} {
+		if b.v < 0 || (b.v > 0 && b.v < MinBandwidth) {
+			ps.add(b.key, fmt.Sprintf("%d bytes per second is below the minimum of %s", int64(b.v), ByteSize(MinBandwidth)))
+		}
+	}
 	if r.LedgerRetention < MinLedgerRetention {
 		ps.add("relay.ledger_retention", fmt.Sprintf("%s is below %s: the records must outlive resends of an evicted segment", r.LedgerRetention, MinLedgerRetention))
 	}

@@ -141,6 +141,7 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 	d.tr, err = transport.New(transport.Config{
 		NodeID: cfg.NodeID, CertFile: cfg.TLS.Cert, KeyFile: cfg.TLS.Key, CAFile: cfg.TLS.CA,
 		AllowPeer:        cfg.Accepts, // known_peers and inbound-only accept_from
+		WrapConn:         d.bandwidth().Wrap,
 		HandshakeTimeout: cfg.Relay.DialTimeout,
 		Wire: wire.Options{MaxSegmentSize: int64(cfg.Storage.MaxSegmentBytes), IdleTimeout: idleTimeout(cfg),
 			Version: cfg.Relay.MaxProtocolVersion, Window: cfg.Relay.Window},

@@ -1,6 +1,9 @@
 package daemon
 
 import (
+	"time"
+
+	"github.com/relay-dev/relay/edge/bandwidth"
 	"github.com/relay-dev/relay/edge/config"
 )
 
@@ -34,4 +37,16 @@ func (d *Daemon) makeRoom(bytes, segments int64) {
 	d.met.fullEvictions.Add(float64(len(ev)))
 	d.log.Info("storage full: evicted relayed segments", "segments", ids, "bytes", freed,
 		"need_bytes", bytes, "need_segments", segments)
+}
+
+// bandwidth builds the send limits of relay.bandwidth (edge/bandwidth),
+// reporting time spent waiting for tokens per peer. Without limits Wrap
+// returns each connection unchanged.
+func (d *Daemon) bandwidth() *bandwidth.Limits {
+	b := d.cfg.Relay.Bandwidth
+	l := bandwidth.New(int64(b.Total), int64(b.PerPeer), nil)
+	l.OnWait = func(peer string, wait time.Duration) {
+		d.met.throttled.WithLabelValues(peer).Add(wait.Seconds())
+	}
+	return l
 }

@@ -30,6 +30,7 @@ type metrics struct {
 	removed        prometheus.Counter
 	repairs        *prometheus.CounterVec
 	fullEvictions  prometheus.Counter
+	throttled      *prometheus.CounterVec
 }
 
 func newMetrics(d *Daemon) *metrics {
@@ -81,9 +82,12 @@ func newMetrics(d *Daemon) *metrics {
 		fullEvictions: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "edged_storage_full_evictions_total", Help: "Relayed segments evicted to make room under storage.on_full: evict_relayed_oldest.",
 		}),
+		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edged_relay_throttled_seconds_total", Help: "Time outbound writes waited for relay.bandwidth tokens, by peer.",
+		}, []string{"peer"}),
 	}
 	m.reg.MustRegister(m.inbound, m.nacks, m.protocolErrors, m.rejected, m.reloadErrors, m.attempts, m.sentBytes, m.attemptSecs,
-		m.relayed, m.evicted, m.deferred, m.dials, m.removed, m.repairs, m.fullEvictions,
+		m.relayed, m.evicted, m.deferred, m.dials, m.removed, m.repairs, m.fullEvictions, m.throttled,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		storeCollector{d})
 	return m

@@ -68,6 +68,10 @@ type Config struct {
 	// OnReloadError, if set, is told when changed certificate files could
 	// not be loaded (the old ones stay in use). Called once per change.
 	OnReloadError func(error)
+	// WrapConn, if set, wraps every outbound TCP connection before TLS
+	// runs over it, with the id of the peer dialled: edge/bandwidth limits
+	// what is sent to each peer this way, below the protocol.
+	WrapConn func(peerID string, c net.Conn) net.Conn
 	// OnReject, if set, is told why an inbound connection was refused
 	// (handshake failure, unknown peer, HELLO mismatch, timeout). Accept
 	// never returns these: one bad client must not stop a listener.
@@ -210,6 +214,9 @@ func (t *Transport) Dial(ctx context.Context, addr, peerID string) (*wire.Conn, 
 	raw, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s at %s: %w", peerID, addr, err)
+	}
+	if t.cfg.WrapConn != nil {
+		raw = t.cfg.WrapConn(peerID, raw)
 	}
 	tc := tls.Client(raw, t.clientConfig(peerID))
 	wc, _, err := t.handshake(ctx, tc, peerID)
