@@ -34,6 +34,7 @@ func chain(t *testing.T, onFull string, wrap func(id string, w io.Writer) io.Wri
 	bc.AcceptFrom = []string{"a"}
 	bc.Storage.QuotaSegments = 2
 	bc.Storage.OnFull = onFull
+	bc.Relay.MaxRetries = 1000 // what b owes c stays owed (not deadlettered) while c is down
 	ac := nodeConfig(t, dir, "a", relayLns["a"], ra.Addr().String(), []config.Peer{{ID: "b", Address: relayLns["b"]}})
 	ac.Relay.MaxRetries = 1000
 	c = startNode(t, cc, lc, rc)

@@ -55,6 +55,9 @@ func TestStorageFullPolicies(t *testing.T) {
 			c := newCluster(t, "b", "a")
 			a, b := c.nodes["a"], c.nodes["b"]
 			a.storage = "  quota_segments: 2\n  on_full: " + policy + "\n"
+			// b is down for a while below: s4 and s5 must not be
+			// deadlettered meanwhile.
+			a.relay = "  backoff: {initial: 50ms, max: 200ms}\n  max_retries: 1000\n  dial_timeout: 2s\n"
 			b.start()
 			a.start()
 			for i := 1; i <= 2; i++ {
