@@ -381,6 +381,13 @@ func TestRefusals(t *testing.T) {
 	if resp.StatusCode != 413 || req.ContentLength != 0 {
 		t.Fatalf("chunked oversize body: %d (content length %d)", resp.StatusCode, req.ContentLength)
 	}
+	// TLS 1.3 only: a client that stops at 1.2 gets no connection.
+	old := servetest.ClientTLS(t, filepath.Join(f.pki, "ca.crt"), "", "")
+	old.MinVersion, old.MaxVersion = tls.VersionTLS12, tls.VersionTLS12
+	if conn, err := tls.Dial("tcp", p.Addr, old); err == nil {
+		conn.Close()
+		t.Fatal("a TLS 1.2 handshake succeeded")
+	}
 	// /metrics needs the read role.
 	if r := do(t, c, "GET", p.URL+"/metrics", f.tokens["producer"], nil); r.status != 403 {
 		t.Fatalf("metrics for a producer: %d", r.status)
