@@ -40,6 +40,13 @@ func (d *Daemon) servePipelined(ctx context.Context, c *wire.Conn, log *slog.Log
 			d.requestFailed(ctx, c, log, err)
 			return
 		}
+		if req.Query != nil {
+			if err := c.SendHolds(ctx, d.holds(req.Query)); err != nil {
+				log.Debug("holds not sent", "err", err)
+				return
+			}
+			continue
+		}
 		o := req.Offer
 		slog := log.With("segment", o.SegmentID, "bytes", o.Size)
 		if !req.Segment {
@@ -190,4 +197,20 @@ func (d *Daemon) requestFailed(ctx context.Context, c *wire.Conn, log *slog.Logg
 	default:
 		log.Debug("relay connection ended", "err", err)
 	}
+}
+
+// holds answers a QUERY: the queried segments this node durably holds
+// (committed index entries) with exactly the queried size and digest. A
+// segment held with another digest is not named: the sender offers it,
+// and the offer is refused as a conflict, never taken as delivered.
+func (d *Daemon) holds(query []wire.Offer) []wire.Offer {
+	var held []wire.Offer
+	for _, o := range query {
+		e, err := d.store.Stat(o.SegmentID)
+		if err == nil && e.Size == o.Size && e.SHA256 == o.SHA256 {
+			held = append(held, o)
+		}
+	}
+	d.met.inbound.WithLabelValues("duplicate").Add(float64(len(held)))
+	return held
 }

@@ -40,9 +40,11 @@ func linked(t *testing.T, cfg linkem.Config, aRelay, bRelay string) (a, b *node,
 	}
 	t.Cleanup(func() { link.Close() })
 	a.dial = map[string]string{"b": link.Addr().String()}
-	a.relay = "  backoff: {initial: 50ms, max: 200ms}\n  max_retries: 1000\n  dial_timeout: 2s\n  workers: 2\n" + aRelay
-	if !strings.Contains(aRelay, "ack_timeout") {
-		a.relay += "  ack_timeout: 10s\n"
+	a.relay = aRelay
+	for _, kv := range []string{"backoff: {initial: 50ms, max: 200ms}", "max_retries: 1000", "dial_timeout: 2s", "workers: 2", "ack_timeout: 10s"} {
+		if !strings.Contains(aRelay, strings.SplitN(kv, ":", 2)[0]+":") {
+			a.relay += "  " + kv + "\n"
+		}
 	}
 	b.relay += bRelay
 	return a, b, link
@@ -203,4 +205,63 @@ func TestVersion1Peer(t *testing.T) {
 	}
 	a.ledgerConsistent(t)
 	b.ledgerConsistent(t)
+}
+
+// TestResyncAfterOffline: while b is down, a takes 200 segments owed to b;
+// b already holds 180 of them (ingested there too), and holds one more id
+// with other content. When b comes up, one QUERY settles the 180 without
+// an OFFER each; the 19 b lacks are sent; the one b holds with another
+// digest is never counted as delivered: b refuses the offer as a
+// conflict, again at each retry, and a's record for it is never acked.
+func TestResyncAfterOffline(t *testing.T) {
+	t.Parallel()
+	a, b, link := linked(t, linkem.Config{Latency: 5 * time.Millisecond}, "", "")
+	segs := smallSegments(200, 1<<10)
+	const conflict = "small-180"
+	atB := map[string][]byte{conflict: []byte("other content under the same id")}
+	for i := range 180 {
+		id := fmt.Sprintf("small-%03d", i)
+		atB[id] = segs[id]
+	}
+	// b is unreachable from a (the link stalls) while a takes its
+	// segments and b takes its own: a builds a backlog for b.
+	link.Stall()
+	a.start()
+	ingest(t, a, segs)
+	b.start()
+	ingest(t, b, atB)
+	link.Resume()
+	for id, content := range segs {
+		if id == conflict {
+			continue
+		}
+		eventually(t, "a acked "+id, a.inState(id, "b", "acked"))
+		if !b.has(id, digest(content)) {
+			t.Errorf("b lacks %s", id)
+		}
+	}
+	eventually(t, "conflict refused three times", func() bool {
+		r, ok := a.record(conflict, "b")
+		return ok && r.Attempts >= 3 && strings.Contains(r.LastError, "different digest")
+	})
+	if a.inState(conflict, "b", "acked")() {
+		t.Error("a counts the conflicting segment as delivered")
+	}
+	if b.has(conflict, digest(segs[conflict])) {
+		t.Error("b holds a's content under the conflicting id")
+	}
+	if !regexp.MustCompile(`msg="relay resync" .*peer=b queried=\d+ held=1\d\d`).MatchString(a.log()) {
+		t.Errorf("a's log lacks a resync round that found most segments held:\n%s", grepLines(a.log(), "relay resync"))
+	}
+	noAckedButMissing(t, a, b, segs)
+}
+
+func grepLines(log, substr string) string {
+	var out []string
+	for _, l := range strings.Split(log, "\n") {
+		if strings.Contains(l, substr) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

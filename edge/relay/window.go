@@ -103,7 +103,10 @@ func (e *Executor) executeStream(soft, ctx context.Context, conn *wire.Conn, reu
 		defer close(recorded)
 		st.record()
 	}()
-	err := conn.DeliverStream(ctx, st.next, st.done, e.cfg.AckTimeout)
+	err := st.resync(ctx, conn)
+	if err == nil {
+		err = conn.DeliverStream(ctx, st.next, st.done, e.cfg.AckTimeout)
+	}
 	st.mu.Lock()
 	retry := err != nil && reused && !st.replied && staleConn(err)
 	st.mu.Unlock()
@@ -148,6 +151,74 @@ func (e *Executor) executeStream(soft, ctx context.Context, conn *wire.Conn, reu
 	for _, f := range append(st.missing, st.failed...) {
 		e.failed(f.f.rec, f.err, time.Since(f.f.start))
 	}
+}
+
+// resyncMin: a backlog of fewer due records is offered without a QUERY
+// first; offers that the peer declines cost little at that size.
+const resyncMin = 64
+
+// resync is the summary exchange at the start of a stream (after a
+// (re)connect, or whenever work for the peer resumes): while the peer's
+// due backlog is large, it claims up to wire.MaxQuerySegments records at
+// a time and asks the peer which it already holds (one QUERY, one HOLDS).
+// Those the peer names with exactly our size and digest are Acked on that
+// claim, in one transaction, without an OFFER each; a name with another
+// digest counts for nothing. The rest are queued for the stream. It
+// stops querying when a round finds most segments missing at the peer or
+// the backlog is drained.
+func (st *stream) resync(ctx context.Context, conn *wire.Conn) error {
+	e := st.e
+	if st.probe {
+		return nil
+	}
+	for st.soft.Err() == nil {
+		recs := st.queue
+		st.queue = nil
+		recs = append(recs, e.claimMore(st.peer, wire.MaxQuerySegments-len(recs))...)
+		if len(recs) < resyncMin {
+			st.queue = recs
+			return nil
+		}
+		var offers []wire.Offer
+		flights := map[string]flight{}
+		var unknown []ledger.Record // not in the query: queued as they are
+		for _, rec := range recs {
+			entry, err := e.store.Stat(rec.SegmentID)
+			if err != nil {
+				unknown = append(unknown, rec) // next() sets it aside as missing
+				continue
+			}
+			offers = append(offers, wire.Offer{SegmentID: entry.ID, Size: entry.Size, SHA256: entry.SHA256})
+			flights[entry.ID] = flight{rec: rec, start: time.Now()}
+		}
+		held, mismatched, err := conn.Query(ctx, offers)
+		if err != nil {
+			st.queue = recs
+			return err
+		}
+		st.mu.Lock()
+		st.replied = true
+		st.mu.Unlock()
+		batch := make([]flight, 0, len(held))
+		for _, o := range held {
+			batch = append(batch, flights[o.SegmentID])
+			delete(flights, o.SegmentID)
+		}
+		if len(batch) > 0 {
+			e.recordAcks(batch)
+		}
+		e.log.Debug("relay resync", "peer", st.peer, "queried", len(offers), "held", len(held), "other_digest", mismatched)
+		st.queue = unknown
+		for _, rec := range recs {
+			if _, ok := flights[rec.SegmentID]; ok {
+				st.queue = append(st.queue, rec)
+			}
+		}
+		if len(held) < len(offers)/2 || len(recs) < wire.MaxQuerySegments {
+			return nil
+		}
+	}
+	return nil
 }
 
 // next yields the next record's segment: the queue first, then more due

@@ -8,6 +8,7 @@ import (
 	"io"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -41,6 +42,11 @@ type v2Peer struct {
 	// holdFirst: acknowledge every segment at once except the first one
 	// received, which is acknowledged only when total have arrived.
 	holdFirst bool
+	// claims: answers to QUERY: segment id → the digest the peer names
+	// for it in HOLDS (another digest than the sender's is a segment it
+	// holds under the same id with other content).
+	claims           map[string]string
+	queries, offered int
 }
 
 func newV2Peer(t *testing.T, dir string, window, total int) *v2Peer {
@@ -102,9 +108,26 @@ func (p *v2Peer) serve(ctx context.Context, t *testing.T, c *wire.Conn) {
 		if err != nil {
 			return
 		}
+		if req.Query != nil {
+			var held []wire.Offer
+			p.mu.Lock()
+			p.queries++
+			for _, o := range req.Query {
+				if d, ok := p.claims[o.SegmentID]; ok {
+					o.SHA256 = d
+					held = append(held, o)
+				}
+			}
+			p.mu.Unlock()
+			if c.SendHolds(ctx, held) != nil {
+				return
+			}
+			continue
+		}
 		o := req.Offer
 		if !req.Segment {
 			p.mu.Lock()
+			p.offered++
 			held := p.held[o.SegmentID]
 			p.mu.Unlock()
 			if held {
@@ -288,5 +311,48 @@ func TestPipelinedWindowRefills(t *testing.T) {
 		if r.Attempts != 1 {
 			t.Errorf("%s took %d attempts", r.SegmentID, r.Attempts)
 		}
+	}
+}
+
+// TestResyncSummary: after an offline period a sender owes 1,000 segments
+// to a peer that already holds 980 of them. One QUERY/HOLDS exchange
+// settles those: they are Acked without an OFFER each. The peer names one
+// more segment under its id but with another digest: that one does not
+// count as held, it is offered and sent like the 19 the peer lacks
+// (n-held = 20 segments move).
+func TestResyncSummary(t *testing.T) {
+	const n, held = 1000, 980
+	a, b, ex := windowFixture(t, 64, n-held)
+	b.claims = map[string]string{}
+	var ids []string
+	for i := range n {
+		id := fmt.Sprintf("seg-%04d", i)
+		ids = append(ids, id)
+		e := a.put(t, id, []byte("content of "+id))
+		if err := ex.Schedule(e); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case i < held:
+			b.claims[id] = e.SHA256
+		case i == held:
+			b.claims[id] = strings.Repeat("0", 64) // same id, other content
+		}
+	}
+	run(t, ex)
+	for _, id := range ids {
+		a.waitRecord(t, id, "b", inState(ledger.StateAcked))
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t.Logf("%d segments owed, %d held by the peer: %d QUERY, %d OFFER frames", n, held, b.queries, b.offered)
+	if b.queries != 1 {
+		t.Errorf("%d QUERY frames, want 1", b.queries)
+	}
+	if b.offered != n-held {
+		t.Errorf("%d OFFER frames, want %d (the missing ones and the one held with another digest)", b.offered, n-held)
+	}
+	if !slices.Contains(b.received, fmt.Sprintf("seg-%04d", held)) {
+		t.Errorf("the segment the peer holds with another digest was not sent")
 	}
 }

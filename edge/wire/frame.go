@@ -74,6 +74,16 @@ const (
 	// receiver wants the offered segment: the sender sends its SEGMENT.
 	// SEGMENT frames follow in the order of the ACCEPTs.
 	TypeAccept Type = 0x06
+	// TypeQuery (version 2 only): JSON {"segments":[<offer>,...]}, at
+	// most MaxQuerySegments offers. The sender asks which of these
+	// segments the receiver already holds, before offering any; sent only
+	// while no offer is unanswered.
+	TypeQuery Type = 0x07
+	// TypeHolds (version 2 only): JSON {"segments":[<offer>,...]}, the
+	// reply to a QUERY: the queried segments the receiver durably holds
+	// with exactly that size and digest. It is the receiver's durable
+	// claim, as an ACK is, for exactly the ids and digests it names.
+	TypeHolds Type = 0x08
 )
 
 func (t Type) String() string {
@@ -90,6 +100,10 @@ func (t Type) String() string {
 		return "NACK"
 	case TypeAccept:
 		return "ACCEPT"
+	case TypeQuery:
+		return "QUERY"
+	case TypeHolds:
+		return "HOLDS"
 	}
 	return fmt.Sprintf("type(0x%02x)", uint8(t))
 }
@@ -97,7 +111,7 @@ func (t Type) String() string {
 // Known reports whether t is one of the defined frame types (ACCEPT is
 // defined for version 2 connections only; on a version 1 connection it
 // is an unexpected frame).
-func (t Type) Known() bool { return t >= TypeHello && t <= TypeAccept }
+func (t Type) Known() bool { return t >= TypeHello && t <= TypeHolds }
 
 const (
 	// HeaderLen is the size of a frame header: type and length.
@@ -109,6 +123,10 @@ const (
 	// characters JSON escapes as \u00XX, plus a 128-byte id) stays well
 	// below it.
 	MaxControlPayload = 16 << 10
+
+	// MaxQueryPayload bounds QUERY and HOLDS payloads: MaxQuerySegments
+	// offers of the longest ids fit.
+	MaxQueryPayload = 1 << 20
 
 	// MaxSegmentSize is the largest segment the length field can carry.
 	MaxSegmentSize = math.MaxUint32

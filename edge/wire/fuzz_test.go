@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"slices"
 	"testing"
 )
 
@@ -137,6 +138,12 @@ func FuzzRecvRequest(f *testing.F) {
 			if len(c.open) > window {
 				t.Fatalf("%d offers open, window %d", len(c.open), window)
 			}
+			if req.Query != nil {
+				if len(req.Query) > MaxQuerySegments {
+					t.Fatalf("query of %d segments", len(req.Query))
+				}
+				continue
+			}
 			if !req.Segment {
 				// Accept every other offer, decline the rest as held.
 				if len(c.open)%2 == 1 {
@@ -159,6 +166,29 @@ func FuzzRecvRequest(f *testing.F) {
 				return
 			}
 			c.answered(req.Offer.SegmentID)
+		}
+	})
+}
+
+// FuzzDecodeSegments: a decoded QUERY/HOLDS list is valid (distinct ids,
+// at most MaxQuerySegments) and survives an encode/decode round trip.
+func FuzzDecodeSegments(f *testing.F) {
+	seedFrames(f, true)
+	f.Fuzz(func(t *testing.T, p []byte) {
+		list, err := DecodeSegments(p)
+		if err != nil {
+			if !errors.Is(err, ErrBadMessage) {
+				t.Fatalf("error %v is not ErrBadMessage", err)
+			}
+			return
+		}
+		enc, err := EncodeSegments(list)
+		if err != nil {
+			t.Fatalf("decoded list does not encode: %v", err)
+		}
+		got, err := DecodeSegments(enc)
+		if err != nil || !slices.Equal(got, list) {
+			t.Fatalf("round trip: %+v -> %s -> %+v, %v", list, enc, got, err)
 		}
 	})
 }

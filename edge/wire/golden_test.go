@@ -33,6 +33,8 @@ func goldenFrames(t testing.TB) map[string][]byte {
 		"hello.frame":           frame(TypeHello, must(EncodeHello(Hello{Version: Version1, NodeID: "node-a"}))),
 		"hello-v2.frame":        frame(TypeHello, must(EncodeHello(Hello{Version: Version2, NodeID: "node-a", Window: 256}))),
 		"accept.frame":          frame(TypeAccept, []byte("seg-0001")),
+		"query.frame":           frame(TypeQuery, must(EncodeSegments([]Offer{{SegmentID: "seg-0001", Size: 5, SHA256: helloSum}, {SegmentID: "empty.bin", Size: 0, SHA256: digest}}))),
+		"holds.frame":           frame(TypeHolds, must(EncodeSegments([]Offer{{SegmentID: "seg-0001", Size: 5, SHA256: helloSum}}))),
 		"offer.frame":           frame(TypeOffer, must(EncodeOffer(Offer{SegmentID: "seg-0001", Size: 5, SHA256: helloSum}))),
 		"offer-empty.frame":     frame(TypeOffer, must(EncodeOffer(Offer{SegmentID: "empty.bin", Size: 0, SHA256: digest}))),
 		"segment.frame":         seg.Bytes(),

@@ -252,6 +252,70 @@ func DecodeNack(p []byte) (Nack, error) {
 	return m, nil
 }
 
+// MaxQuerySegments bounds the offers in one QUERY or HOLDS.
+const MaxQuerySegments = 4096
+
+// EncodeSegments encodes a QUERY or HOLDS payload: {"segments":[...]},
+// each offer as EncodeOffer writes it. Ids must be distinct.
+func EncodeSegments(list []Offer) ([]byte, error) {
+	if err := checkSegments(list); err != nil {
+		return nil, fmt.Errorf("encode segments: %w", err)
+	}
+	b := []byte(`{"segments":[`)
+	for i, o := range list {
+		p, err := EncodeOffer(o)
+		if err != nil {
+			return nil, fmt.Errorf("encode segments: %w", err)
+		}
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, p...)
+	}
+	b = append(b, "]}"...)
+	if len(b) > MaxQueryPayload {
+		return nil, fmt.Errorf("encode segments: %w: %d bytes, limit %d", ErrBadMessage, len(b), MaxQueryPayload)
+	}
+	return b, nil
+}
+
+// DecodeSegments strictly decodes a QUERY or HOLDS payload: one object
+// with exactly the key "segments", an array of at most MaxQuerySegments
+// offers, each decoded as strictly as an OFFER, with distinct ids.
+func DecodeSegments(p []byte) ([]Offer, error) {
+	var raw []json.RawMessage
+	err := decodeObject(p, map[string]any{"segments": &raw})
+	if err != nil {
+		return nil, fmt.Errorf("decode segments: %w", err)
+	}
+	list := make([]Offer, 0, len(raw))
+	for _, r := range raw {
+		o, err := DecodeOffer(r)
+		if err != nil {
+			return nil, fmt.Errorf("decode segments: %w", err)
+		}
+		list = append(list, o)
+	}
+	if err := checkSegments(list); err != nil {
+		return nil, fmt.Errorf("decode segments: %w", err)
+	}
+	return list, nil
+}
+
+func checkSegments(list []Offer) error {
+	if len(list) > MaxQuerySegments {
+		return fmt.Errorf("%w: %d segments, limit %d", ErrBadMessage, len(list), MaxQuerySegments)
+	}
+	seen := make(map[string]bool, len(list))
+	for _, o := range list {
+		if seen[o.SegmentID] {
+			return fmt.Errorf("%w: segment %q listed twice", ErrBadMessage, o.SegmentID)
+		}
+		seen[o.SegmentID] = true
+	}
+	return nil
+}
+
 // DecodeAccept validates an ACCEPT payload (the raw segment id, as ACK).
 func DecodeAccept(p []byte) (string, error) {
 	if err := CheckSegmentID(string(p)); err != nil {

@@ -20,6 +20,9 @@ import (
 type Request struct {
 	Offer   Offer
 	Segment bool
+	// Query, when not nil, is a QUERY: answer it with SendHolds before
+	// the next RecvRequest.
+	Query []Offer
 }
 
 // RecvRequest reads the next frame on a version 2 connection. For an
@@ -70,6 +73,32 @@ func (c *Conn) RecvRequest(ctx context.Context) (Request, error) {
 			}
 			c.open[o.SegmentID] = true
 			req.Offer = o
+			return true, nil
+		case TypeQuery:
+			if h.Length > MaxQueryPayload {
+				return false, fmt.Errorf("read QUERY frame: %w: %d bytes, limit %d", ErrFrameTooLarge, h.Length, MaxQueryPayload)
+			}
+			c.mu.Lock()
+			open := len(c.open)
+			c.mu.Unlock()
+			if open > 0 {
+				return false, fmt.Errorf("%w: QUERY with %d offers unanswered", ErrUnexpectedFrame, open)
+			}
+			p := make([]byte, h.Length)
+			if _, err := io.ReadFull(r, p); err != nil {
+				if errors.Is(err, io.EOF) {
+					err = io.ErrUnexpectedEOF
+				}
+				return false, fmt.Errorf("read QUERY frame payload: %w", err)
+			}
+			list, err := DecodeSegments(p)
+			if err != nil {
+				return true, err
+			}
+			req.Query = list
+			if req.Query == nil {
+				req.Query = []Offer{}
+			}
 			return true, nil
 		case TypeSegment:
 			c.mu.Lock()
@@ -128,6 +157,61 @@ func (c *Conn) SendAccept(ctx context.Context, o Offer) error {
 	c.accepted = append(c.accepted, o)
 	c.mu.Unlock()
 	return c.sendControl(ctx, "send accept "+o.SegmentID, TypeAccept, []byte(o.SegmentID), badMessage(CheckSegmentID(o.SegmentID)))
+}
+
+// SendHolds answers a QUERY: the queried segments this side durably holds
+// with exactly the queried size and digest (a durable claim, as an ACK).
+func (c *Conn) SendHolds(ctx context.Context, held []Offer) error {
+	p, err := EncodeSegments(held)
+	return c.sendControl(ctx, "send holds", TypeHolds, p, err)
+}
+
+// Query asks the peer which of list it already holds, before offering
+// any of them; no offer may be unanswered on the connection (call it
+// between DeliverStream calls). It returns the entries of list the peer
+// names in its HOLDS with exactly the same id, size and digest: the
+// peer's durable claim. An entry named with another size or digest is
+// not held (it is left out, and counted in mismatched); naming a segment
+// that was not queried is ErrAckMismatch.
+func (c *Conn) Query(ctx context.Context, list []Offer) (held []Offer, mismatched int, err error) {
+	if c.opt.Version < Version2 {
+		return nil, 0, fmt.Errorf("query: %w: version %d connection", ErrVersion, c.opt.Version)
+	}
+	p, err := EncodeSegments(list)
+	if err := c.sendControl(ctx, "send query", TypeQuery, p, err); err != nil {
+		return nil, 0, err
+	}
+	var reply []Offer
+	err = c.recv(ctx, "recv holds", func(r io.Reader) (bool, error) {
+		f, err := ReadFrame(r, MaxQueryPayload)
+		if err != nil {
+			return false, err
+		}
+		if f.Type != TypeHolds {
+			return false, fmt.Errorf("%w: got %s, want HOLDS", ErrUnexpectedFrame, f.Type)
+		}
+		reply, err = DecodeSegments(f.Payload)
+		return true, err
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	queried := make(map[string]Offer, len(list))
+	for _, o := range list {
+		queried[o.SegmentID] = o
+	}
+	for _, o := range reply {
+		q, ok := queried[o.SegmentID]
+		switch {
+		case !ok:
+			return nil, 0, fmt.Errorf("%w: HOLDS names %q, which was not queried", ErrAckMismatch, o.SegmentID)
+		case q != o:
+			mismatched++
+		default:
+			held = append(held, o)
+		}
+	}
+	return held, mismatched, nil
 }
 
 // answered frees the window slot of segmentID (version 2) once its final
@@ -220,9 +304,16 @@ func (c *Conn) DeliverStream(ctx context.Context, next func() (Item, bool), done
 	window := c.PeerWindow()
 	p := &pipeline{c: c, next: next, done: done, items: map[string]*pending{},
 		accepted: make(chan *pending, window), freed: make(chan struct{}, window)}
+	p.wake = sync.NewCond(&p.mu)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	p.cancel = cancel
+	stopWake := context.AfterFunc(ctx, func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.wake.Broadcast()
+	})
+	defer stopWake()
 	if replyTimeout > 0 {
 		p.period = replyTimeout
 		p.watchdog = time.AfterFunc(replyTimeout, func() { p.idle(replyTimeout) })
@@ -274,6 +365,7 @@ type pipeline struct {
 	period   time.Duration // the reply timeout the watchdog enforces
 
 	mu        sync.Mutex
+	wake      *sync.Cond          // on mu: something in flight, finished or failed
 	items     map[string]*pending // by segment id, until done
 	inFlight  int                 // items not done
 	exhausted bool                // next reported no more items
@@ -288,6 +380,7 @@ func (p *pipeline) fail(err error) {
 	if p.err == nil && !p.finished {
 		p.err = err
 	}
+	p.wake.Broadcast()
 	p.mu.Unlock()
 	p.cancel()
 }
@@ -324,11 +417,13 @@ func (p *pipeline) idle(d time.Duration) {
 }
 
 // checkFinished ends the stream cleanly once next is exhausted and every
-// item is done; p.mu is held.
+// item is done; p.mu is held. The reader is then waiting on wake, not in
+// a read (it reads only while something is in flight), so the connection
+// stays in step for the next stream.
 func (p *pipeline) checkFinished() {
 	if p.exhausted && p.inFlight == 0 && !p.finished {
 		p.finished = true
-		p.cancel() // wakes the reader blocked on the next reply
+		p.wake.Broadcast()
 	}
 }
 
@@ -371,6 +466,7 @@ func (p *pipeline) write(ctx context.Context, window int) {
 			pd := &pending{item: it, state: itemOffered}
 			p.items[it.Offer.SegmentID] = pd
 			p.inFlight++
+			p.wake.Broadcast()
 			p.writing = true
 			p.mu.Unlock()
 			slots--
@@ -431,6 +527,15 @@ func (p *pipeline) sendSegment(ctx context.Context, pd *pending) bool {
 // connection fails.
 func (p *pipeline) read(ctx context.Context) {
 	for {
+		p.mu.Lock()
+		for p.inFlight == 0 && !p.finished && p.err == nil && ctx.Err() == nil {
+			p.wake.Wait()
+		}
+		stop := p.finished || p.err != nil || ctx.Err() != nil
+		p.mu.Unlock()
+		if stop {
+			return
+		}
 		var f Frame
 		err := p.c.recv(ctx, "recv reply", func(r io.Reader) (bool, error) {
 			var err error
@@ -443,12 +548,6 @@ func (p *pipeline) read(ctx context.Context) {
 		}
 		if err := p.reply(f); err != nil {
 			p.fail(err)
-			return
-		}
-		p.mu.Lock()
-		finished := p.finished
-		p.mu.Unlock()
-		if finished {
 			return
 		}
 	}

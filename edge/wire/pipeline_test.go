@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -227,5 +228,130 @@ func TestReceiverEnforcesWindow(t *testing.T) {
 				t.Fatalf("%v is not a protocol violation", err)
 			}
 		})
+	}
+}
+
+// TestQuery: a QUERY is answered by HOLDS; Query keeps only the entries
+// named with exactly the queried size and digest, refuses a name that was
+// not queried, and a QUERY while an offer is unanswered is a violation.
+func TestQuery(t *testing.T) {
+	ctx := context.Background()
+	snd, rcv := v2Pair(t, 4)
+	a, b, c := offerFor("a", []byte("A")), offerFor("b", []byte("B")), offerFor("c", []byte("C"))
+	otherB := b
+	otherB.SHA256 = offerFor("x", []byte("other")).SHA256
+	errs := goAsync(func() error {
+		req, err := rcv.RecvRequest(ctx)
+		if err != nil {
+			return err
+		}
+		if len(req.Query) != 3 {
+			return fmt.Errorf("query %+v", req)
+		}
+		return rcv.SendHolds(ctx, []Offer{a, otherB})
+	})
+	held, mismatched, err := snd.Query(ctx, []Offer{a, b, c})
+	if err != nil || len(held) != 1 || held[0] != a || mismatched != 1 {
+		t.Fatalf("Query = %+v, %d mismatched, %v; want only a, b's other digest not counted", held, mismatched, err)
+	}
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+
+	errs = goAsync(func() error {
+		if _, err := rcv.RecvRequest(ctx); err != nil {
+			return err
+		}
+		return rcv.SendHolds(ctx, []Offer{offerFor("z", nil)})
+	})
+	if _, _, err := snd.Query(ctx, []Offer{a}); !errors.Is(err, ErrAckMismatch) {
+		t.Fatalf("HOLDS naming an unqueried segment: %v, want ErrAckMismatch", err)
+	}
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+
+	if err := snd.SendOffer(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	p, _ := EncodeSegments([]Offer{a})
+	if err := snd.sendControl(ctx, "query", TypeQuery, p, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rcv.RecvRequest(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rcv.RecvRequest(ctx); !errors.Is(err, ErrUnexpectedFrame) {
+		t.Fatalf("QUERY with an offer unanswered: %v, want ErrUnexpectedFrame", err)
+	}
+}
+
+func TestDecodeSegments(t *testing.T) {
+	o := `{"segment_id":"s1","size":0,"sha256":"` + digest + `"}`
+	for _, tc := range []struct {
+		name, in string
+		n        int
+		err      string
+	}{
+		{"empty list", `{"segments":[]}`, 0, ""},
+		{"one", `{"segments":[` + o + `]}`, 1, ""},
+		{"duplicate id", `{"segments":[` + o + `,` + o + `]}`, 0, "listed twice"},
+		{"not a list", `{"segments":{}}`, 0, `key "segments"`},
+		{"null", `{"segments":null}`, 0, "is null"},
+		{"bad entry", `{"segments":[{"segment_id":"s1"}]}`, 0, "missing key"},
+		{"extra key", `{"segments":[],"more":1}`, 0, "unknown key"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := DecodeSegments([]byte(tc.in))
+			if tc.err == "" {
+				if err != nil || len(got) != tc.n {
+					t.Fatalf("DecodeSegments = %+v, %v", got, err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrBadMessage) || !strings.Contains(err.Error(), tc.err) {
+				t.Fatalf("err = %v, want ErrBadMessage containing %q", err, tc.err)
+			}
+		})
+	}
+}
+
+// TestDeliverWindowReusable: a stream that ends cleanly leaves the
+// connection in step, so the next one (and a QUERY) runs on it.
+func TestDeliverWindowReusable(t *testing.T) {
+	ctx := context.Background()
+	snd, rcv := v2Pair(t, 2)
+	go func() {
+		for {
+			req, err := rcv.RecvRequest(ctx)
+			if err != nil {
+				return
+			}
+			switch {
+			case req.Query != nil:
+				err = rcv.SendHolds(ctx, nil)
+			case !req.Segment:
+				err = rcv.SendAccept(ctx, req.Offer)
+			default:
+				err = rcv.RecvPayload(ctx, req.Offer, func(r io.Reader) error { _, err := io.Copy(io.Discard, r); return err })
+				if err == nil {
+					err = rcv.SendAck(ctx, req.Offer.SegmentID)
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	for round := range 3 {
+		res := snd.DeliverWindow(ctx, []Item{item(fmt.Sprintf("r%d-a", round), []byte("a")), item(fmt.Sprintf("r%d-b", round), []byte("b"))}, 10*time.Second)
+		for _, r := range res {
+			if r.Err != nil || !r.Sent {
+				t.Fatalf("round %d: %+v", round, r)
+			}
+		}
+		if _, _, err := snd.Query(ctx, []Offer{offerFor("q", nil)}); err != nil {
+			t.Fatalf("round %d: query after a stream: %v", round, err)
+		}
 	}
 }
