@@ -163,6 +163,11 @@ func storageCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return call(g, cmd, (*rpc.Client).Storage, func(w io.Writer, s rpc.Storage) {
 				fmt.Fprintf(w, "dir\t%s\nuse\t%s\n", s.Dir, usageLine(s.Usage))
+				stop := "unclean (crash, kill or power loss)"
+				if s.PreviousStopClean {
+					stop = "clean"
+				}
+				fmt.Fprintf(w, "previous stop\t%s\nverified at start\t%d segment files\n", stop, s.Verified)
 				for _, r := range [][2]any{{"removed temp", s.RemovedTemp}, {"removed orphans", s.RemovedOrphans},
 					{"dropped entries", s.DroppedEntries}, {"unknown files", s.Unknown}} {
 					if l := r[1].([]string); len(l) > 0 {

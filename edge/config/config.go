@@ -49,6 +49,13 @@ const (
 	OnFullEvictRelayedOldest = "evict_relayed_oldest"
 )
 
+// Values of storage.verify_on_start.
+const (
+	VerifyAlways      = "always"
+	VerifyUncleanStop = "unclean_stop"
+	VerifyNever       = "never"
+)
+
 // Defaults. They are exported so the daemon's -check-config output and the
 // documentation can quote them; docs/edge-config.md lists the same values
 // and TestDefaultsDocumented keeps the two in step.
@@ -69,6 +76,7 @@ const (
 	DefaultQuotaSegments    = 10000
 	DefaultMaxSegmentBytes  = 64 << 20 // 64 MiB
 	DefaultOnFull           = OnFullReject
+	DefaultVerifyOnStart    = VerifyUncleanStop
 )
 
 // Bounds enforced by Validate.
@@ -206,12 +214,14 @@ type Storage struct {
 	QuotaSegments int64 `yaml:"quota_segments"`
 	// MaxSegmentBytes (max_segment_bytes, default 64MiB) bounds one segment.
 	MaxSegmentBytes ByteSize `yaml:"max_segment_bytes"`
-	// VerifyOnStart (verify_on_start, default true) hashes every stored
-	// segment at start and quarantines the ones whose content no longer
-	// matches their digest. It reads the whole store once per start; off,
-	// only sizes are checked and a damaged file is found when a peer
-	// refuses it (NACK checksum).
-	VerifyOnStart bool `yaml:"verify_on_start"`
+	// VerifyOnStart (verify_on_start, default unclean_stop) says when a
+	// start hashes every stored segment and quarantines the ones whose
+	// content no longer matches their digest: always, unclean_stop (only
+	// when the previous run did not stop cleanly: a crash, kill -9, power
+	// loss, when damage is likeliest) or never. Hashing reads the whole
+	// store; otherwise only sizes are checked at start, and a damaged file
+	// is found when a peer refuses it (NACK checksum).
+	VerifyOnStart string `yaml:"verify_on_start"`
 	// OnFull (on_full, default reject) is what a full store does with a
 	// new segment: reject it, or evict_relayed_oldest: evict relayed
 	// segments whose deliveries are all settled, oldest first, until it
@@ -253,7 +263,7 @@ func Default() *Config {
 			QuotaBytes:      DefaultQuotaBytes,
 			QuotaSegments:   DefaultQuotaSegments,
 			MaxSegmentBytes: DefaultMaxSegmentBytes,
-			VerifyOnStart:   true,
+			VerifyOnStart:   DefaultVerifyOnStart,
 			OnFull:          DefaultOnFull,
 		},
 		RPC: RPC{Listen: DefaultRPCListen},

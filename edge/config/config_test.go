@@ -57,7 +57,7 @@ storage:
   quota_bytes: 2GiB
   quota_segments: 500
   max_segment_bytes: 16777216
-  verify_on_start: false
+  verify_on_start: never
   on_full: evict_relayed_oldest
 rpc:
   listen: unix:/run/edged/rpc.sock
@@ -83,7 +83,7 @@ func TestParseFull(t *testing.T) {
 			EvictOnRelay: true, Workers: 8, AckTimeout: 5 * time.Second, Window: 64, MaxProtocolVersion: 1, DialTimeout: 2 * time.Second, LedgerRetention: DefaultLedgerRetention,
 			Bandwidth: Bandwidth{Total: 10_000_000, PerPeer: 512 << 10},
 		},
-		Storage: Storage{Dir: "/var/lib/edged", QuotaBytes: 2 << 30, QuotaSegments: 500, MaxSegmentBytes: 16 << 20, OnFull: OnFullEvictRelayedOldest},
+		Storage: Storage{Dir: "/var/lib/edged", QuotaBytes: 2 << 30, QuotaSegments: 500, MaxSegmentBytes: 16 << 20, OnFull: OnFullEvictRelayedOldest, VerifyOnStart: VerifyNever},
 		RPC:     RPC{Listen: "unix:/run/edged/rpc.sock"},
 	}
 	for id, want := range map[string]bool{"edge-b": true, "edge-c": true, "sensor-1": true, "edge-a": false, "edge-d": false} {
@@ -186,7 +186,7 @@ func TestValidateRules(t *testing.T) {
 		{"on_full unknown", "storage: {dir: d, on_full: drop_oldest}", "storage.on_full", `"drop_oldest" is not one of reject, evict_relayed_oldest`},
 		{"on_full empty", "storage: {dir: d, on_full: ''}", "storage.on_full", `"" is not one of reject, evict_relayed_oldest`},
 		{"on_full not a value", "storage: {dir: d, on_full: [reject]}", "storage.on_full", "must be a single value"},
-		{"verify_on_start not bool", "storage: {dir: d, verify_on_start: yes please}", "storage.verify_on_start", "not true or false"},
+		{"verify_on_start a bool", "storage: {dir: d, verify_on_start: true}", "storage.verify_on_start", `"true" is not one of always, unclean_stop, never`},
 		{"storage unknown key", "storage: {dir: d, on_ful: reject}", "storage.on_ful", "unknown key"},
 		{"max segment over quota", "storage: {dir: d, quota_bytes: 1MiB, max_segment_bytes: 2MiB}", "storage.max_segment_bytes", "exceeds storage.quota_bytes"},
 		{"rpc public ip", "rpc: {listen: '0.0.0.0:7401'}", "rpc.listen", "not a loopback address"},
@@ -425,7 +425,7 @@ func TestDefaultsDocumented(t *testing.T) {
 		"storage.quota_bytes":        d.Storage.QuotaBytes.String(),
 		"storage.quota_segments":     "10000",
 		"storage.max_segment_bytes":  d.Storage.MaxSegmentBytes.String(),
-		"storage.verify_on_start":    "true",
+		"storage.verify_on_start":    d.Storage.VerifyOnStart,
 		"storage.on_full":            d.Storage.OnFull,
 		"rpc.listen":                 d.RPC.Listen,
 	}

@@ -166,6 +166,9 @@ func (c *Config) validateStorage(ps *Problems) {
 	if s.QuotaSegments <= 0 {
 		ps.add("storage.quota_segments", fmt.Sprintf("%d must be > 0", s.QuotaSegments))
 	}
+	if s.VerifyOnStart != VerifyAlways && s.VerifyOnStart != VerifyUncleanStop && s.VerifyOnStart != VerifyNever {
+		ps.add("storage.verify_on_start", fmt.Sprintf("%q is not one of %s, %s, %s", s.VerifyOnStart, VerifyAlways, VerifyUncleanStop, VerifyNever))
+	}
 	if s.OnFull != OnFullReject && s.OnFull != OnFullEvictRelayedOldest {
 		ps.add("storage.on_full", fmt.Sprintf("%q is not one of %s, %s", s.OnFull, OnFullReject, OnFullEvictRelayedOldest))
 	}

@@ -105,6 +105,7 @@ func (b backend) Storage(context.Context) (rpc.Storage, error) {
 		RemovedTemp: rep.RemovedTemp, RemovedOrphans: rep.RemovedOrphans, DroppedEntries: rep.DroppedEntries, Unknown: rep.Unknown,
 		DBMovedAside: b.d.dbRepair.MovedAside, DBDamage: b.d.dbRepair.Damage, Rebuilt: rep.Rebuilt, Unverified: rep.Unverified,
 		QuarantineDir: filepath.Join(b.d.cfg.Storage.Dir, segstore.QuarantineDir),
+		Verified:      rep.Verified, PreviousStopClean: b.d.cleanStop,
 	}
 	for _, q := range rep.Quarantined {
 		out.Quarantined = append(out.Quarantined, rpc.Quarantined{Segment: q.ID, File: q.File, Reason: q.Reason})

@@ -117,7 +117,7 @@ func checkConfig(cfg *config.Config, path string, stdout io.Writer) int {
 		r.SuccessCondition, r.MaxRetries, r.Backoff.Initial, r.Backoff.Max, r.EvictOnRelay, r.Workers, r.AckTimeout, r.DialTimeout)
 	fmt.Fprintf(stdout, "relay.bandwidth: total=%s per_peer=%s\n", r.Bandwidth.Total, r.Bandwidth.PerPeer)
 	s := cfg.Storage
-	fmt.Fprintf(stdout, "storage: dir=%s quota_bytes=%s quota_segments=%d max_segment_bytes=%s on_full=%s verify_on_start=%t\n",
+	fmt.Fprintf(stdout, "storage: dir=%s quota_bytes=%s quota_segments=%d max_segment_bytes=%s on_full=%s verify_on_start=%s\n",
 		s.Dir, s.QuotaBytes, s.QuotaSegments, s.MaxSegmentBytes, s.OnFull, s.VerifyOnStart)
 	return 0
 }

@@ -79,7 +79,8 @@ type Daemon struct {
 	met   *metrics
 	rpc   *rpc.Server
 
-	dbRepair dbRepair // what openDB did at start
+	dbRepair  dbRepair // what openDB did at start
+	cleanStop bool     // the previous run stopped cleanly (CleanStopFile)
 
 	relayLn *transport.Listener
 	rpcLn   net.Listener
@@ -111,6 +112,9 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 	if err := segstore.CreateDir(cfg.Storage.Dir, 0o700, opt.SyncDir); err != nil {
 		return nil, fmt.Errorf("storage dir: %w", err)
 	}
+	if d.cleanStop, err = takeCleanStop(cfg.Storage.Dir); err != nil {
+		return nil, err
+	}
 	dbPath := filepath.Join(cfg.Storage.Dir, DBFile)
 	d.db, d.dbRepair, err = openDB(dbPath, opt.Now(), opt.SyncDir)
 	if err != nil {
@@ -131,7 +135,7 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 	d.store, err = segstore.Open(cfg.Storage.Dir, d.db, segstore.Options{
 		QuotaBytes: int64(cfg.Storage.QuotaBytes), QuotaSegments: cfg.Storage.QuotaSegments,
 		MaxSegmentBytes: int64(cfg.Storage.MaxSegmentBytes), Now: opt.Now, SyncDir: opt.SyncDir,
-		VerifyOnOpen: cfg.Storage.VerifyOnStart, MakeRoom: d.makeRoomFunc(), WrapTemp: opt.WrapTemp,
+		VerifyOnOpen: verifyOnOpen(cfg.Storage.VerifyOnStart, d.cleanStop), MakeRoom: d.makeRoomFunc(), WrapTemp: opt.WrapTemp,
 	})
 	if err != nil {
 		return nil, err
@@ -315,10 +319,16 @@ func (d *Daemon) Serve(ctx context.Context) error {
 	return first
 }
 
-// Close closes the database (Serve does it when it returns). Safe to call
-// more than once.
+// Close closes the database (Serve does it when it returns) and then
+// marks the stop clean (CleanStopFile). Safe to call more than once.
 func (d *Daemon) Close() error {
 	var err error
-	d.closeDB.Do(func() { err = d.db.Close() })
+	d.closeDB.Do(func() {
+		if err = d.db.Close(); err == nil {
+			if merr := markCleanStop(d.cfg.Storage.Dir); merr != nil {
+				d.log.Warn("could not mark the stop clean; the next start verifies every segment", "err", merr)
+			}
+		}
+	})
 	return err
 }

@@ -189,6 +189,10 @@ func (d *Daemon) reportRepairs() {
 	for action, n := range counts {
 		d.met.repairs.WithLabelValues(action).Add(float64(n))
 	}
+	if rep.Verified > 0 {
+		d.log.Info("segment files verified at start", "files", rep.Verified, "previous_stop_clean", d.cleanStop,
+			"verify_on_start", d.cfg.Storage.VerifyOnStart, "quarantined", len(rep.Quarantined))
+	}
 	if len(rep.RemovedTemp)+len(rep.RemovedOrphans)+len(rep.DroppedEntries) > 0 {
 		d.log.Warn("segment store repaired after unclean stop",
 			"removed_temp", rep.RemovedTemp, "removed_orphans", rep.RemovedOrphans, "dropped_entries", rep.DroppedEntries)

@@ -194,33 +194,62 @@ func checkRebuilt(t *testing.T, d *Daemon, gone []string) {
 	}
 }
 
-// TestDamagedSegmentFile: with the database intact, a segment file with a
-// flipped byte or torn short is quarantined at start (not served, not
-// deleted), and its pending delivery is deadlettered by reconciliation
-// rather than sent.
+// TestDamagedSegmentFile: with the database intact, a torn segment file
+// (wrong size) is quarantined at every start, and one with a flipped byte
+// when the start hashes the files: after an unclean stop (no clean-stop
+// marker) under the default unclean_stop, and always under always. A
+// quarantined file is not served and not deleted, and its pending delivery
+// is deadlettered by reconciliation rather than sent.
 func TestDamagedSegmentFile(t *testing.T) {
+	flip := func(t *testing.T, path string) { overwrite(t, path, 100, 4) }
+	torn := func(t *testing.T, path string) {
+		if err := os.Truncate(path, 777); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, c := range []struct {
-		name   string
-		damage func(t *testing.T, path string)
+		name        string
+		damage      func(t *testing.T, path string)
+		mode        string
+		clean       bool // the previous run stopped cleanly
+		quarantined bool
 	}{
-		{"flipped byte", func(t *testing.T, path string) { overwrite(t, path, 100, 4) }},
-		{"torn", func(t *testing.T, path string) {
-			if err := os.Truncate(path, 777); err != nil {
-				t.Fatal(err)
-			}
-		}},
+		{"flipped byte, unclean stop", flip, config.VerifyUncleanStop, false, true},
+		{"flipped byte, clean stop", flip, config.VerifyUncleanStop, true, false},
+		{"flipped byte, clean stop, always", flip, config.VerifyAlways, true, true},
+		{"flipped byte, unclean stop, never", flip, config.VerifyNever, false, false},
+		{"torn, clean stop", torn, config.VerifyUncleanStop, true, true},
+		{"torn, never", torn, config.VerifyNever, false, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			cfg := newRepairNode(t)
+			cfg := newRepairNode(t) // closed: clean stop
+			if !c.clean {
+				if err := os.Remove(filepath.Join(cfg.Storage.Dir, CleanStopFile)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cfg.Storage.VerifyOnStart = c.mode
 			c.damage(t, filepath.Join(cfg.Storage.Dir, "segments", "seg-2"))
 			d, err := New(cfg, Options{Log: slog.New(slog.DiscardHandler)})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer d.Close()
+			if _, err := os.Stat(filepath.Join(cfg.Storage.Dir, CleanStopFile)); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("clean-stop marker still there while running: %v", err)
+			}
 			rep := d.store.Recovered()
-			if d.dbRepair.MovedAside != "" || len(rep.Quarantined) != 1 || rep.Quarantined[0].ID != "seg-2" {
-				t.Fatalf("repairs %+v %+v", d.dbRepair, rep)
+			if d.dbRepair.MovedAside != "" || d.cleanStop != c.clean {
+				t.Fatalf("repairs %+v, clean stop %v", d.dbRepair, d.cleanStop)
+			}
+			if !c.quarantined {
+				if len(rep.Quarantined) != 0 || rep.Verified != 0 {
+					t.Fatalf("report %+v, want nothing hashed or quarantined", rep)
+				}
+				return
+			}
+			if len(rep.Quarantined) != 1 || rep.Quarantined[0].ID != "seg-2" {
+				t.Fatalf("report %+v", rep)
 			}
 			if _, err := os.Stat(filepath.Join(cfg.Storage.Dir, segstore.QuarantineDir, rep.Quarantined[0].File)); err != nil {
 				t.Fatal(err)
@@ -232,7 +261,8 @@ func TestDamagedSegmentFile(t *testing.T) {
 				t.Fatalf("record of the quarantined segment: %+v, %v", r, err)
 			}
 			st, _ := (backend{d}).Storage(context.Background())
-			if len(st.Quarantined) != 1 || st.Quarantined[0].Segment != "seg-2" || st.Quarantined[0].Reason == "" {
+			if len(st.Quarantined) != 1 || st.Quarantined[0].Segment != "seg-2" || st.Quarantined[0].Reason == "" ||
+				st.PreviousStopClean != c.clean {
 				t.Fatalf("storage RPC %+v", st)
 			}
 		})

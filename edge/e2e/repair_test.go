@@ -65,6 +65,9 @@ func TestSelfRepairAtStart(t *testing.T) {
 	if !strings.HasPrefix(st.DBMovedAside, db+".damaged-") || st.DBDamage == "" {
 		t.Fatalf("database not reported set aside: %+v", st)
 	}
+	if !st.PreviousStopClean {
+		t.Error("a SIGTERM stop was not recorded as clean")
+	}
 	if _, err := os.Stat(st.DBMovedAside); err != nil {
 		t.Fatalf("set-aside database: %v", err)
 	}
@@ -121,6 +124,11 @@ func TestSelfRepairAtStart(t *testing.T) {
 	st = ctlJSON[rpc.Storage](t, a, "storage")
 	if st.DBMovedAside != "" || len(st.Rebuilt) != 0 || len(st.Quarantined) != 1 || st.Quarantined[0].Segment != "seg-3" {
 		t.Fatalf("after a torn file: %+v", st)
+	}
+	// kill -9 is an unclean stop: the start hashed the two intact files
+	// (the torn one was caught by its size).
+	if st.PreviousStopClean || st.Verified != 2 {
+		t.Errorf("after kill -9: previous_stop_clean %v, verified %d; want false, 2", st.PreviousStopClean, st.Verified)
 	}
 	if a.has("seg-3", digest(segs["seg-3"])) || !a.has("seg-4", digest([]byte("after the repair"))) {
 		t.Errorf("index after a torn file: %+v", a.index())

@@ -122,6 +122,11 @@ type Storage struct {
 	// Quarantined are damaged segment files moved to QuarantineDir.
 	Quarantined   []Quarantined `json:"quarantined,omitempty"`
 	QuarantineDir string        `json:"quarantine_dir"`
+	// Verified counts the segment files hashed at start (see
+	// storage.verify_on_start); PreviousStopClean says whether the previous
+	// run stopped cleanly.
+	Verified          int  `json:"verified"`
+	PreviousStopClean bool `json:"previous_stop_clean"`
 }
 
 // Quarantined is one damaged segment file set aside at start.

@@ -106,6 +106,7 @@ func (s *Store) checkFiles(entries []Entry, sizes map[string]int64) ([]string, e
 		case size != e.Size:
 			reason = fmt.Sprintf("file has %d bytes, index entry %d", size, e.Size)
 		case s.opt.VerifyOnOpen:
+			s.scan.Verified++
 			_, got, err := hashFile(filepath.Join(s.dir, e.ID))
 			switch {
 			case err != nil:
@@ -138,6 +139,7 @@ func (s *Store) rebuild(sizes map[string]int64) error {
 	var entries []Entry
 	for _, id := range slices.Sorted(maps.Keys(sizes)) {
 		path := filepath.Join(s.dir, id)
+		s.scan.Verified++
 		size, digest, err := hashFile(path)
 		var fi os.FileInfo
 		if err == nil {

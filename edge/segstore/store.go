@@ -117,6 +117,9 @@ type ScanReport struct {
 	// are those among them whose file carried no digest tag.
 	Rebuilt    []string
 	Unverified []string
+	// Verified counts the files hashed against their index entries
+	// (Options.VerifyOnOpen), or against their tags in a rebuild.
+	Verified int
 }
 
 // step names a point in the commit path, for fault injection in tests.
