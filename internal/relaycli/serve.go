@@ -35,10 +35,7 @@ and exits non-zero if there is one, without opening the store.`,
 			if configPath == "" {
 				return errors.New("--config is required")
 			}
-			cfg, err := relayserve.Load(configPath)
-			if err == nil {
-				err = relayserve.Check(cfg)
-			}
+			cfg, err := relayserve.LoadAndCheck(configPath)
 			if err != nil {
 				return err
 			}

@@ -47,14 +47,9 @@ func newAuthenticator(cfg Config) (*authenticator, error) {
 	a := &authenticator{principals: cfg.Principals, anonymous: cfg.Auth.Anonymous}
 	var errs []error
 	if cfg.Auth.TokensFile != "" {
-		tokens, err := loadTokens(cfg.Auth.TokensFile)
+		tokens, err := loadTokens(cfg.Auth.TokensFile, cfg.Principals)
 		if err != nil {
 			errs = append(errs, err)
-		}
-		for _, name := range tokens {
-			if _, ok := cfg.Principals[name]; !ok {
-				errs = append(errs, fmt.Errorf("auth.tokens_file: a token of %q, which principals does not list", name))
-			}
 		}
 		a.tokens = tokens
 	}

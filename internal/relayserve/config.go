@@ -2,6 +2,7 @@ package relayserve
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -195,26 +196,52 @@ func Load(path string) (Config, error) {
 	return c, nil
 }
 
+// LoadAndCheck is Load then Check, with the problems of both in one
+// report (what `relay serve --check-config` and the server's start run):
+// the files the configuration names are loaded even when the document
+// breaks rules, so one run shows a missing certificate along with a
+// misspelt key. Only a file that cannot be read or parsed as YAML stops
+// it early.
+func LoadAndCheck(path string) (Config, error) {
+	c, err := Load(path)
+	var probs Problems
+	if err != nil && !errors.As(err, &probs) {
+		return c, err
+	}
+	if cerr := Check(c); cerr != nil {
+		probs = append(probs, flatten(cerr)...)
+	}
+	if len(probs) > 0 {
+		return c, fmt.Errorf("%s: %w", path, probs)
+	}
+	return c, nil
+}
+
 // Parse decodes and validates a configuration held in memory; relative
 // paths stay relative to the working directory.
 func Parse(data []byte) (Config, error) { return parse(data, "") }
 
 func parse(data []byte, dir string) (Config, error) {
 	c := Default()
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return c, fmt.Errorf("%w: %w", ErrConfig, err) // a syntax error: nothing else is meaningful
+	}
+	doc := lines{root: &root}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
-	var errs []error
+	var errs Problems
 	// An empty document (io.EOF) is all defaults, and then fails
 	// validation: db is required.
 	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
 		var te *yaml.TypeError
 		if !errors.As(err, &te) {
-			return c, fmt.Errorf("%w: %w", ErrConfig, err) // a syntax error: nothing else is meaningful
+			return c, fmt.Errorf("%w: %w", ErrConfig, err)
 		}
 		// Unknown keys and values of the wrong type, each with its line;
 		// the rest of the document was decoded and is validated too.
 		for _, e := range te.Errors {
-			errs = append(errs, errors.New(e))
+			errs = append(errs, doc.yamlProblem(e))
 		}
 	}
 	if dir != "" {
@@ -224,9 +251,12 @@ func parse(data []byte, dir string) (Config, error) {
 			}
 		}
 	}
-	errs = append(errs, c.validate()...)
+	for _, e := range c.validate() {
+		errs = append(errs, doc.locate(e))
+	}
+	slices.SortStableFunc(errs, func(a, b error) int { return cmp.Compare(lineNumber(a), lineNumber(b)) })
 	if len(errs) > 0 {
-		return c, fmt.Errorf("%w: %w", ErrConfig, errors.Join(errs...))
+		return c, errs
 	}
 	return c, nil
 }
@@ -234,51 +264,52 @@ func parse(data []byte, dir string) (Config, error) {
 // validate returns every rule the configuration breaks.
 func (c *Config) validate() []error {
 	var errs []error
-	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	bad := func(key []string, format string, args ...any) { errs = append(errs, keyErr(key, format, args...)) }
+	at := func(keys ...string) []string { return keys }
 
 	loopback := false
 	if host, _, err := net.SplitHostPort(c.Listen); err != nil {
-		bad("listen %q: want host:port (%v)", c.Listen, err)
+		bad(at("listen"), "listen %q: want host:port (%v)", c.Listen, err)
 	} else {
 		loopback = LoopbackHost(host)
 	}
 	if c.DB == "" {
-		bad("db is required: the bbolt file of the relay")
+		bad(nil, "db is required: the bbolt file of the relay")
 	}
 	if c.Targets.DB != "" && c.Targets.DB == c.DB {
-		bad("targets.db is the same file as db: leave it out to keep targets in the same file")
+		bad(at("targets", "db"), "targets.db is the same file as db: leave it out to keep targets in the same file")
 	}
 
 	if _, err := c.RelayBudget(); err != nil {
-		errs = append(errs, err)
+		errs = append(errs, flatten(err)...)
 	}
 
 	tlsOn := c.TLS.Cert != "" || c.TLS.Key != ""
 	switch {
 	case (c.TLS.Cert == "") != (c.TLS.Key == ""):
-		bad("tls.cert and tls.key go together")
+		bad(at("tls"), "tls.cert and tls.key go together")
 	case c.TLS.ClientCA != "" && !tlsOn:
-		bad("tls.client_ca needs tls.cert and tls.key: client certificates travel in the TLS handshake")
+		bad(at("tls", "client_ca"), "tls.client_ca needs tls.cert and tls.key: client certificates travel in the TLS handshake")
 	case !tlsOn && !loopback && c.Listen != "":
-		bad("listen %q is not loopback: tls.cert and tls.key are required (tokens and rows must not cross a network in clear)", c.Listen)
+		bad(at("listen"), "listen %q is not loopback: tls.cert and tls.key are required (tokens and rows must not cross a network in clear)", c.Listen)
 	}
 	if c.Auth.Anonymous != nil && !loopback {
-		bad("auth.anonymous is allowed only when listen is a loopback address, not %q", c.Listen)
+		bad(at("auth", "anonymous"), "auth.anonymous is allowed only when listen is a loopback address, not %q", c.Listen)
 	}
 	if c.Auth.TokensFile == "" && c.TLS.ClientCA == "" && c.Auth.Anonymous == nil {
-		bad("no way to authenticate: set auth.tokens_file, tls.client_ca, or (loopback only) auth.anonymous")
+		bad(nil, "no way to authenticate: set auth.tokens_file, tls.client_ca, or (loopback only) auth.anonymous")
 	}
 	if c.Auth.Anonymous != nil {
-		errs = append(errs, checkRoles("auth.anonymous", *c.Auth.Anonymous)...)
+		errs = append(errs, checkRoles(at("auth", "anonymous"), *c.Auth.Anonymous)...)
 	}
 	for _, name := range slices.Sorted(maps.Keys(c.Principals)) {
 		if err := checkPrincipalName(name); err != nil {
-			bad("principals: %v", err)
+			bad(at("principals", name), "principals: %v", err)
 		}
 		if name == AnonymousPrincipal {
-			bad("principals: the name %s is reserved for requests without credentials (auth.anonymous)", name)
+			bad(at("principals", name), "principals: the name %s is reserved for requests without credentials (auth.anonymous)", name)
 		}
-		errs = append(errs, checkRoles("principals."+name, c.Principals[name])...)
+		errs = append(errs, checkRoles(at("principals", name), c.Principals[name])...)
 	}
 
 	l := c.Limits
@@ -293,7 +324,7 @@ func (c *Config) validate() []error {
 		{"alarms.workers", c.Alarms.Workers, 1, 256},
 	} {
 		if f.v < f.min || f.v > f.max {
-			bad("%s %d: want %d..%d", f.name, f.v, f.min, f.max)
+			bad(strings.Split(f.name, "."), "%s %d: want %d..%d", f.name, f.v, f.min, f.max)
 		}
 	}
 	for _, f := range []struct {
@@ -305,14 +336,14 @@ func (c *Config) validate() []error {
 		{"alarms.sweep_interval", c.Alarms.SweepInterval}, {"drain_timeout", c.DrainTimeout},
 	} {
 		if f.v <= 0 {
-			bad("%s %v: must be positive", f.name, f.v)
+			bad(strings.Split(f.name, "."), "%s %v: must be positive", f.name, f.v)
 		}
 	}
 	if c.Alarms.SweepInterval > 0 && c.Alarms.SweepInterval < time.Second {
-		bad("alarms.sweep_interval %v: at least 1s (each sweep scans the due index)", c.Alarms.SweepInterval)
+		bad(at("alarms", "sweep_interval"), "alarms.sweep_interval %v: at least 1s (each sweep scans the due index)", c.Alarms.SweepInterval)
 	}
 	if c.Alarms.ClaimTTL < time.Second || c.Alarms.ClaimTTL > 5*time.Minute {
-		bad("alarms.claim_ttl %v: want 1s..5m", c.Alarms.ClaimTTL)
+		bad(at("alarms", "claim_ttl"), "alarms.claim_ttl %v: want 1s..5m", c.Alarms.ClaimTTL)
 	}
 	if _, err := c.Level(); err != nil {
 		errs = append(errs, err)
@@ -320,14 +351,15 @@ func (c *Config) validate() []error {
 	return errs
 }
 
-func checkRoles(where string, r Roles) []error {
+func checkRoles(key []string, r Roles) []error {
+	where := strings.Join(key, ".")
 	var errs []error
 	for i, s := range r.Produce {
 		if s == AnyProducer {
 			continue
 		}
 		if _, err := event.Source("source", s); err != nil {
-			errs = append(errs, fmt.Errorf("%s.produce[%d]: %v", where, i, err))
+			errs = append(errs, keyErr(append(key[:len(key):len(key)], "produce"), "%s.produce[%d]: %v", where, i, err))
 		}
 	}
 	return errs
@@ -355,7 +387,7 @@ func (c *Config) RelayBudget() (relaycore.RelayBudget, error) {
 	switch strings.ToLower(b.Plan) {
 	case "free", "paid":
 		if custom {
-			return relaycore.RelayBudget{}, fmt.Errorf("budget.plan %s takes no other budget fields: use plan custom to set them", b.Plan)
+			return relaycore.RelayBudget{}, keyErr([]string{"budget", "plan"}, "budget.plan %s takes no other budget fields: use plan custom to set them", b.Plan)
 		}
 		return relaycore.PlanBudget(b.Plan)
 	case "custom":
@@ -370,7 +402,7 @@ func (c *Config) RelayBudget() (relaycore.RelayBudget, error) {
 			{"rows_per_fire", b.RowsPerFire, MaxRowsPerFire},
 		} {
 			if f.v < 1 || f.v > f.max {
-				errs = append(errs, fmt.Errorf("budget.%s %d: want 1..%d with plan custom", f.name, f.v, f.max))
+				errs = append(errs, keyErr([]string{"budget", f.name}, "budget.%s %d: want 1..%d with plan custom", f.name, f.v, f.max))
 			}
 		}
 		if len(errs) > 0 {
@@ -379,14 +411,14 @@ func (c *Config) RelayBudget() (relaycore.RelayBudget, error) {
 		return relaycore.RelayBudget{FiresPerAlarm: b.FiresPerAlarm, TargetsPerFire: b.TargetsPerFire,
 			CallsPerTarget: b.CallsPerTarget, RowsPerFire: b.RowsPerFire}, nil
 	}
-	return relaycore.RelayBudget{}, fmt.Errorf("budget.plan %q: want free, paid or custom", b.Plan)
+	return relaycore.RelayBudget{}, keyErr([]string{"budget", "plan"}, "budget.plan %q: want free, paid or custom", b.Plan)
 }
 
 // Level is the configured log level.
 func (c *Config) Level() (slog.Level, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(c.LogLevel)); err != nil {
-		return l, fmt.Errorf("log_level %q: want debug, info, warn or error", c.LogLevel)
+		return l, keyErr([]string{"log_level"}, "log_level %q: want debug, info, warn or error", c.LogLevel)
 	}
 	return l, nil
 }

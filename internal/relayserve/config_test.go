@@ -1,6 +1,7 @@
 package relayserve
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -40,9 +41,11 @@ func TestParseRefuses(t *testing.T) {
 		name, yaml string
 		want       []string
 	}{
-		{"unknown key", minimal + "limits:\n  max_body: 5\n", []string{"line 7: field max_body not found"}},
-		{"unknown top-level key", "lisen: 127.0.0.1:1\n" + minimal, []string{"line 1: field lisen not found"}},
+		{"unknown key", minimal + "limits:\n  max_body: 5\n", []string{`line 7: unknown key "max_body" (keys here: max_body_bytes,`}},
+		{"unknown top-level key", "lisen: 127.0.0.1:1\n" + minimal, []string{`line 1: unknown key "lisen" (did you mean listen?)`}},
 		{"wrong type", minimal + "drain_timeout: [1]\n", []string{"line 6"}},
+		{"duration without unit", minimal + "drain_timeout: 5\n", []string{`line 6: drain_timeout: "5" is a number, want a duration with its unit, like 30s`}},
+		{"produce not a list", minimal + "principals:\n  app: {produce: orders}\n", []string{`line 7: principals.app.produce: "orders" is a string, want a list, like [orders, invoices]`}},
 		{"no db", "listen: 127.0.0.1:1\nauth: {anonymous: {read: true}}\n", []string{"db is required"}},
 		{"unknown plan", minimal + "budget: {plan: gold}\n", []string{`budget.plan "gold"`}},
 		{"plan with fields", minimal + "budget: {plan: paid, rows_per_fire: 10}\n", []string{"use plan custom"}},
@@ -87,7 +90,7 @@ func TestParseReportsAll(t *testing.T) {
 	if err == nil {
 		t.Fatal("accepted")
 	}
-	for _, w := range []string{"field bogus not found", "db is required", `budget.plan "gold"`, "auth.anonymous is allowed only", "tls.cert and tls.key are required"} {
+	for _, w := range []string{`unknown key "bogus"`, "db is required", `budget.plan "gold"`, "auth.anonymous is allowed only", "tls.cert and tls.key are required"} {
 		if !strings.Contains(err.Error(), w) {
 			t.Errorf("error lacks %q:\n%v", w, err)
 		}
@@ -120,19 +123,72 @@ func TestTokensFile(t *testing.T) {
 	dir := t.TempDir()
 	good := filepath.Join(dir, "good")
 	os.WriteFile(good, []byte("# comment\n\n"+line+"\n"), 0o600)
-	byHash, err := loadTokens(good)
+	app := map[string]Roles{"app": {Read: true}}
+	byHash, err := loadTokens(good, app)
 	if err != nil || len(byHash) != 1 {
 		t.Fatalf("good file: %v, %d tokens", err, len(byHash))
 	}
 	bad := filepath.Join(dir, "bad")
-	os.WriteFile(bad, []byte(line+"\n"+line+"\napp md5:abc\nlonely\napp sha256:zz\n"), 0o600)
-	_, err = loadTokens(bad)
-	for _, w := range []string{"bad:2: the same token digest", "bad:3: digest must be", "bad:4: want", "bad:5: digest must be"} {
+	_, other, _ := MintToken("ghost")
+	os.WriteFile(bad, []byte(line+"\n"+line+"\napp md5:abc\nlonely\napp sha256:zz\n"+other+"\n"), 0o600)
+	_, err = loadTokens(bad, app)
+	for _, w := range []string{"bad:2: the same token digest", "bad:3: digest must be", "bad:4: want", "bad:5: digest must be",
+		`bad:6: principal "ghost" is not under principals in the configuration: add it there`} {
 		if err == nil || !strings.Contains(err.Error(), w) {
 			t.Errorf("error lacks %q: %v", w, err)
 		}
 	}
 	if _, _, err := MintToken("has space"); err == nil {
 		t.Error("minted a token for an invalid principal name")
+	}
+}
+
+// A rule broken by a key of the file names the key's line (or, when the
+// key is missing, its section's), and every problem is a line of its own.
+func TestProblemsHaveLines(t *testing.T) {
+	_, err := Parse([]byte(`listen: 127.0.0.1:7480
+db: relay.db
+auth:
+  anonymous: {read: true}
+budget:
+  plan: custom
+  fires_per_alarm: 2
+limits:
+  max_body_bytes: 10
+log_level: loud
+principals:
+  "a b": {read: true}
+`))
+	var probs Problems
+	if !errors.As(err, &probs) || !errors.Is(err, ErrConfig) {
+		t.Fatalf("err %v (%T) is not Problems wrapping ErrConfig", err, err)
+	}
+	msg := err.Error()
+	for _, w := range []string{
+		"\n  line 5: budget.targets_per_fire 0: want 1..256", // absent: its section's line
+		"\n  line 9: limits.max_body_bytes 10",
+		"\n  line 10: log_level \"loud\"",
+		"\n  line 12: principals: name \"a b\"",
+	} {
+		if !strings.Contains(msg, w) {
+			t.Errorf("error lacks %q:\n%s", w, msg)
+		}
+	}
+	if !strings.HasPrefix(msg, ErrConfig.Error()+": 6 problems\n") {
+		t.Errorf("header: %s", msg)
+	}
+}
+
+// LoadAndCheck reports the files the configuration names along with the
+// document's own problems, in one run.
+func TestLoadAndCheckReportsFilesWithRules(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "relay.yaml")
+	os.WriteFile(path, []byte("db: relay.db\nbugdet: {plan: paid}\ntls: {cert: missing.crt, key: missing.key}\nauth: {tokens_file: missing-tokens}\n"), 0o600)
+	_, err := LoadAndCheck(path)
+	for _, w := range []string{`line 2: unknown key "bugdet" (did you mean budget?)`, "missing.crt", "missing-tokens"} {
+		if err == nil || !strings.Contains(err.Error(), w) {
+			t.Errorf("error lacks %q:\n%v", w, err)
+		}
 	}
 }

@@ -27,7 +27,7 @@ func loadCredentials(cfg Config) (*credentials, error) {
 func (c *credentials) reload() error {
 	a, err := newAuthenticator(c.cfg)
 	var cert *tls.Certificate
-	if c.cfg.TLS.Cert != "" {
+	if c.cfg.TLS.Cert != "" && c.cfg.TLS.Key != "" { // half a pair is a configuration error of its own
 		kp, cerr := tls.LoadX509KeyPair(c.cfg.TLS.Cert, c.cfg.TLS.Key)
 		if cerr != nil {
 			err = errors.Join(err, fmt.Errorf("tls.cert, tls.key: %w", cerr))

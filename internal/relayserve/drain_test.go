@@ -115,12 +115,13 @@ limit: {}
 	if err == nil {
 		t.Fatalf("bad config accepted:\n%s", out)
 	}
-	for _, want := range []string{"line 8: field limit not found", "auth.anonymous is allowed only", "budget.rows_per_fire 0"} {
+	for _, want := range []string{`line 8: unknown key "limit" (did you mean limits?)`, "line 6: auth.anonymous is allowed only",
+		"line 7: budget.rows_per_fire 0", "missing.crt", "missing-tokens"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
 	}
-	// The files named are checked once the document is valid.
+	// The files named are checked also when the document is valid.
 	noFiles := servetest.WriteConfig(t, "listen: 127.0.0.1:0\ndb: relay.db\ntls: {cert: missing.crt, key: missing.key}\nauth: {tokens_file: missing-tokens}\n")
 	out, err = exec.Command(relayBin, "serve", "--check-config", "--config", noFiles).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "missing-tokens") || !strings.Contains(string(out), "missing.crt") {

@@ -54,8 +54,10 @@ func HashToken(token string) string {
 // blank lines and lines starting with # are ignored. A principal may have
 // several tokens (rotation: add the new one, move clients, delete the old
 // line). It returns the principal of each digest and every problem found,
-// with its line number.
-func loadTokens(path string) (map[[sha256.Size]byte]string, error) {
+// with its line number. A line naming a principal that principals does
+// not list is one of them: its token could authenticate but never do
+// anything, which is a mistake (a typo, or a principal not yet added).
+func loadTokens(path string, principals map[string]Roles) (map[[sha256.Size]byte]string, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("auth.tokens_file: %w", err)
@@ -82,6 +84,10 @@ func loadTokens(path string) (map[[sha256.Size]byte]string, error) {
 		var sum [sha256.Size]byte
 		if k, err := hex.Decode(sum[:], []byte(hexSum)); !ok || err != nil || k != sha256.Size || len(hexSum) != 2*sha256.Size {
 			errs = append(errs, fmt.Errorf("%s:%d: digest must be sha256: and 64 hex digits (relay serve token prints the line)", path, n))
+			continue
+		}
+		if _, ok := principals[name]; !ok {
+			errs = append(errs, fmt.Errorf("%s:%d: principal %q is not under principals in the configuration: add it there with its roles (roles are read at start: restart), or remove this line", path, n, name))
 			continue
 		}
 		if prev, dup := byHash[sum]; dup {
