@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -34,7 +35,8 @@ func backupCmd(stdout io.Writer) *cobra.Command {
 and restore"). Every copy is written under a temporary name, synced, checked with
 bbolt's consistency check and only then renamed into place.
 
-  --db FILE OUT     copy the file FILE to OUT. No process may hold FILE open: a
+  --db FILE OUT     copy the file FILE to OUT (into OUT/FILE's name when OUT is
+                    a directory). No process may hold FILE open: a
                     running relay serve locks it (bbolt is single-process), and
                     backup says so; back a running server up with --url instead.
   --url URL OUTDIR  ask the running server at URL (https://host:7480) for a backup:
@@ -52,6 +54,11 @@ bbolt's consistency check and only then renamed into place.
 			case dbPath != "" && (tokenFile != "" || caFile != "" || certFile != "" || key != ""):
 				return errors.New("--token-file, --ca, --cert and --key go with --url")
 			case dbPath != "":
+				// As cp does: into an existing directory, under the
+				// file's own name (the name a restore puts back).
+				if st, err := os.Stat(out); err == nil && st.IsDir() {
+					out = filepath.Join(out, filepath.Base(dbPath))
+				}
 				if err := relaybackup.WriteFile(out, func(w io.Writer) (int64, error) { return bolt.CopyFile(dbPath, w, 0) }); err != nil {
 					if errors.Is(err, bolt.ErrLocked) {
 						return fmt.Errorf("%w: a running relay serve holds it; back it up through the server: relay backup --url https://HOST:PORT --token-file FILE OUTDIR", err)

@@ -1,0 +1,53 @@
+package relaycli
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+	"testing"
+
+	"github.com/relay-dev/relay/infra/bolt"
+	"github.com/relay-dev/relay/relaycore"
+)
+
+// relay backup --db copies a stopped relay's file to a file name or, as
+// cp does, into a directory under the file's own name.
+func TestBackupDBIntoDirectory(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "relay.db")
+	db, err := bolt.Open(src, bolt.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Store("source").Apply(context.Background(), "orders", relaycore.Batch{Writes: []relaycore.Write{{Key: "k", Value: []byte("v")}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	outDir := t.TempDir()
+	for _, tc := range []struct{ out, want string }{
+		{outDir, filepath.Join(outDir, "relay.db")},
+		{filepath.Join(outDir, "named.db"), filepath.Join(outDir, "named.db")},
+	} {
+		var out, errb bytes.Buffer
+		if code := Run(context.Background(), []string{"backup", "--db", src, tc.out}, &out, &errb); code != 0 {
+			t.Fatalf("backup --db %s %s: exit %d: %s", src, tc.out, code, errb.String())
+		}
+		if want := "relay backup: wrote " + tc.want + "\n"; out.String() != want {
+			t.Errorf("stdout %q, want %q", out.String(), want)
+		}
+		copyDB, err := bolt.Open(tc.want, bolt.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, ok, err := copyDB.Store("source").Get(context.Background(), "orders", "k")
+		if err != nil || !ok || string(v) != "v" {
+			t.Errorf("%s: orders/k = %q, %v, %v", tc.want, v, ok, err)
+		}
+		if err := copyDB.Check(); err != nil {
+			t.Error(err)
+		}
+		copyDB.Close()
+	}
+}
