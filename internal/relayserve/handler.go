@@ -35,12 +35,15 @@ type httpHandler struct {
 	creds   *credentials
 	routes  []apiRoute
 	maxBody int
-	metrics *metrics
-	log     *slog.Logger
-	ready   func() error
-	promh   http.Handler
-	cop     *http.CrossOriginProtection
-	backup  http.Handler
+	// readTimeout is limits.read_timeout, named in the 408 a slow body
+	// gets.
+	readTimeout time.Duration
+	metrics     *metrics
+	log         *slog.Logger
+	ready       func() error
+	promh       http.Handler
+	cop         *http.CrossOriginProtection
+	backup      http.Handler
 }
 
 func newHTTPHandler(h *api.Handler, creds *credentials, maxBody int, m *metrics, log *slog.Logger, ready func() error) *httpHandler {
@@ -170,7 +173,11 @@ func (h *httpHandler) serve(w http.ResponseWriter, r *http.Request, rawPath stri
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, int64(h.maxBody)+1))
 	if err != nil {
-		writeError(w, http.StatusRequestTimeout, "body_incomplete", fmt.Sprintf("reading the body: %v", err))
+		msg := fmt.Sprintf("the body broke off after %d bytes: %v", len(body), err)
+		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+			msg = fmt.Sprintf("the body did not arrive within limits.read_timeout (%v) of the request's start; %d bytes came; nothing was written", h.readTimeout, len(body))
+		}
+		writeError(w, http.StatusRequestTimeout, "body_incomplete", msg)
 		return name
 	}
 	if len(body) > h.maxBody {

@@ -47,3 +47,18 @@ func TestDocumentsEveryMetric(t *testing.T) {
 		}
 	}
 }
+
+// docs/api.md's error table, the one a client author reads, lists the
+// refusals the server makes itself with their statuses (docs/serve.md
+// details them).
+func TestAPIDocListsServerErrors(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/api.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, row := range []string{"| 401 | `unauthenticated` |", "| 403 | `forbidden` |", "| 408 | `body_incomplete` |", "`too_large`"} {
+		if !strings.Contains(string(doc), row) {
+			t.Errorf("docs/api.md's error table lacks %q", row)
+		}
+	}
+}

@@ -165,6 +165,7 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 	defer cancelRequests()
 	l := cfg.Limits
 	hh := newHTTPHandler(h, creds, l.MaxBodyBytes, m, log, ready)
+	hh.readTimeout = l.ReadTimeout
 	backupFiles := []relaybackup.File{{Name: "relay.db", DB: db}}
 	if len(dbs) > 1 {
 		backupFiles = append(backupFiles, relaybackup.File{Name: "targets.db", DB: dbs[1]})
