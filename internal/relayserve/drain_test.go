@@ -2,6 +2,7 @@ package relayserve_test
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
@@ -147,11 +148,29 @@ func TestSystemdUnit(t *testing.T) {
 	}
 	for k, v := range map[string]string{
 		"Restart": "on-failure", "KillSignal": "SIGTERM", "ExecReload": "/bin/kill -HUP $MAINPID", "NoNewPrivileges": "yes", "ProtectSystem": "strict",
-		"ProtectHome": "yes", "PrivateTmp": "yes", "CapabilityBoundingSet": "", "DynamicUser": "yes",
+		"ProtectHome": "yes", "PrivateTmp": "yes", "CapabilityBoundingSet": "",
 		"StateDirectory": "relay", "MemoryDenyWriteExecute": "yes",
+		// A static user whose group reads /etc/relay (the server key
+		// 0640 root:relay); docs/serve.md creates it.
+		"User": "relay", "Group": "relay", "ConfigurationDirectory": "relay", "ConfigurationDirectoryMode": "0750",
 	} {
 		if got := unit[k]; len(got) != 1 || got[0] != v {
 			t.Errorf("%s=%v, want %q", k, got, v)
+		}
+	}
+	if len(unit["DynamicUser"]) != 0 {
+		t.Errorf("DynamicUser=%v: a dynamic user's group cannot be given the key before the first start", unit["DynamicUser"])
+	}
+	doc, err := os.ReadFile("../../docs/serve.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []string{
+		"useradd --system --user-group --no-create-home --home-dir /var/lib/relay --shell /usr/sbin/nologin relay",
+		"install -d -m 0750 -g relay /etc/relay",
+	} {
+		if !strings.Contains(string(b), step) || !strings.Contains(string(doc), step) {
+			t.Errorf("the unit's comment and docs/serve.md do not both give the install step %q", step)
 		}
 	}
 	stop, err := time.ParseDuration(strings.TrimSpace(strings.Join(unit["TimeoutStopSec"], "")))
@@ -173,5 +192,26 @@ func TestSystemdUnit(t *testing.T) {
 		if strings.Contains(string(out), "unknown flag") || !strings.Contains(string(out), "/nonexistent/relay.yaml") {
 			t.Errorf("%s flags %v: %s", key, args, out)
 		}
+	}
+}
+
+// systemd itself accepts the unit, with relay serve where the unit says
+// (here the binary under test). Skipped where systemd-analyze is not
+// installed.
+func TestSystemdAnalyzeVerify(t *testing.T) {
+	analyze, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		t.Skip("systemd-analyze not installed")
+	}
+	b, err := os.ReadFile("../../deploy/relay.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unit := filepath.Join(t.TempDir(), "relay.service")
+	if err := os.WriteFile(unit, []byte(strings.ReplaceAll(string(b), "/usr/local/bin/relay", relayBin)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(analyze, "verify", unit).CombinedOutput(); err != nil || len(bytes.TrimSpace(out)) > 0 {
+		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
 	}
 }
