@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	berrors "go.etcd.io/bbolt/errors"
 
 	"github.com/relay-dev/relay/infra/bolt"
 	"github.com/relay-dev/relay/internal/relaybackup"
@@ -128,4 +129,17 @@ func backupRequest(url, tokenFile, caFile, certFile, keyFile string) (*http.Clie
 		tc.Certificates = []tls.Certificate{cert}
 	}
 	return &http.Client{Transport: &http.Transport{TLSClientConfig: tc, Proxy: http.ProxyFromEnvironment}}, req, nil
+}
+
+// openBolt opens a relay's bbolt file for the commands that take --db.
+// bbolt lets one process at a time hold a file and says only "timeout"
+// when another does; the likely holder is a running relay serve, whose
+// API reads and operates on the same data.
+func openBolt(path string) (*bolt.DB, error) {
+	db, err := bolt.Open(path, bolt.Options{})
+	if errors.Is(err, berrors.ErrTimeout) {
+		return nil, fmt.Errorf("%s is locked by another process, likely a running relay serve: stop it, or use its HTTP API "+
+			"(the state and target routes, the operator routes, relay backup --url; docs/serve.md)", path)
+	}
+	return db, err
 }

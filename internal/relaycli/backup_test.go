@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/relay-dev/relay/infra/bolt"
@@ -49,5 +50,24 @@ func TestBackupDBIntoDirectory(t *testing.T) {
 			t.Error(err)
 		}
 		copyDB.Close()
+	}
+}
+
+// A file another process holds (here another open of it: bbolt's lock is
+// per open file) is named as locked, with what to do, by the commands
+// that take --db, not with bbolt's bare "timeout".
+func TestLockedFileNamed(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "relay.db")
+	held, err := bolt.Open(path, bolt.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	var out, errb bytes.Buffer
+	if code := Run(context.Background(), []string{"status", "--db", path, "orders"}, &out, &errb); code == 0 {
+		t.Fatalf("status on a held file: exit 0: %s", out.String())
+	}
+	if !strings.Contains(errb.String(), path+" is locked by another process, likely a running relay serve") {
+		t.Fatalf("status on a held file: %s", errb.String())
 	}
 }

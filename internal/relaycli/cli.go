@@ -15,7 +15,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/relay-dev/relay/infra/bolt"
 	"github.com/relay-dev/relay/internal/buildversion"
 	"github.com/relay-dev/relay/internal/demo"
 	"github.com/relay-dev/relay/relaycore"
@@ -203,7 +202,7 @@ func openStores(ctx context.Context, kind, dbPath string, dyn dynamoOptions) (de
 			dbPath = filepath.Join(dir, "relay.db")
 			cleanup = func() { os.RemoveAll(dir) }
 		}
-		db, err := bolt.Open(dbPath, bolt.Options{})
+		db, err := openBolt(dbPath)
 		if err != nil {
 			cleanup()
 			return demo.Stores{}, nil, err

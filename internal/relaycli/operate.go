@@ -19,7 +19,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/spf13/cobra"
 
-	"github.com/relay-dev/relay/infra/bolt"
 	"github.com/relay-dev/relay/infra/dynamo"
 	"github.com/relay-dev/relay/lambda/api"
 	"github.com/relay-dev/relay/relaycore"
@@ -78,7 +77,7 @@ func (f *opFlags) open(ctx context.Context) (*operator, error) {
 		if _, err := os.Stat(f.db); err != nil {
 			return nil, fmt.Errorf("--db: %w", err)
 		}
-		db, err := bolt.Open(f.db, bolt.Options{})
+		db, err := openBolt(f.db)
 		if err != nil {
 			return nil, err
 		}

@@ -207,3 +207,24 @@ func TestForcedDrainLosesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A file another process holds (here another open of it: bbolt's lock is
+// per open file) stops the start with an error that names the file and
+// what to do, not bbolt's bare "timeout".
+func TestLockedFileNamed(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "relay.db")
+	held, err := bolt.Open(path, bolt.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	cfg, err := Parse([]byte("listen: 127.0.0.1:0\ndb: " + path + "\nauth: {anonymous: {read: true}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = Run(context.Background(), cfg, Options{})
+	if err == nil || !strings.Contains(err.Error(), "db "+path+" is locked by another process") || !strings.Contains(err.Error(), "stop it") {
+		t.Fatalf("Run on a held file: %v", err)
+	}
+}

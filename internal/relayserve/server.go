@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	berrors "go.etcd.io/bbolt/errors"
+
 	"github.com/relay-dev/relay/infra/alarmclock"
 	"github.com/relay-dev/relay/infra/bolt"
 	"github.com/relay-dev/relay/internal/relaybackup"
@@ -89,7 +91,7 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 		return err
 	}
 
-	db, err := bolt.Open(cfg.DB, bolt.Options{})
+	db, err := openStore("db", cfg.DB)
 	if err != nil {
 		return err
 	}
@@ -104,7 +106,7 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 	src := db.Store(SourceTable)
 	var dst relaycore.Store = db.Store(TargetTable)
 	if cfg.Targets.DB != "" {
-		tdb, err := bolt.Open(cfg.Targets.DB, bolt.Options{})
+		tdb, err := openStore("targets.db", cfg.Targets.DB)
 		if err != nil {
 			return err
 		}
@@ -272,6 +274,20 @@ type detachedAlarmer struct {
 
 func (d detachedAlarmer) Alarm(_ context.Context, source relaycore.Partition) (relaycore.AlarmResult, error) {
 	return d.h.Alarm(d.ctx, source)
+}
+
+// openStore opens one of the configuration's bbolt files. bbolt lets one
+// process at a time hold a file and says only "timeout" when another
+// does; the operator needs to hear which file and what holds it.
+func openStore(key, path string) (*bolt.DB, error) {
+	db, err := bolt.Open(path, bolt.Options{})
+	if errors.Is(err, berrors.ErrTimeout) {
+		return nil, fmt.Errorf("%s %s is locked by another process (another relay serve, or a relay command such as status or backup --db, on the same file): stop it, or give this server its own file", key, path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", key, err)
+	}
+	return db, nil
 }
 
 func writeReadyFile(path string, info ReadyInfo) error {
