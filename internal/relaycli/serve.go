@@ -29,7 +29,8 @@ drain_timeout), then the store closes. SIGHUP reloads the tokens file, the
 client CA and the server certificate (roles need a restart).
 
 --check-config loads the configuration and every file it names, prints every problem
-and exits non-zero if there is one, without opening the store.`,
+(with its line in the file) and exits non-zero if there is one, without opening or
+creating the store (it checks that the store's directory exists).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if configPath == "" {

@@ -184,9 +184,10 @@ principals:
 func TestLoadAndCheckReportsFilesWithRules(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "relay.yaml")
-	os.WriteFile(path, []byte("db: relay.db\nbugdet: {plan: paid}\ntls: {cert: missing.crt, key: missing.key}\nauth: {tokens_file: missing-tokens}\n"), 0o600)
+	os.WriteFile(path, []byte("db: relay.db\ntargets: {db: nodir/targets.db}\nbugdet: {plan: paid}\ntls: {cert: missing.crt, key: missing.key}\nauth: {tokens_file: missing-tokens}\n"), 0o600)
 	_, err := LoadAndCheck(path)
-	for _, w := range []string{`line 2: unknown key "bugdet" (did you mean budget?)`, "missing.crt", "missing-tokens"} {
+	for _, w := range []string{`line 3: unknown key "bugdet" (did you mean budget?)`, "missing.crt", "missing-tokens",
+		"targets.db " + filepath.Join(dir, "nodir/targets.db") + ": its directory:"} {
 		if err == nil || !strings.Contains(err.Error(), w) {
 			t.Errorf("error lacks %q:\n%v", w, err)
 		}

@@ -62,7 +62,32 @@ type ReadyInfo struct {
 // every problem found: what `relay serve --check-config` runs after Load.
 func Check(cfg Config) error {
 	_, err := loadCredentials(cfg)
+	for _, f := range []struct{ key, path string }{{"db", cfg.DB}, {"targets.db", cfg.Targets.DB}} {
+		if f.path != "" {
+			err = errors.Join(err, checkStorePath(f.key, f.path))
+		}
+	}
 	return err
+}
+
+// checkStorePath reports what would stop bbolt opening path, without
+// creating the file: bbolt creates a missing file but not its directory.
+func checkStorePath(key, path string) error {
+	if st, err := os.Stat(path); err == nil {
+		if !st.Mode().IsRegular() {
+			return fmt.Errorf("%s %s: not a regular file", key, path)
+		}
+		return nil
+	}
+	dir := filepath.Dir(path)
+	st, err := os.Stat(dir)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%s %s: its directory: %w (create it, owned by the server's user)", key, path, err)
+	case !st.IsDir():
+		return fmt.Errorf("%s %s: %s is not a directory", key, path, dir)
+	}
+	return nil
 }
 
 // Run serves until ctx is cancelled, then drains: it stops accepting,
