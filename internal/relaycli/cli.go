@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -36,6 +37,7 @@ func RunWithInput(ctx context.Context, args []string, stdin io.Reader, stdout, s
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetArgs(args)
+	root.SetFlagErrorFunc(singleDashHint)
 	root.AddCommand(demoCmd(stdout, stderr), statusCmd(stdout), enqueueCmd(stdinOr(stdin), stdout), fireCmd(stdout))
 	root.AddCommand(targetsCmd(stdout), targetCmd(stdout), archiveCmd(stdout), serveCmd(stdout, stderr), backupCmd(stdout))
 	root.AddCommand(&cobra.Command{
@@ -248,4 +250,24 @@ func verdict(s demo.Summary) string {
 		return "false: " + s.Error
 	}
 	return "false"
+}
+
+// singleDashHint turns pflag's "unknown shorthand flag: 'c' in
+// -check-config" into advice when the word is one of the command's long
+// flags: edged and the Go tools take -flag, relay's cobra commands
+// --flag, and an operator moving between them types the other.
+func singleDashHint(cmd *cobra.Command, err error) error {
+	_, word, ok := strings.Cut(err.Error(), "unknown shorthand flag: ")
+	if !ok {
+		return err
+	}
+	_, word, ok = strings.Cut(word, " in -")
+	if !ok {
+		return err
+	}
+	name, _, _ := strings.Cut(word, "=")
+	if cmd.Flags().Lookup(name) == nil {
+		return err
+	}
+	return fmt.Errorf("%w: long flags take two dashes: --%s", err, name)
 }

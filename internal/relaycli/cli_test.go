@@ -213,3 +213,20 @@ func TestVersion(t *testing.T) {
 		t.Fatalf("exit %d: %q %q", code, out.String(), errb.String())
 	}
 }
+
+// A long flag typed with one dash, as edged and the Go tools take them,
+// is refused with the spelling that works.
+func TestSingleDashLongFlag(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := Run(context.Background(), []string{"serve", "-check-config", "--config", "x.yaml"}, &out, &errb); code == 0 {
+		t.Fatal("accepted")
+	}
+	if !strings.Contains(errb.String(), "long flags take two dashes: --check-config") {
+		t.Fatalf("stderr: %s", errb.String())
+	}
+	errb.Reset()
+	Run(context.Background(), []string{"serve", "-zzz"}, &out, &errb)
+	if strings.Contains(errb.String(), "two dashes") {
+		t.Fatalf("hint for a flag that does not exist: %s", errb.String())
+	}
+}
