@@ -56,6 +56,7 @@ type Options struct {
 // concurrent use; Close it when done.
 type DB struct {
 	bolt *bbolt.DB
+	gc   *committer
 	caps relaycore.Capabilities
 }
 
@@ -81,7 +82,7 @@ func Open(path string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
-	return &DB{bolt: b, caps: caps}, nil
+	return &DB{bolt: b, gc: &committer{db: b}, caps: caps}, nil
 }
 
 // Store returns the storage contract for one table of the file. Tables
@@ -90,7 +91,7 @@ func Open(path string, opts Options) (*DB, error) {
 // finds nothing. table must be non-empty (operations report
 // ErrInvalidTable otherwise).
 func (db *DB) Store(table string) *Store {
-	return &Store{db: db.bolt, caps: db.caps, table: []byte(table)}
+	return &Store{db: db.bolt, gc: db.gc, caps: db.caps, table: []byte(table)}
 }
 
 // Path is the file's path.

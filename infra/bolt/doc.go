@@ -23,7 +23,12 @@
 // Apply is one bbolt read-write transaction (db.Update): preconditions are
 // read, then writes and due-index updates are made, then bbolt commits. The
 // transaction is the atomicity; bbolt's single writer is the isolation, so
-// a precondition read in the transaction still holds at commit.
+// a precondition read in the transaction still holds at commit. Applys on
+// one file that arrive while another commits share the next transaction
+// (group commit: one fsync for all of them), each applied in arrival
+// order with its own outcome: a false precondition fails that batch alone,
+// writing nothing; any other failure inside the transaction retries every
+// batch of the group alone. A lone Apply never waits for company.
 // Capabilities default to DynamoDB's limits so that plans proven on the
 // embedded store also fit DynamoDB; Options.Capabilities raises them for
 // deployments that only ever run embedded.
@@ -47,8 +52,8 @@
 //
 // # Caveats
 //
-// bbolt allows one writer at a time, so concurrent Applys serialise; group
-// writes into batches. Context cancellation is checked before and at the
+// bbolt allows one writer at a time, so concurrent Applys serialise (group
+// commit only saves their fsyncs); group writes into batches. Context cancellation is checked before and at the
 // start of the transaction, not while waiting for bbolt's writer lock.
 // Written keys are limited to MaxKeyLen bytes (bbolt's key limit minus the
 // due-index prefix); DynamoDB's sort key limit (1024 bytes) is far lower,

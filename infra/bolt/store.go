@@ -3,12 +3,10 @@ package bolt
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/relay-dev/relay/relaycore"
 	bbolt "go.etcd.io/bbolt"
-	berrors "go.etcd.io/bbolt/errors"
 )
 
 var (
@@ -25,6 +23,7 @@ const DefaultScanLimit = 1000
 // concurrent use; it holds no state of its own beyond the table name.
 type Store struct {
 	db    *bbolt.DB
+	gc    *committer
 	caps  relaycore.Capabilities
 	table []byte
 }
@@ -125,8 +124,9 @@ func (s *Store) Scan(ctx context.Context, p relaycore.Partition, req relaycore.S
 	return page, nil
 }
 
-// Apply implements relaycore.Store: one bbolt Update. See the package
-// documentation for which errors are surely-not-applied.
+// Apply implements relaycore.Store: one bbolt Update, shared with the
+// Applys on the same file that arrive while another commits (committer).
+// See the package documentation for which errors are surely-not-applied.
 func (s *Store) Apply(ctx context.Context, p relaycore.Partition, b relaycore.Batch) error {
 	if err := s.ready(ctx); err != nil {
 		return fmt.Errorf("apply %s: %w", p, err)
@@ -137,6 +137,11 @@ func (s *Store) Apply(ctx context.Context, p relaycore.Partition, b relaycore.Ba
 	if err := checkKeys(b); err != nil {
 		return fmt.Errorf("apply %s: %w", p, err)
 	}
+	return s.gc.apply(&applyReq{ctx: ctx, s: s, p: p, b: b})
+}
+
+// applyAlone commits b in a transaction of its own.
+func (s *Store) applyAlone(ctx context.Context, p relaycore.Partition, b relaycore.Batch) error {
 	// committing is set once the callback has made every change; an error
 	// after that came from bbolt's Commit.
 	committing := false
@@ -151,20 +156,10 @@ func (s *Store) Apply(ctx context.Context, p relaycore.Partition, b relaycore.Ba
 		committing = true
 		return nil
 	})
-	switch {
-	case err == nil:
+	if err == nil {
 		return nil
-	case !committing:
-		var cf *relaycore.ConditionFailedError
-		if errors.As(err, &cf) {
-			return cf
-		}
-		return fmt.Errorf("apply %s: %w", p, err)
-	case errors.Is(err, berrors.ErrMaxSizeReached):
-		return fmt.Errorf("apply %s: %w", p, err)
-	default:
-		return fmt.Errorf("apply %s: commit: %w: %w", p, relaycore.ErrMaybeApplied, err)
 	}
+	return commitError(p, err, committing)
 }
 
 // apply runs inside the write transaction. Any error it returns rolls the
