@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 )
 
 // fireOnce is one attempt; retry reports an rs conflict at checkpoint with
@@ -24,16 +25,35 @@ func (h *RelayHandler) fireOnce(ctx context.Context, source Partition, token str
 	if err := f.collect(); err != nil {
 		return res, false, err
 	}
-	// Deliver, one target at a time: held rows that are due first.
-	for _, tw := range f.redrive {
-		res.TargetsRedriven++
-		h.deliver(ctx, source, tw, &res, f.b, spent)
-	}
-	for _, tw := range f.sel {
-		res.TargetsAttempted++
-		h.deliver(ctx, source, tw, &res, f.b, spent)
-	}
+	// Deliver: held rows that are due first, then the selected targets.
+	res.TargetsRedriven += len(f.redrive)
+	h.deliverTargets(ctx, source, f.redrive, &res, f.b, spent)
+	res.TargetsAttempted += len(f.sel)
+	h.deliverTargets(ctx, source, f.sel, &res, f.b, spent)
 	return f.checkpoint(token, keep)
+}
+
+// deliverTargets delivers to each of tws: one after another, or up to
+// DeliverConcurrency at once. deliver touches only its own targetWork and,
+// under spent.mu, the budget and the result's counters.
+func (h *RelayHandler) deliverTargets(ctx context.Context, source Partition, tws []*targetWork, res *FireResult, b RelayBudget, spent *fireSpend) {
+	if h.DeliverConcurrency <= 1 || len(tws) <= 1 {
+		for _, tw := range tws {
+			h.deliver(ctx, source, tw, res, b, spent)
+		}
+		return
+	}
+	sem := make(chan struct{}, h.DeliverConcurrency)
+	var wg sync.WaitGroup
+	for _, tw := range tws {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			h.deliver(ctx, source, tw, res, b, spent)
+		}()
+	}
+	wg.Wait()
 }
 
 // autoActor is the note's actor when the engine quarantines a target.

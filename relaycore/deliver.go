@@ -35,7 +35,7 @@ func (h *RelayHandler) deliver(ctx context.Context, source Partition, tw *target
 	}
 	rhKey := RHKey(source)
 	readRH := func() ([]byte, bool, uint64, error) {
-		res.TargetReads++
+		spent.count(func() { res.TargetReads++ })
 		raw, found, err := h.Target.Get(ctx, tw.target, rhKey)
 		if err != nil {
 			return nil, false, 0, err
@@ -56,10 +56,19 @@ func (h *RelayHandler) deliver(ctx context.Context, source Partition, tw *target
 	pending := newer(tw.rows)
 	tc := h.Target.Capabilities()
 	attempt := 0
+	// reserved is a call taken from the budget and not yet made: a
+	// failure before the Apply gives it back.
+	reserved := false
+	defer func() {
+		if reserved {
+			spent.unreserve(tw.target)
+		}
+	}()
 	for len(pending) > 0 {
-		if spent.callsLeft(b, tw.target) == 0 {
+		if !spent.reserve(b, tw.target) {
 			return // budget spent; not a failure: the cursor pauses before these rows
 		}
+		reserved = true
 		attempt++
 		n := fitRows(source, tw.target, pending, tc, 0, 0)
 		if n == 0 {
@@ -103,13 +112,11 @@ func (h *RelayHandler) deliver(ctx context.Context, source Partition, tw *target
 			fail(ErrorClassTooLarge, "plan target batch", err)
 			return
 		}
-		spent.calls[tw.target]++
-		spent.total++
-		res.TargetCalls++
+		reserved = false
+		spent.count(func() { res.TargetCalls++ })
 		err := h.Target.Apply(ctx, tw.target, batch)
 		if err == nil {
-			res.RowsDelivered += n
-			spent.delivered += n
+			spent.count(func() { res.RowsDelivered += n; spent.delivered += n })
 			tw.dt, raw, found = last, encodeRH(last), true
 			pending = pending[n:]
 			continue
@@ -129,8 +136,7 @@ func (h *RelayHandler) deliver(ctx context.Context, source Partition, tw *target
 			return
 		}
 		if rh >= last && MayBeApplied(err) {
-			res.RowsDelivered += n
-			spent.delivered += n
+			spent.count(func() { res.RowsDelivered += n; spent.delivered += n })
 		}
 		tw.dt = max(tw.dt, rh)
 		pending = newer(pending)

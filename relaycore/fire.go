@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"sync"
 	"time"
 )
 
@@ -42,6 +43,15 @@ type RelayHandler struct {
 	// retry (it failed while the blocked set was full) is tried again:
 	// base × 2^(rounds−1), capped at max. Defaults 1s and 5min.
 	RetryBase, RetryMax time.Duration
+	// DeliverConcurrency is how many targets a fire delivers to at once
+	// (0 or 1: one after another). Each target's rows still go in seq
+	// order in batches of their own; only different targets overlap.
+	// Worth it on a store whose concurrent commits share an fsync
+	// (infra/bolt's group commit), where a fire's target batches then cost
+	// about one commit instead of one each. With more than 1 the Hook is
+	// called concurrently for different targets. The deterministic
+	// simulation runs with 1.
+	DeliverConcurrency int
 }
 
 // DefaultQuarantineAfter is RelayHandler.QuarantineAfter's default: a target
@@ -286,12 +296,42 @@ func (h *RelayHandler) fire(ctx context.Context, source Partition, token string,
 // 4×RowsPerFire rows, however often it starts over: the per-alarm call cap
 // holds.
 type fireSpend struct {
+	// mu guards the fields and the fire's result counters while targets
+	// are delivered concurrently (RelayHandler.DeliverConcurrency).
+	mu        sync.Mutex
 	calls     map[Partition]int // target apply calls per target
 	total     int               // target apply calls
 	inspected int               // rows inspected
 	// delivered counts rows applied at targets, so that an attempt left with
 	// little budget still reports its predecessors' deliveries as progress.
 	delivered int
+}
+
+// reserve takes one apply call of target's budget, if any is left.
+func (s *fireSpend) reserve(b RelayBudget, target Partition) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.callsLeft(b, target) == 0 {
+		return false
+	}
+	s.calls[target]++
+	s.total++
+	return true
+}
+
+// unreserve gives back a reserved call that was not made.
+func (s *fireSpend) unreserve(target Partition) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls[target]--
+	s.total--
+}
+
+// count updates the fire's counters under mu.
+func (s *fireSpend) count(f func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f()
 }
 
 // callsLeft is how many more apply calls target may get in this fire.
