@@ -148,7 +148,10 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 	fireCtx, cancelFires := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelFires()
 	m := newMetrics(src)
-	relay := &relaycore.RelayHandler{Source: src, Target: dst, Budget: budget, Logger: log, ClaimTTL: cfg.Alarms.ClaimTTL}
+	// A fire's targets are delivered together, so their batches share the
+	// file's group commit (infra/bolt): one fsync, not one per target.
+	relay := &relaycore.RelayHandler{Source: src, Target: dst, Budget: budget, Logger: log, ClaimTTL: cfg.Alarms.ClaimTTL,
+		DeliverConcurrency: 8}
 	clock := alarmclock.New(alarmclock.Config{
 		Handler: detachedAlarmer{relay, fireCtx}, Index: src, Workers: cfg.Alarms.Workers,
 		SweepInterval: cfg.Alarms.SweepInterval, Logger: log,
