@@ -2,13 +2,10 @@ package bench
 
 import (
 	"context"
-	"fmt"
 	"path/filepath"
 	"slices"
 	"testing"
 	"time"
-
-	bbolt "go.etcd.io/bbolt"
 
 	"github.com/relay-dev/relay/infra/bolt"
 	"github.com/relay-dev/relay/relaycore"
@@ -30,30 +27,7 @@ func BenchmarkBoltThroughput(b *testing.B) {
 	for range b.N * rounds {
 		dir := b.TempDir()
 
-		raw, err := bbolt.Open(filepath.Join(dir, "raw.db"), 0o600, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		v := make([]byte, valueBytes)
-		start := time.Now()
-		for i := 0; i < rows; i += batch {
-			if err := raw.Update(func(tx *bbolt.Tx) error {
-				bk, err := tx.CreateBucketIfNotExists([]byte("raw"))
-				if err != nil {
-					return err
-				}
-				for j := i; j < i+batch; j++ {
-					if err := bk.Put([]byte(fmt.Sprintf("user/%011d", j)), v); err != nil {
-						return err
-					}
-				}
-				return nil
-			}); err != nil {
-				b.Fatal(err)
-			}
-		}
-		rawDurs = append(rawDurs, time.Since(start))
-		raw.Close()
+		rawDurs = append(rawDurs, rawPutTime(b, dir, rows, batch))
 
 		db, err := bolt.Open(filepath.Join(dir, "relay.db"), bolt.Options{})
 		if err != nil {
@@ -62,7 +36,7 @@ func BenchmarkBoltThroughput(b *testing.B) {
 		src, dst := db.Store("source"), db.Store("target")
 		h := &relaycore.RelayHandler{Source: src, Target: dst, Budget: mustBudget(b, "paid")}
 		ctx := context.Background()
-		start = time.Now()
+		start := time.Now()
 		for i := 0; i < rows; i += batch {
 			if _, err := relaycore.CommitRelayRows(ctx, src, relaycore.SystemClock{}, "src", nil, time.Time{},
 				rowsFor(w, i, batch), relaycore.EnqueueConfig{}); err != nil {
