@@ -64,6 +64,8 @@ type Limits struct {
 	clock   Clock
 	total   *rate.Limiter // nil: no total limit
 	perPeer int64         // bytes per second; 0: none
+	// overrides are peers' own rates (known_peers[].bandwidth).
+	overrides map[string]int64
 	// OnWait, if set, is told how long a write to peer waited for tokens
 	// (for edged_relay_throttled_seconds_total).
 	OnWait func(peer string, d time.Duration)
@@ -73,12 +75,13 @@ type Limits struct {
 }
 
 // New returns Limits for total and per-peer rates in bytes per second (0:
-// unlimited), on clock (nil: the system clock).
-func New(total, perPeer int64, clock Clock) *Limits {
+// unlimited), on clock (nil: the system clock). overrides gives some
+// peers a rate of their own instead of perPeer.
+func New(total, perPeer int64, overrides map[string]int64, clock Clock) *Limits {
 	if clock == nil {
 		clock = systemClock{}
 	}
-	l := &Limits{clock: clock, perPeer: perPeer, peers: map[string]*rate.Limiter{}}
+	l := &Limits{clock: clock, perPeer: perPeer, overrides: overrides, peers: map[string]*rate.Limiter{}}
 	if total > 0 {
 		l.total = bucket(total, clock.Now())
 	}
@@ -95,11 +98,11 @@ func bucket(bytesPerSec int64, now time.Time) *rate.Limiter {
 // buckets returns the buckets a write to peer draws from.
 func (l *Limits) buckets(peer string) []*rate.Limiter {
 	var out []*rate.Limiter
-	if l.perPeer > 0 {
+	if r := l.peerRate(peer); r > 0 {
 		l.mu.Lock()
 		b := l.peers[peer]
 		if b == nil {
-			b = bucket(l.perPeer, l.clock.Now())
+			b = bucket(r, l.clock.Now())
 			l.peers[peer] = b
 		}
 		l.mu.Unlock()
@@ -111,10 +114,18 @@ func (l *Limits) buckets(peer string) []*rate.Limiter {
 	return out
 }
 
+// peerRate is peer's own rate: its override, else perPeer.
+func (l *Limits) peerRate(peer string) int64 {
+	if r, ok := l.overrides[peer]; ok && r > 0 {
+		return r
+	}
+	return l.perPeer
+}
+
 // Wrap returns c with its writes limited for peer; c itself when no limit
-// is set. All connections to one peer share its bucket.
+// applies. All connections to one peer share its bucket.
 func (l *Limits) Wrap(peer string, c net.Conn) net.Conn {
-	if l == nil || (l.total == nil && l.perPeer <= 0) {
+	if l == nil || (l.total == nil && l.peerRate(peer) <= 0) {
 		return c
 	}
 	return &conn{Conn: c, l: l, peer: peer, buckets: l.buckets(peer), wake: make(chan struct{})}

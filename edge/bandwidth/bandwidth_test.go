@@ -136,7 +136,7 @@ func write(t *testing.T, c net.Conn, n int) {
 func TestPerPeerLimit(t *testing.T) {
 	const rate = 64 << 10
 	clock := newFakeClock()
-	l := New(0, rate, clock)
+	l := New(0, rate, nil, clock)
 	s := &spy{Conn: tcpPair(t), clock: clock}
 	c := l.Wrap("b", s)
 	start := clock.Now()
@@ -172,7 +172,7 @@ func TestPerPeerLimit(t *testing.T) {
 func TestTotalLimit(t *testing.T) {
 	const rate = 128 << 10
 	clock := newFakeClock()
-	l := New(rate, 0, clock)
+	l := New(rate, 0, nil, clock)
 	var log []sent
 	var mu sync.Mutex
 	start := clock.Now()
@@ -195,7 +195,7 @@ func TestTotalLimit(t *testing.T) {
 // TestBothLimits: the tighter of the two binds.
 func TestBothLimits(t *testing.T) {
 	clock := newFakeClock()
-	l := New(1<<20, 32<<10, clock)
+	l := New(1<<20, 32<<10, nil, clock)
 	s := &spy{Conn: tcpPair(t), clock: clock}
 	write(t, l.Wrap("b", s), 256<<10)
 	checkBound(t, s.log, 32<<10)
@@ -204,7 +204,7 @@ func TestBothLimits(t *testing.T) {
 // TestNoLimitIsTheConnItself: without limits Wrap adds nothing.
 func TestNoLimitIsTheConnItself(t *testing.T) {
 	c := tcpPair(t)
-	if New(0, 0, nil).Wrap("b", c) != c {
+	if New(0, 0, nil, nil).Wrap("b", c) != c {
 		t.Fatal("Wrap without limits wrapped")
 	}
 }
@@ -214,7 +214,7 @@ func TestNoLimitIsTheConnItself(t *testing.T) {
 func TestWaitMovesDeadline(t *testing.T) {
 	const rate = 16 << 10
 	clock := newFakeClock()
-	l := New(0, rate, clock)
+	l := New(0, rate, nil, clock)
 	s := &spy{Conn: tcpPair(t), clock: clock}
 	c := l.Wrap("b", s)
 	d := clock.Now().Add(time.Hour)
@@ -238,7 +238,7 @@ func TestPastDeadlineInterruptsWait(t *testing.T) {
 		t.Run(how, func(t *testing.T) {
 			const rate = 16 << 10
 			clock := newFakeClock()
-			l := New(0, rate, clock)
+			l := New(0, rate, nil, clock)
 			s := &spy{Conn: tcpPair(t), clock: clock}
 			c := l.Wrap("b", s)
 			write(t, c, MinBurst) // empties the bucket
@@ -269,5 +269,23 @@ func TestPastDeadlineInterruptsWait(t *testing.T) {
 				t.Fatalf("after the interrupted wait a chunk waits %v", got)
 			}
 		})
+	}
+}
+
+// TestPeerOverride: a peer's own rate replaces the per-peer default for it
+// alone; with no default, only that peer is limited.
+func TestPeerOverride(t *testing.T) {
+	clock := newFakeClock()
+	l := New(0, 64<<10, map[string]int64{"slow": 16 << 10}, clock)
+	s := &spy{Conn: tcpPair(t), clock: clock}
+	write(t, l.Wrap("slow", s), 128<<10)
+	checkBound(t, s.log, 16<<10)
+	if got, want := clock.Now().Sub(newFakeClock().now), time.Duration(float64(128<<10-Burst(16<<10))/(16<<10)*float64(time.Second)); got != want {
+		t.Fatalf("slow peer took %v, want %v", got, want)
+	}
+	only := New(0, 0, map[string]int64{"slow": 16 << 10}, newFakeClock())
+	c := tcpPair(t)
+	if only.Wrap("fast", c) != c || only.Wrap("slow", c) == c {
+		t.Fatal("an override without a default limits the wrong peers")
 	}
 }

@@ -137,6 +137,9 @@ type TLS struct {
 type Peer struct {
 	ID      string `yaml:"id"`      // known_peers[i].id: the node id in the peer's certificate
 	Address string `yaml:"address"` // known_peers[i].address: host:port to dial
+	// Bandwidth (known_peers[i].bandwidth) overrides relay.bandwidth.per_peer
+	// for this peer; zero (absent) means the per-peer default applies.
+	Bandwidth Rate `yaml:"bandwidth"`
 }
 
 // Relay tunes outbound delivery; see docs/edge-config.md.

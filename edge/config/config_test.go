@@ -38,7 +38,7 @@ tls:
   key: /etc/edged/a.key
   ca: /etc/edged/ca.crt
 known_peers:
-  - {id: edge-c, address: 10.0.0.3:7400}
+  - {id: edge-c, address: 10.0.0.3:7400, bandwidth: 64KiB}
   - {id: edge-b, address: "[fd00::2]:7400"}
 accept_from: [sensor-1]
 relay:
@@ -73,7 +73,7 @@ func TestParseFull(t *testing.T) {
 		Listen: "0.0.0.0:7400",
 		TLS:    TLS{Cert: "/etc/edged/a.crt", Key: "/etc/edged/a.key", CA: "/etc/edged/ca.crt"},
 		KnownPeers: []Peer{
-			{ID: "edge-c", Address: "10.0.0.3:7400"},
+			{ID: "edge-c", Address: "10.0.0.3:7400", Bandwidth: 64 << 10},
 			{ID: "edge-b", Address: "[fd00::2]:7400"},
 		},
 		AcceptFrom: []string{"sensor-1"},
@@ -182,6 +182,8 @@ func TestValidateRules(t *testing.T) {
 		{"bandwidth tiny", "relay: {bandwidth: {per_peer: 100}}", "relay.bandwidth.per_peer", "below the minimum of 1KiB"},
 		{"bandwidth not a size", "relay: {bandwidth: {total: fast}}", "relay.bandwidth.total", "is not a size"},
 		{"bandwidth a list", "relay: {bandwidth: {total: [1MB]}}", "relay.bandwidth.total", "must be a rate"},
+		{"peer bandwidth zero", "known_peers: [{id: b, address: 'h:1', bandwidth: 0}]", "known_peers[0].bandwidth", "must be > 0"},
+		{"peer bandwidth tiny", "known_peers: [{id: b, address: 'h:1', bandwidth: 1000}]", "known_peers[0].bandwidth", "below the minimum of 1KiB"},
 		{"bandwidth unknown key", "relay: {bandwidth: {per_node: 1MB}}", "relay.bandwidth.per_node", "unknown key"},
 		{"on_full unknown", "storage: {dir: d, on_full: drop_oldest}", "storage.on_full", `"drop_oldest" is not one of reject, evict_relayed_oldest`},
 		{"on_full empty", "storage: {dir: d, on_full: ''}", "storage.on_full", `"" is not one of reject, evict_relayed_oldest`},

@@ -93,6 +93,9 @@ func (c *Config) validatePeers(ps *Problems) {
 			first[p.ID] = i
 		}
 		checkHostPort(ps, key+".address", p.Address, false)
+		if p.Bandwidth < 0 || (p.Bandwidth > 0 && p.Bandwidth < MinBandwidth) {
+			ps.add(key+".bandwidth", fmt.Sprintf("%d bytes per second is below the minimum of %s", int64(p.Bandwidth), ByteSize(MinBandwidth)))
+		}
 	}
 	seen := map[string]int{}
 	for i, id := range c.AcceptFrom {

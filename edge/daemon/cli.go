@@ -107,6 +107,10 @@ func checkConfig(cfg *config.Config, path string, stdout io.Writer) int {
 	fmt.Fprintf(stdout, "node_id: %s\nlisten: %s\nrpc.listen: %s\n", cfg.NodeID, cfg.Listen, cfg.RPC.Listen)
 	fmt.Fprintf(stdout, "tls: cert=%s key=%s ca=%s\n", cfg.TLS.Cert, cfg.TLS.Key, cfg.TLS.CA)
 	for _, p := range cfg.KnownPeers {
+		if p.Bandwidth > 0 {
+			fmt.Fprintf(stdout, "known_peer: %s at %s (bandwidth %s)\n", p.ID, p.Address, p.Bandwidth)
+			continue
+		}
 		fmt.Fprintf(stdout, "known_peer: %s at %s\n", p.ID, p.Address)
 	}
 	for _, id := range cfg.AcceptFrom {

@@ -44,7 +44,13 @@ func (d *Daemon) makeRoom(bytes, segments int64) {
 // returns each connection unchanged.
 func (d *Daemon) bandwidth() *bandwidth.Limits {
 	b := d.cfg.Relay.Bandwidth
-	l := bandwidth.New(int64(b.Total), int64(b.PerPeer), nil)
+	own := map[string]int64{}
+	for _, p := range d.cfg.KnownPeers {
+		if p.Bandwidth > 0 {
+			own[p.ID] = int64(p.Bandwidth)
+		}
+	}
+	l := bandwidth.New(int64(b.Total), int64(b.PerPeer), own, nil)
 	l.OnWait = func(peer string, wait time.Duration) {
 		d.met.throttled.WithLabelValues(peer).Add(wait.Seconds())
 	}

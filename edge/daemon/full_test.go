@@ -223,23 +223,34 @@ func TestDiskFullMidSegment(t *testing.T) {
 	}
 }
 
-// TestBandwidthLimitApplies: with relay.bandwidth.per_peer set, a's
-// connection to b goes through the limiter (its waits are counted per
-// peer) and delivery still completes. The limiter's arithmetic is
-// edge/bandwidth's test, on a fake clock.
+// TestBandwidthLimitApplies: with relay.bandwidth set, or a peer's own
+// known_peers[].bandwidth, a's connection to b goes through the limiter
+// (its waits are counted per peer) and delivery still completes. The
+// limiter's arithmetic is edge/bandwidth's test, on a fake clock.
 func TestBandwidthLimitApplies(t *testing.T) {
-	dir := pkitest.New(t, "a", "b")
-	nodes := startCluster(t, dir, []string{"a", "b"}, func(cfg *config.Config) {
-		cfg.Relay.Bandwidth = config.Bandwidth{PerPeer: 1 << 20, Total: 4 << 20}
-	})
-	a, b := nodes["a"], nodes["b"]
-	put(t, a, "big", bytes.Repeat([]byte("limited "), 40_000)) // 320 kB: beyond one burst
-	waitUntil(t, "b stores big", func() bool { return stored(b, "big") })
-	m, err := a.client.Metrics(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(m, `edged_relay_throttled_seconds_total{peer="b"}`) {
-		t.Fatalf("no throttling recorded for b:\n%s", m)
+	for name, limit := range map[string]func(*config.Config){
+		"relay.bandwidth": func(cfg *config.Config) {
+			cfg.Relay.Bandwidth = config.Bandwidth{PerPeer: 1 << 20, Total: 4 << 20}
+		},
+		"known_peers[].bandwidth": func(cfg *config.Config) {
+			for i := range cfg.KnownPeers {
+				cfg.KnownPeers[i].Bandwidth = 1 << 20
+			}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := pkitest.New(t, "a", "b")
+			nodes := startCluster(t, dir, []string{"a", "b"}, limit)
+			a, b := nodes["a"], nodes["b"]
+			put(t, a, "big", bytes.Repeat([]byte("limited "), 40_000)) // 320 kB: beyond one burst
+			waitUntil(t, "b stores big", func() bool { return stored(b, "big") })
+			m, err := a.client.Metrics(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(m, `edged_relay_throttled_seconds_total{peer="b"}`) {
+				t.Fatalf("no throttling recorded for b:\n%s", m)
+			}
+		})
 	}
 }
