@@ -81,7 +81,16 @@ type Handler struct {
 	// MaxExportBytes bounds the JSON body of one archive export page and
 	// of one target items page (default DefaultMaxExportBytes).
 	MaxExportBytes int
+	// BusyWait is how long an operator action waits for a running fire to
+	// release the source's claim before it answers 503 source_busy
+	// (default DefaultBusyWait; negative: answer at once). Fires are short,
+	// so most actions that meet one succeed a moment later instead of
+	// sending the operator back to retry by hand.
+	BusyWait time.Duration
 }
+
+// DefaultBusyWait is Handler.BusyWait's default.
+const DefaultBusyWait = 3 * time.Second
 
 func (h *Handler) maxExportBytes() int {
 	if h.MaxExportBytes <= 0 {

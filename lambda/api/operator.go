@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/relay-dev/relay/relaycore"
 )
@@ -161,7 +162,11 @@ func (h *Handler) act(ctx context.Context, m matched, req Request, log *slog.Log
 		return nil, err
 	}
 	actor := relaycore.Actor{By: actorOf(req.Caller), Reason: in.Reason}
-	st, err := do(h.Relay, ctx, m.source, m.target, actor)
+	var st relaycore.TargetStatus
+	err := h.whileBusy(ctx, func() (err error) {
+		st, err = do(h.Relay, ctx, m.source, m.target, actor)
+		return err
+	})
 	if err != nil {
 		return nil, operatorError(err)
 	}
@@ -210,7 +215,11 @@ func (h *Handler) skip(ctx context.Context, m matched, req Request, log *slog.Lo
 		return nil, operatorError(errSkipRange(in.Through, st.HeldLast))
 	}
 	actor := relaycore.Actor{By: actorOf(req.Caller), Reason: in.Reason}
-	res, err := h.Relay.Skip(ctx, m.source, relaycore.SkipRequest{Target: m.target, ExpectFirst: in.ExpectFirst, Through: in.Through, Actor: actor})
+	var res relaycore.SkipResult
+	err = h.whileBusy(ctx, func() (err error) {
+		res, err = h.Relay.Skip(ctx, m.source, relaycore.SkipRequest{Target: m.target, ExpectFirst: in.ExpectFirst, Through: in.Through, Actor: actor})
+		return err
+	})
 	if err != nil {
 		return nil, operatorError(err)
 	}
@@ -263,4 +272,34 @@ func operatorError(err error) error {
 		return err
 	}
 	return e
+}
+
+// whileBusy runs op, and runs it again while it fails because a fire holds
+// the source's claim (relaycore.ErrSourceBusy, ErrContention: nothing was
+// changed), for up to BusyWait, backing off from 20 ms to 320 ms. The
+// last error is returned when the wait runs out or ctx ends.
+func (h *Handler) whileBusy(ctx context.Context, op func() error) error {
+	wait := h.BusyWait
+	if wait == 0 {
+		wait = DefaultBusyWait
+	}
+	deadline := time.Now().Add(wait)
+	pause := 20 * time.Millisecond
+	for {
+		err := op()
+		if !errors.Is(err, relaycore.ErrSourceBusy) && !errors.Is(err, relaycore.ErrContention) {
+			return err
+		}
+		if time.Until(deadline) < pause {
+			return err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		pause = min(2*pause, 320*time.Millisecond)
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/relay-dev/relay/infra/mem"
 	"github.com/relay-dev/relay/lambda/api"
@@ -260,10 +261,12 @@ func TestSkipConflictReleasesClaim(t *testing.T) {
 	r.do(t, "POST", "/v1/sources/orders/targets/t2/skip", "", `{"expect_first":1,"through":1,"reason":"x"}`, 200, nil)
 }
 
-// TestSourceBusy: while a fire holds the source's claim an action answers
-// 503 source_busy with Retry-After and changes nothing.
+// TestSourceBusy: while a fire holds the source's claim past the
+// handler's BusyWait an action answers 503 source_busy with Retry-After and
+// changes nothing.
 func TestSourceBusy(t *testing.T) {
 	r := newOpRig(t, api.RoutesOperator)
+	r.h.BusyWait = -1 // answer at once
 	r.enqueue(t, put("t1", "k", "v1"))
 	hold := &relaycore.RelayHandler{Source: r.src, Target: blockingStore{r.dst, make(chan struct{}), make(chan struct{})}, Budget: r.h.Relay.Budget}
 	bs := hold.Target.(blockingStore)
@@ -283,6 +286,72 @@ func TestSourceBusy(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestSourceBusyWaits: an action that meets a running fire waits for it
+// (Handler.BusyWait) and then succeeds, instead of answering 503: the
+// fire is released only after the action has found the claim taken and
+// tried again.
+func TestSourceBusyWaits(t *testing.T) {
+	r := newOpRig(t, api.RoutesOperator)
+	r.h.BusyWait = time.Hour // the test ends the wait, not the clock
+	r.enqueue(t, put("t1", "k", "v1"))
+	claims := &rsReads{Store: r.src, seen: make(chan struct{}, 64)}
+	r.h.Relay.Source = claims
+	hold := &relaycore.RelayHandler{Source: r.src, Target: blockingStore{r.dst, make(chan struct{}), make(chan struct{})}, Budget: r.h.Relay.Budget}
+	bs := hold.Target.(blockingStore)
+	done := make(chan error)
+	go func() { _, err := hold.Fire(t.Context(), "orders"); done <- err }()
+	<-bs.entered // the fire holds the claim and is applying
+
+	type answer struct {
+		resp api.Response
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		req := api.Request{Method: "POST", Path: "/v1/sources/orders/targets/t1/pause", Body: []byte(`{}`), Caller: operatorARN,
+			Headers: map[string]string{"content-type": "application/json"}}
+		answered <- answer{r.h.Serve(t.Context(), req)}
+	}()
+	// Two claim reads: the first found the fire's claim, the second is
+	// the retry. An action that does not wait answers after the first.
+	for range 2 {
+		select {
+		case <-claims.seen:
+		case a := <-answered:
+			close(bs.release)
+			<-done
+			t.Fatalf("answered %d %s before trying the claim again", a.resp.Status, a.resp.Body)
+		}
+	}
+	close(bs.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	a := <-answered
+	if a.resp.Status != 200 {
+		t.Fatalf("pause after the fire: %d %s, want 200", a.resp.Status, a.resp.Body)
+	}
+	var tr api.TargetResponse
+	if err := json.Unmarshal(a.resp.Body, &tr); err != nil || tr.Status.State != relaycore.StatePaused {
+		t.Fatalf("pause answered %s (%v)", a.resp.Body, err)
+	}
+}
+
+// rsReads reports each read of a source's rs (each claim attempt).
+type rsReads struct {
+	relaycore.Store
+	seen chan struct{}
+}
+
+func (s *rsReads) Get(ctx context.Context, p relaycore.Partition, key string) ([]byte, bool, error) {
+	if key == relaycore.KeyRS {
+		select {
+		case s.seen <- struct{}{}:
+		default:
+		}
+	}
+	return s.Store.Get(ctx, p, key)
 }
 
 // blockingStore holds the first Apply until released.
