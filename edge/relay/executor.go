@@ -93,6 +93,9 @@ type Executor struct {
 	claimMu sync.Mutex // serialises claims so they follow ledger order
 	wake    broadcast
 
+	resyncMu sync.Mutex
+	resynced map[string]bool // peers summarised since their last failure (window.go)
+
 	mu      sync.Mutex
 	running bool
 }
@@ -138,6 +141,7 @@ func New(cfg Config, led *ledger.Ledger, store *segstore.Store, d Dialer) (*Exec
 	return &Executor{
 		cfg: cfg, led: led, store: store, dial: d, log: cfg.Log,
 		pool:     newPool(cfg.Workers, cfg.PoolIdle),
+		resynced: map[string]bool{},
 		circuits: newCircuits(cfg.Policy, cfg.DialTimeout),
 		wake:     newBroadcast(),
 	}, nil
@@ -581,6 +585,9 @@ func (e *Executor) dialPeer(ctx context.Context, peer, addr string) (*wire.Conn,
 		return nil, err
 	}
 	e.circuits.dialed(peer, e.cfg.Now(), err)
+	if err != nil {
+		e.needResync(peer)
+	}
 	if err == nil {
 		e.log.Debug("relay connection", "peer", peer, "version", c.Version(), "peer_window", c.PeerWindow())
 	}

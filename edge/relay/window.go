@@ -103,7 +103,12 @@ func (e *Executor) executeStream(soft, ctx context.Context, conn *wire.Conn, reu
 		defer close(recorded)
 		st.record()
 	}()
-	err := st.resync(ctx, conn)
+	var err error
+	if !probe && e.takeResync(st.peer) {
+		if err = st.resync(ctx, conn); err != nil {
+			e.needResync(st.peer)
+		}
+	}
 	if err == nil {
 		err = conn.DeliverStream(ctx, st.next, st.done, e.cfg.AckTimeout)
 	}
@@ -139,6 +144,10 @@ func (e *Executor) executeStream(soft, ctx context.Context, conn *wire.Conn, reu
 		st.failed = append(st.failed, failure{flight{rec: rec, start: time.Now()}, fmt.Errorf("not offered: %w", err)})
 	}
 	st.queue = nil
+	if err != nil {
+		// The peer may go offline after this: summarise again next time.
+		e.needResync(st.peer)
+	}
 	close(st.acks)
 	<-recorded
 	if conn != nil {
@@ -158,67 +167,102 @@ func (e *Executor) executeStream(soft, ctx context.Context, conn *wire.Conn, reu
 const resyncMin = 64
 
 // resync is the summary exchange at the start of a stream (after a
-// (re)connect, or whenever work for the peer resumes): while the peer's
-// due backlog is large, it claims up to wire.MaxQuerySegments records at
-// a time and asks the peer which it already holds (one QUERY, one HOLDS).
-// Those the peer names with exactly our size and digest are Acked on that
-// claim, in one transaction, without an OFFER each; a name with another
-// digest counts for nothing. The rest are queued for the stream. It
-// stops querying when a round finds most segments missing at the peer or
-// the backlog is drained.
+// (re)connect, or whenever work for the peer resumes): while 64 or more of
+// the peer's records are due, it asks the peer which of up to
+// wire.MaxQuerySegments of their segments it already holds (one QUERY,
+// one HOLDS). Those the peer names with exactly our size and digest are
+// claimed and Acked on that claim, two transactions for the lot, without
+// an OFFER each; a name with another digest counts for nothing. The
+// others stay due: the stream (this worker's and others') claims them a
+// quarter window at a time. Querying reads the ledger only, so records
+// are not held Inflight while the peer is asked. It goes on while a round
+// finds most segments held and the backlog is not exhausted.
 func (st *stream) resync(ctx context.Context, conn *wire.Conn) error {
 	e := st.e
 	if st.probe {
 		return nil
 	}
+	queried := map[string]bool{}
 	for st.soft.Err() == nil {
-		recs := st.queue
-		st.queue = nil
-		recs = append(recs, e.claimMore(st.peer, wire.MaxQuerySegments-len(recs))...)
-		if len(recs) < resyncMin {
-			st.queue = recs
-			return nil
+		due, err := e.led.Pending(e.cfg.Now(), len(queried)+claimScanFactor*wire.MaxQuerySegments)
+		if err != nil {
+			return nil // the stream claims as usual
 		}
 		var offers []wire.Offer
-		flights := map[string]flight{}
-		var unknown []ledger.Record // not in the query: queued as they are
-		for _, rec := range recs {
-			entry, err := e.store.Stat(rec.SegmentID)
-			if err != nil {
-				unknown = append(unknown, rec) // next() sets it aside as missing
+		for _, r := range due {
+			if r.PeerID != st.peer || queried[r.SegmentID] || len(offers) == wire.MaxQuerySegments {
 				continue
 			}
+			entry, err := e.store.Stat(r.SegmentID)
+			if err != nil {
+				continue // the stream deals with it
+			}
 			offers = append(offers, wire.Offer{SegmentID: entry.ID, Size: entry.Size, SHA256: entry.SHA256})
-			flights[entry.ID] = flight{rec: rec, start: time.Now()}
+		}
+		if len(offers) < resyncMin {
+			return nil
+		}
+		for _, o := range offers {
+			queried[o.SegmentID] = true
 		}
 		held, mismatched, err := conn.Query(ctx, offers)
 		if err != nil {
-			st.queue = recs
 			return err
 		}
 		st.mu.Lock()
 		st.replied = true
 		st.mu.Unlock()
-		batch := make([]flight, 0, len(held))
-		for _, o := range held {
-			batch = append(batch, flights[o.SegmentID])
-			delete(flights, o.SegmentID)
+		pairs := make([]ledger.Pair, len(held))
+		for i, o := range held {
+			pairs[i] = ledger.Pair{SegmentID: o.SegmentID, PeerID: st.peer}
 		}
-		if len(batch) > 0 {
-			e.recordAcks(batch)
-		}
-		e.log.Debug("relay resync", "peer", st.peer, "queried", len(offers), "held", len(held), "other_digest", mismatched)
-		st.queue = unknown
-		for _, rec := range recs {
-			if _, ok := flights[rec.SegmentID]; ok {
-				st.queue = append(st.queue, rec)
+		claimed := 0
+		if len(pairs) > 0 {
+			e.claimMu.Lock()
+			recs, err := e.led.ClaimBatch(pairs, e.cfg.Now())
+			e.claimMu.Unlock()
+			if err != nil {
+				e.log.Error("relay claim failed", "err", err)
+				return nil
 			}
+			batch := make([]flight, len(recs))
+			for i, rec := range recs {
+				batch[i] = flight{rec: rec, start: time.Now()}
+			}
+			if len(batch) > 0 {
+				e.recordAcks(batch)
+			}
+			claimed = len(recs)
 		}
-		if len(held) < len(offers)/2 || len(recs) < wire.MaxQuerySegments {
+		e.log.Debug("relay resync", "peer", st.peer, "queried", len(offers), "held", len(held),
+			"acked", claimed, "other_digest", mismatched)
+		if len(held) < len(offers)/2 || len(offers) < wire.MaxQuerySegments {
 			return nil
 		}
 	}
 	return nil
+}
+
+// takeResync reports whether this stream should run the summary exchange
+// for peer: once after the executor starts and after every connection
+// failure or failed dial (the peer may have been offline), and only one
+// stream at a time. A backlog that finds nothing held is then streamed
+// without asking again on every stream start.
+func (e *Executor) takeResync(peer string) bool {
+	e.resyncMu.Lock()
+	defer e.resyncMu.Unlock()
+	if e.resynced[peer] {
+		return false
+	}
+	e.resynced[peer] = true
+	return true
+}
+
+// needResync marks peer for a summary exchange at its next stream.
+func (e *Executor) needResync(peer string) {
+	e.resyncMu.Lock()
+	defer e.resyncMu.Unlock()
+	delete(e.resynced, peer)
 }
 
 // next yields the next record's segment: the queue first, then more due
