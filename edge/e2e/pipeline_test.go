@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -250,8 +251,17 @@ func TestResyncAfterOffline(t *testing.T) {
 	if b.has(conflict, digest(segs[conflict])) {
 		t.Error("b holds a's content under the conflicting id")
 	}
-	if !regexp.MustCompile(`msg="relay resync" .*peer=b queried=\d+ held=1\d\d`).MatchString(a.log()) {
-		t.Errorf("a's log lacks a resync round that found most segments held:\n%s", grepLines(a.log(), "relay resync"))
+	// The backlog comes due in steps (the dial circuit deferred it while
+	// b was unreachable), so it may take several rounds; together they
+	// must have found b's 180 segments (less those offered and declined
+	// meanwhile, at most one per stream start).
+	held := 0
+	for _, m := range regexp.MustCompile(`msg="relay resync" .*peer=b queried=\d+ held=(\d+)`).FindAllStringSubmatch(a.log(), -1) {
+		n, _ := strconv.Atoi(m[1])
+		held += n
+	}
+	if held < 150 {
+		t.Errorf("resync rounds found %d segments held, want most of b's 180:\n%s", held, grepLines(a.log(), "relay resync"))
 	}
 	noAckedButMissing(t, a, b, segs)
 }

@@ -176,7 +176,9 @@ const resyncMin = 64
 // others stay due: the stream (this worker's and others') claims them a
 // quarter window at a time. Querying reads the ledger only, so records
 // are not held Inflight while the peer is asked. It goes on while a round
-// finds most segments held and the backlog is not exhausted.
+// finds most segments held and the backlog is not exhausted, and leaves
+// the peer marked for another summary at the next stream start unless a
+// round found most segments new to the peer.
 func (st *stream) resync(ctx context.Context, conn *wire.Conn) error {
 	e := st.e
 	if st.probe {
@@ -200,6 +202,10 @@ func (st *stream) resync(ctx context.Context, conn *wire.Conn) error {
 			offers = append(offers, wire.Offer{SegmentID: entry.ID, Size: entry.Size, SHA256: entry.SHA256})
 		}
 		if len(offers) < resyncMin {
+			// Too little is due to be worth a QUERY now, but more may
+			// come due (a backlog deferred by the dial circuit comes due
+			// in steps): ask again at a later stream start.
+			e.needResync(st.peer)
 			return nil
 		}
 		for _, o := range offers {
@@ -236,7 +242,13 @@ func (st *stream) resync(ctx context.Context, conn *wire.Conn) error {
 		}
 		e.log.Debug("relay resync", "peer", st.peer, "queried", len(offers), "held", len(held),
 			"acked", claimed, "other_digest", mismatched)
-		if len(held) < len(offers)/2 || len(offers) < wire.MaxQuerySegments {
+		if len(held) < len(offers)/2 {
+			return nil // mostly new to the peer: stream the rest
+		}
+		if len(offers) < wire.MaxQuerySegments {
+			// Most were held and everything due was asked; what comes
+			// due later may be held too.
+			e.needResync(st.peer)
 			return nil
 		}
 	}
