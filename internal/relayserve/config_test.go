@@ -45,6 +45,7 @@ func TestParseRefuses(t *testing.T) {
 		{"unknown top-level key", "lisen: 127.0.0.1:1\n" + minimal, []string{`line 1: unknown key "lisen" (did you mean listen?)`}},
 		{"wrong type", minimal + "drain_timeout: [1]\n", []string{"line 6"}},
 		{"duration without unit", minimal + "drain_timeout: 5\n", []string{`line 6: drain_timeout: "5" is a number, want a duration with its unit, like 30s`}},
+		{"mapping for a list", minimal + "principals:\n  app:\n    produce: {orders: 1}\n", []string{`line 8: a mapping where the key wants a list, like [orders, invoices]`}},
 		{"produce not a list", minimal + "principals:\n  app: {produce: orders}\n", []string{`line 7: principals.app.produce: "orders" is a string, want a list, like [orders, invoices]`}},
 		{"no db", "listen: 127.0.0.1:1\nauth: {anonymous: {read: true}}\n", []string{"db is required"}},
 		{"unknown plan", minimal + "budget: {plan: gold}\n", []string{`budget.plan "gold"`}},

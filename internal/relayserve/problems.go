@@ -140,7 +140,7 @@ func (l lines) locate(err error) error {
 
 var (
 	unknownFieldRE = regexp.MustCompile(`^line (\d+): field (\S+) not found in type (\S+)$`)
-	wrongTypeRE    = regexp.MustCompile("^line (\\d+): cannot unmarshal !!(\\w+) `(.*)` into (.+)$")
+	wrongTypeRE    = regexp.MustCompile("^line (\\d+): cannot unmarshal !!(\\w+)(?: `(.*)`)? into (.+)$")
 )
 
 // yamlProblem rewrites one of yaml's decoding errors in the file's terms
@@ -162,6 +162,9 @@ func (l lines) yamlProblem(msg string) error {
 		want, ok := goTypeWords[m[4]]
 		if !ok {
 			want = m[4]
+		}
+		if m[3] == "" { // a mapping or a list: yaml quotes no value
+			return fmt.Errorf("line %d: %s where the key wants %s", line, yamlTagWords(m[2]), want)
 		}
 		where := ""
 		if k := l.keyAt(line, m[3]); k != "" {
