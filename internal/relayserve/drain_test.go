@@ -3,9 +3,12 @@ package relayserve_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -16,8 +19,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/relay-dev/relay/internal/relayserve"
 	"github.com/relay-dev/relay/internal/relayserve/servetest"
 	"github.com/relay-dev/relay/lambda/api"
+	"github.com/relay-dev/relay/relaycore"
 )
 
 // inFlight reads relay_http_requests_in_flight from /metrics.
@@ -213,5 +218,58 @@ func TestSystemdAnalyzeVerify(t *testing.T) {
 	}
 	if out, err := exec.Command(analyze, "verify", unit).CombinedOutput(); err != nil || len(bytes.TrimSpace(out)) > 0 {
 		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
+	}
+}
+
+// A client that stalls in its body cannot hold a SIGTERM until
+// drain_timeout: the drain gives bodies still arriving the first half of
+// it, then answers them 503 (nothing written) and exits 0, unforced,
+// though limits.read_timeout is far off.
+func TestSigtermCutsStalledBody(t *testing.T) {
+	dir := t.TempDir()
+	cfg := servetest.WriteConfig(t, fmt.Sprintf(`listen: 127.0.0.1:0
+db: %s
+auth:
+  anonymous: {produce: ["*"], read: true}
+limits: {read_timeout: 10m}
+drain_timeout: 4s
+`, filepath.Join(dir, "relay.db")))
+	p := servetest.Start(t, relayBin, cfg)
+	c := p.Client(nil)
+
+	conn, err := net.Dial("tcp", p.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v1/sources/stalled/rows HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"rows\":", p.Addr)
+	// The request is reading its body once the gauge counts it besides
+	// the /metrics request asking.
+	deadline := time.Now().Add(servetest.StartTimeout)
+	for inFlight(t, c, p.URL, "") < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the stalled request never reached the handler")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	p.Signal(t, syscall.SIGTERM)
+	conn.SetReadDeadline(time.Now().Add(servetest.StartTimeout)) // a hang guard
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("the stalled request got no answer: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusServiceUnavailable || !bytes.Contains(body, []byte("shutting down")) {
+		t.Fatalf("stalled body at SIGTERM: %d %s, want 503 shutting down", resp.StatusCode, body)
+	}
+	if code := p.Wait(t); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM with a stalled client:\n%s", code, p.Log())
+	}
+	if !strings.Contains(p.Log(), `"forced":false`) {
+		t.Fatalf("drain was forced:\n%s", p.Log())
+	}
+	db := openDB(t, filepath.Join(dir, "relay.db"))
+	if _, ok, err := db.Store(relayserve.SourceTable).Get(context.Background(), "stalled", relaycore.KeyOS); err != nil || ok {
+		t.Fatalf("the cut request wrote an outbox (%v, %v)", ok, err)
 	}
 }

@@ -38,12 +38,14 @@ type httpHandler struct {
 	// readTimeout is limits.read_timeout, named in the 408 a slow body
 	// gets.
 	readTimeout time.Duration
-	metrics     *metrics
-	log         *slog.Logger
-	ready       func() error
-	promh       http.Handler
-	cop         *http.CrossOriginProtection
-	backup      http.Handler
+	// reads are the body reads in progress, which a drain cuts short.
+	reads   bodyReads
+	metrics *metrics
+	log     *slog.Logger
+	ready   func() error
+	promh   http.Handler
+	cop     *http.CrossOriginProtection
+	backup  http.Handler
 }
 
 func newHTTPHandler(h *api.Handler, creds *credentials, maxBody int, m *metrics, log *slog.Logger, ready func() error) *httpHandler {
@@ -171,7 +173,13 @@ func (h *httpHandler) serve(w http.ResponseWriter, r *http.Request, rawPath stri
 		writeError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("body is %d bytes, limit %d", r.ContentLength, h.maxBody))
 		return name
 	}
+	rc := http.NewResponseController(w)
+	h.reads.start(rc)
 	body, err := io.ReadAll(io.LimitReader(r.Body, int64(h.maxBody)+1))
+	if h.reads.done(rc) && err != nil {
+		writeShuttingDown(w)
+		return name
+	}
 	if err != nil {
 		msg := fmt.Sprintf("the body broke off after %d bytes: %v", len(body), err)
 		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
@@ -199,6 +207,15 @@ func (h *httpHandler) serve(w http.ResponseWriter, r *http.Request, rawPath stri
 		h.log.Debug("http response not written", "path", rawPath, "err", err)
 	}
 	return name
+}
+
+// writeShuttingDown answers a request whose body the drain cut short:
+// nothing was written, and the client should retry once the server is
+// back (or elsewhere).
+func writeShuttingDown(w http.ResponseWriter) {
+	w.Header().Set("Connection", "close")
+	w.Header().Set("Retry-After", "1")
+	writeError(w, http.StatusServiceUnavailable, "unavailable", "the server is shutting down and the body did not arrive in time; nothing was written: retry")
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

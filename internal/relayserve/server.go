@@ -269,7 +269,9 @@ wait:
 	defer cancel()
 	start := time.Now()
 
-	// Requests first: an enqueue still running may kick the clock.
+	// Requests first: an enqueue still running may kick the clock. Those
+	// still receiving their bodies get half the drain (bodyReads).
+	hh.reads.drain(start.Add(cfg.DrainTimeout / 2))
 	forced := false
 	if err := srv.Shutdown(dctx); err != nil {
 		forced = true
