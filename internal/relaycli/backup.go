@@ -80,6 +80,9 @@ bbolt's consistency check and only then renamed into place.
 			for _, p := range paths {
 				fmt.Fprintln(stdout, "relay backup: wrote", p)
 			}
+			if _, ok := errors.AsType[x509.UnknownAuthorityError](err); ok && caFile == "" {
+				err = fmt.Errorf("%w: give --ca the CA certificate that signed the server's", err)
+			}
 			return err
 		},
 	}

@@ -3,6 +3,8 @@ package relaycli
 import (
 	"bytes"
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -69,5 +71,19 @@ func TestLockedFileNamed(t *testing.T) {
 	}
 	if !strings.Contains(errb.String(), path+" is locked by another process, likely a running relay serve") {
 		t.Fatalf("status on a held file: %s", errb.String())
+	}
+}
+
+// A server certificate from a CA the system does not trust is refused
+// with the flag that fixes it.
+func TestBackupURLNamesCAFlag(t *testing.T) {
+	srv := httptest.NewTLSServer(http.NotFoundHandler())
+	defer srv.Close()
+	var out, errb bytes.Buffer
+	if code := Run(context.Background(), []string{"backup", "--url", srv.URL, t.TempDir()}, &out, &errb); code == 0 {
+		t.Fatal("accepted an unknown CA")
+	}
+	if !strings.Contains(errb.String(), "give --ca the CA certificate") {
+		t.Fatalf("stderr: %s", errb.String())
 	}
 }
