@@ -228,3 +228,53 @@ func TestLockedFileNamed(t *testing.T) {
 		t.Fatalf("Run on a held file: %v", err)
 	}
 }
+
+// scanHolder holds target scans (the target read routes) until the
+// request's context ends: a request still running at the drain deadline.
+type scanHolder struct {
+	relaycore.Store
+	once    sync.Once
+	entered chan struct{}
+}
+
+func (s *scanHolder) Scan(ctx context.Context, p relaycore.Partition, req relaycore.ScanRequest) (relaycore.ScanPage, error) {
+	s.once.Do(func() { close(s.entered) })
+	<-ctx.Done()
+	return relaycore.ScanPage{}, ctx.Err()
+}
+
+// A drain forced by a request, with no fire running, says so and only so:
+// no warning about fires that are not there.
+func TestForcedByRequestNamesNoFires(t *testing.T) {
+	cfg := testConfig(t, "300ms")
+	hold := &scanHolder{entered: make(chan struct{})}
+	cancel, done, url, logs := runServer(t, cfg, func(s relaycore.Store) relaycore.Store { hold.Store = s; return hold })
+	go func() {
+		if resp, err := http.Get(url + "/v1/targets/t1/items"); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	<-hold.entered
+	cancel()
+	hang := time.After(60 * time.Second) // a hang guard
+	for {
+		var m map[string]any
+		select {
+		case m = <-logs.lines:
+		case <-hang:
+			t.Fatal("no relay serve: stopped line")
+		}
+		if m["msg"] == "relay serve: fires still running at the drain deadline; cancelling them (their claims lapse, their alarms fire after restart)" {
+			t.Fatalf("warned of fires with none running: %v", m)
+		}
+		if m["msg"] == "relay serve: stopped" {
+			if m["forced"] != true {
+				t.Fatalf("stopped %v: the request was cut, so the drain was forced", m)
+			}
+			break
+		}
+	}
+	if err := <-done; err == nil || !strings.Contains(err.Error(), "drain timed out") {
+		t.Fatalf("Run: %v", err)
+	}
+}

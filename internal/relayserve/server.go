@@ -147,13 +147,14 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 	// deadline passes (then this context is cancelled).
 	fireCtx, cancelFires := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelFires()
+	var firesRunning atomic.Int64
 	m := newMetrics(src)
 	// A fire's targets are delivered together, so their batches share the
 	// file's group commit (infra/bolt): one fsync, not one per target.
 	relay := &relaycore.RelayHandler{Source: src, Target: dst, Budget: budget, Logger: log, ClaimTTL: cfg.Alarms.ClaimTTL,
 		DeliverConcurrency: 8}
 	clock := alarmclock.New(alarmclock.Config{
-		Handler: detachedAlarmer{relay, fireCtx}, Index: src, Workers: cfg.Alarms.Workers,
+		Handler: detachedAlarmer{relay, fireCtx, &firesRunning}, Index: src, Workers: cfg.Alarms.Workers,
 		SweepInterval: cfg.Alarms.SweepInterval, Logger: log,
 		Observe: func(s relaycore.Partition, r relaycore.AlarmResult, err error) {
 			m.alarm(fireCtx, s, r, err)
@@ -283,8 +284,15 @@ wait:
 	select {
 	case <-clockDone:
 	case <-dctx.Done():
-		forced = true
-		log.Warn("relay serve: fires still running at the drain deadline; cancelling them (their claims lapse, their alarms fire after restart)")
+		// The deadline may have passed in the request drain, with no
+		// fire running: then the clock is only returning, and neither
+		// a warning nor "forced" would be true. Cancelling is harmless
+		// either way (an alarm the stopping clock still hands out must
+		// not run past the deadline).
+		if n := firesRunning.Load(); n > 0 {
+			forced = true
+			log.Warn("relay serve: fires still running at the drain deadline; cancelling them (their claims lapse, their alarms fire after restart)", "fires", n)
+		}
 		cancelFires()
 		<-clockDone
 	}
@@ -296,13 +304,17 @@ wait:
 }
 
 // detachedAlarmer runs alarms on its own context rather than the clock's,
-// so stopping the clock lets running fires finish.
+// so stopping the clock lets running fires finish; it counts them for
+// the drain's report.
 type detachedAlarmer struct {
-	h   *relaycore.RelayHandler
-	ctx context.Context
+	h       *relaycore.RelayHandler
+	ctx     context.Context
+	running *atomic.Int64
 }
 
 func (d detachedAlarmer) Alarm(_ context.Context, source relaycore.Partition) (relaycore.AlarmResult, error) {
+	d.running.Add(1)
+	defer d.running.Add(-1)
 	return d.h.Alarm(d.ctx, source)
 }
 
