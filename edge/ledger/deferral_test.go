@@ -2,7 +2,9 @@ package ledger
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -79,5 +81,58 @@ func TestDeferKeepsScanOrder(t *testing.T) {
 	}
 	if _, err := f.l.Defer(until, t0, Pair{"", "dead"}); err == nil {
 		t.Fatal("Defer accepted an empty segment id")
+	}
+}
+
+// TestExpedite: the records of one peer that are due later (deferred, or
+// failed and backing off) all come due at now, keeping their state and
+// attempts; records already due, in flight or terminal, and those of other
+// peers, are left alone.
+func TestExpedite(t *testing.T) {
+	f := newLedger(t, nil)
+	for _, seg := range []string{"a", "b", "c", "d", "e"} {
+		must[[]string](t)(f.l.EnsureScheduled(seg, []string{"back", "other"}, t0))
+	}
+	p := Policy{MaxRetries: 5, Initial: time.Hour, Max: time.Hour}
+	must[[]Pair](t)(f.l.Defer(t0.Add(time.Hour), t0, Pair{"a", "back"}, Pair{"a", "other"}))
+	mustInflight(t, f.l, "b", "back", t0)
+	must[Record](t)(f.l.TransitionFailed("b", "back", errors.New("dial: refused"), t0, p))
+	mustInflight(t, f.l, "c", "back", t0)
+	mustInflight(t, f.l, "d", "back", t0)
+	must[Record](t)(f.l.TransitionAcked("d", "back", t0))
+	before := map[string][]byte{}
+	for _, k := range []string{"c/back", "d/back", "e/back", "a/other"} {
+		seg, peer, _ := strings.Cut(k, "/")
+		before[k] = rawRecord(t, f.db, seg, peer)
+	}
+	oldB := must[Record](t)(f.l.Get("b", "back"))
+	now := t0.Add(time.Minute)
+	n, err := f.l.Expedite("back", now)
+	if err != nil || n != 2 {
+		t.Fatalf("Expedite = %d, %v; want 2 (a deferred, b backing off)", n, err)
+	}
+	for k, raw := range before {
+		seg, peer, _ := strings.Cut(k, "/")
+		if !bytes.Equal(raw, rawRecord(t, f.db, seg, peer)) {
+			t.Errorf("%s changed", k)
+		}
+	}
+	b := must[Record](t)(f.l.Get("b", "back"))
+	if b.State != StateFailed || b.Attempts != oldB.Attempts || b.LastError != oldB.LastError || !b.NextAttemptAfter.Equal(now) {
+		t.Errorf("b/back after Expedite: %+v, was %+v", b, oldB)
+	}
+	var due []string
+	for _, r := range must[[]Record](t)(f.l.Pending(now, 0)) {
+		due = append(due, r.SegmentID+"/"+r.PeerID)
+	}
+	if s, want := fmt.Sprint(due), "[b/other c/other d/other e/back e/other a/back b/back]"; s != want {
+		t.Errorf("due at now: %s, want %s", s, want)
+	}
+}
+
+func mustInflight(t *testing.T, l *Ledger, seg, peer string, now time.Time) {
+	t.Helper()
+	if _, ok, err := l.TryTransitionInflight(seg, peer, now); err != nil || !ok {
+		t.Fatalf("claim %s/%s: %v %v", seg, peer, ok, err)
 	}
 }
