@@ -125,16 +125,19 @@ func (cs *circuits) release(peer string, token uint64) {
 	}
 }
 
-// dialed records the outcome of a dial to peer at now.
-func (cs *circuits) dialed(peer string, now time.Time, err error) {
+// dialed records the outcome of a dial to peer at now. It reports whether
+// a successful dial closed a circuit that was open or half-open: the peer
+// is back after an outage.
+func (cs *circuits) dialed(peer string, now time.Time, err error) (back bool) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	c := cs.m[peer]
 	if err == nil {
 		if c != nil {
+			back = c.failures > 0
 			c.failures, c.reopen, c.probing = 0, time.Time{}, false
 		}
-		return
+		return back
 	}
 	if c == nil {
 		c = &circuit{}
@@ -142,11 +145,12 @@ func (cs *circuits) dialed(peer string, now time.Time, err error) {
 	}
 	c.lastErr = err.Error()
 	if c.failures > 0 && !c.probing && now.Before(c.reopen) {
-		return // already open: this dial started before it opened
+		return false // already open: this dial started before it opened
 	}
 	c.failures++
 	c.probing = false
 	c.reopen = now.Add(cs.backoff(c.failures))
+	return false
 }
 
 // reset closes peer's circuit ("" = every peer's), keeping the last error.

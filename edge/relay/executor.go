@@ -93,8 +93,9 @@ type Executor struct {
 	claimMu sync.Mutex // serialises claims so they follow ledger order
 	wake    broadcast
 
-	resyncMu sync.Mutex
-	resynced map[string]bool // peers summarised since their last failure (window.go)
+	resyncMu  sync.Mutex
+	resynced  map[string]bool // peers summarised since their last failure (window.go)
+	resyncing map[string]bool // peers whose summary exchange is under way (window.go)
 
 	mu      sync.Mutex
 	running bool
@@ -141,7 +142,7 @@ func New(cfg Config, led *ledger.Ledger, store *segstore.Store, d Dialer) (*Exec
 	return &Executor{
 		cfg: cfg, led: led, store: store, dial: d, log: cfg.Log,
 		pool:     newPool(cfg.Workers, cfg.PoolIdle),
-		resynced: map[string]bool{},
+		resynced: map[string]bool{}, resyncing: map[string]bool{},
 		circuits: newCircuits(cfg.Policy, cfg.DialTimeout),
 		wake:     newBroadcast(),
 	}, nil
@@ -252,17 +253,24 @@ const idleRetry = time.Second
 func (e *Executor) worker(ctx, hard context.Context) {
 	for ctx.Err() == nil {
 		woken := e.wake.wait() // taken before looking, so no signal is missed
-		c, ok, err := e.claimNext()
+		c, ok, held, err := e.claimNext()
 		if err != nil {
 			e.log.Error("relay claim failed", "err", err)
 			sleep(ctx, idleRetry, woken)
 			continue
 		}
 		if ok {
-			e.executeRelay(ctx, hard, c.rec, c.probe != 0)
+			e.executeRelay(ctx, hard, c)
 			if c.probe != 0 {
 				e.circuits.release(c.rec.PeerID, c.probe)
 			}
+			continue
+		}
+		if held {
+			// Due records wait for a summary exchange under way; its end
+			// wakes the workers. The bound only matters for other peers'
+			// records coming due meanwhile.
+			sleep(ctx, idleRetry, woken)
 			continue
 		}
 		next, ok, err := e.nextDue()
@@ -305,27 +313,39 @@ func sleep(ctx context.Context, d time.Duration, woken <-chan struct{}) {
 const claimBatch = 16
 
 // claim is a claimed record; probe is its circuit probe token (0: not a
-// probe).
+// probe); resync says the claim took its peer's summary exchange
+// (takeResync), which the attempt must end (endResync).
 type claim struct {
-	rec   ledger.Record
-	probe uint64
+	rec    ledger.Record
+	probe  uint64
+	resync bool
 }
 
 // claimNext claims the first due record in ledger order whose peer's dial
 // circuit admits it. Due records of peers whose circuit is open are
 // deferred on the way (see circuit.go), so they neither block the scan
-// nor cost a dial; the scan then goes on past them.
-func (e *Executor) claimNext() (claim, bool, error) {
+// nor cost a dial; the scan then goes on past them. Records of a peer
+// whose summary exchange is under way are passed over (held reports
+// that some were): the exchange settles what the peer holds, and offering
+// them meanwhile is what it exists to avoid. A claim (not a probe) of a
+// peer due a summary takes the exchange.
+func (e *Executor) claimNext() (_ claim, ok, held bool, _ error) {
 	e.claimMu.Lock()
 	defer e.claimMu.Unlock()
 	now := e.cfg.Now()
+	skip := 0 // records of resyncing peers at the head of the due list
 	for {
-		recs, err := e.led.Pending(now, claimBatch)
+		recs, err := e.led.Pending(now, skip+claimBatch)
 		if err != nil {
-			return claim{}, false, err
+			return claim{}, false, false, err
 		}
 		var deferrals deferrals
+		seen := 0
 		for _, r := range recs {
+			if e.resyncBusy(r.PeerID) {
+				seen++
+				continue
+			}
 			adm := e.circuits.admit(r.PeerID, now)
 			if !adm.deferUntil.IsZero() {
 				deferrals.add(r, adm.deferUntil)
@@ -339,23 +359,33 @@ func (e *Executor) claimNext() (claim, bool, error) {
 				if derr := e.applyDeferrals(deferrals, now); derr != nil {
 					e.log.Error("relay deferral failed", "err", derr)
 				}
-				return claim{rec: got, probe: adm.probe}, true, nil
+				c := claim{rec: got, probe: adm.probe}
+				c.resync = adm.probe == 0 && e.takeResync(got.PeerID)
+				return c, true, false, nil
 			}
 			if adm.probe != 0 {
 				e.circuits.release(r.PeerID, adm.probe)
 			}
 			if err != nil {
-				return claim{}, false, err
+				return claim{}, false, false, err
 			}
 		}
 		if len(deferrals) == 0 {
-			return claim{}, false, nil
+			if seen > skip && len(recs) == skip+claimBatch {
+				// Look past the passed-over records, doubling the scan so
+				// that a backlog of thousands costs a few scans, not one
+				// per claimBatch.
+				skip = max(seen, 2*skip+claimBatch)
+				continue
+			}
+			return claim{}, false, seen > 0, nil
 		}
 		// Deferred records leave the due window (their new time is after
 		// now), so the next scan sees records behind them.
 		if err := e.applyDeferrals(deferrals, now); err != nil {
-			return claim{}, false, err
+			return claim{}, false, false, err
 		}
+		skip = seen
 	}
 }
 
@@ -428,19 +458,26 @@ var errUnknownPeer = errors.New("peer not in known_peers")
 // the same peer (executeStream; not for a circuit probe: a probe is one
 // attempt). soft is Run's context: once it is done no more is claimed;
 // ctx bounds the attempts themselves.
-func (e *Executor) executeRelay(soft, ctx context.Context, rec ledger.Record, probe bool) {
+func (e *Executor) executeRelay(soft, ctx context.Context, c claim) {
+	rec := c.rec
 	start := time.Now()
 	conn, reused, err := e.prepare(ctx, rec)
 	if err != nil {
+		if c.resync {
+			e.endResync(rec.PeerID, false)
+		}
 		e.finish(rec, 0, err, time.Since(start))
 		return
 	}
 	if conn.Version() < wire.Version2 {
+		if c.resync {
+			e.endResync(rec.PeerID, true) // a version 1 peer has no summary
+		}
 		size, err := e.deliver(ctx, conn, reused, rec)
 		e.finish(rec, size, err, time.Since(start))
 		return
 	}
-	e.executeStream(soft, ctx, conn, reused, rec, probe)
+	e.executeStream(soft, ctx, conn, reused, rec, c.probe != 0, c.resync)
 }
 
 // finish records one attempt's outcome: the ACK, or the failure.
@@ -584,9 +621,12 @@ func (e *Executor) dialPeer(ctx context.Context, peer, addr string) (*wire.Conn,
 	if err != nil && ctx.Err() != nil {
 		return nil, err
 	}
-	e.circuits.dialed(peer, e.cfg.Now(), err)
+	back := e.circuits.dialed(peer, e.cfg.Now(), err)
 	if err != nil {
 		e.needResync(peer)
+	}
+	if back {
+		e.backlogDue(peer)
 	}
 	if err == nil {
 		e.log.Debug("relay connection", "peer", peer, "version", c.Version(), "peer_window", c.PeerWindow())

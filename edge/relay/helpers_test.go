@@ -51,10 +51,13 @@ type node struct {
 	dir   string
 }
 
-func newNode(t testing.TB) *node {
+func newNode(t testing.TB) *node { return newNodeOpts(t, 1000, nil) }
+
+// newNodeOpts is newNode with a segment quota and bbolt options.
+func newNodeOpts(t testing.TB, segments int64, opts *bolt.Options) *node {
 	t.Helper()
 	dir := t.TempDir()
-	db, err := bolt.Open(filepath.Join(dir, "edged.db"), 0o600, nil)
+	db, err := bolt.Open(filepath.Join(dir, "edged.db"), 0o600, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +66,7 @@ func newNode(t testing.TB) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := segstore.Open(dir, db, segstore.Options{QuotaBytes: 1 << 30, QuotaSegments: 1000, MaxSegmentBytes: 64 << 20})
+	st, err := segstore.Open(dir, db, segstore.Options{QuotaBytes: 1 << 30, QuotaSegments: segments, MaxSegmentBytes: 64 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,8 +31,8 @@ const claimScanFactor = 4
 
 // claimMore claims up to n more due records of peer, in ledger order.
 func (e *Executor) claimMore(peer string, n int) []ledger.Record {
-	if n <= 0 {
-		return nil
+	if n <= 0 || e.resyncBusy(peer) {
+		return nil // another stream is summarising: see claimNext
 	}
 	e.claimMu.Lock()
 	defer e.claimMu.Unlock()
@@ -94,7 +94,7 @@ type failure struct {
 // executeStream delivers first, and whatever else is due for its peer,
 // on a version 2 connection until nothing more is due (or the executor
 // stops, or the connection fails).
-func (e *Executor) executeStream(soft, ctx context.Context, conn *wire.Conn, reused bool, first ledger.Record, probe bool) {
+func (e *Executor) executeStream(soft, ctx context.Context, conn *wire.Conn, reused bool, first ledger.Record, probe, resync bool) {
 	st := &stream{e: e, soft: soft, peer: first.PeerID, probe: probe,
 		chunk: max(1, conn.PeerWindow()/4), queue: []ledger.Record{first}, inflight: map[string]flight{}}
 	st.acks = make(chan flight, conn.PeerWindow())
@@ -104,10 +104,9 @@ func (e *Executor) executeStream(soft, ctx context.Context, conn *wire.Conn, reu
 		st.record()
 	}()
 	var err error
-	if !probe && e.takeResync(st.peer) {
-		if err = st.resync(ctx, conn); err != nil {
-			e.needResync(st.peer)
-		}
+	if resync {
+		err = st.resync(ctx, conn)
+		e.endResync(st.peer, err == nil)
 	}
 	if err == nil {
 		err = conn.DeliverStream(ctx, st.next, st.done, e.cfg.AckTimeout)
@@ -185,12 +184,22 @@ func (st *stream) resync(ctx context.Context, conn *wire.Conn) error {
 		return nil
 	}
 	queried := map[string]bool{}
+	// The record this stream was started with is claimed already: it is
+	// asked about in the first QUERY too, so a held one is not offered.
+	var first []wire.Offer
+	if len(st.queue) == 1 {
+		if entry, err := e.store.Stat(st.queue[0].SegmentID); err == nil {
+			first = []wire.Offer{{SegmentID: entry.ID, Size: entry.Size, SHA256: entry.SHA256}}
+			queried[entry.ID] = true
+		}
+	}
 	for st.soft.Err() == nil {
 		due, err := e.led.Pending(e.cfg.Now(), len(queried)+claimScanFactor*wire.MaxQuerySegments)
 		if err != nil {
 			return nil // the stream claims as usual
 		}
-		var offers []wire.Offer
+		offers := first
+		first = nil
 		for _, r := range due {
 			if r.PeerID != st.peer || queried[r.SegmentID] || len(offers) == wire.MaxQuerySegments {
 				continue
@@ -218,27 +227,34 @@ func (st *stream) resync(ctx context.Context, conn *wire.Conn) error {
 		st.mu.Lock()
 		st.replied = true
 		st.mu.Unlock()
-		pairs := make([]ledger.Pair, len(held))
-		for i, o := range held {
-			pairs[i] = ledger.Pair{SegmentID: o.SegmentID, PeerID: st.peer}
+		var batch []flight
+		var pairs []ledger.Pair
+		for _, o := range held {
+			if len(st.queue) == 1 && st.queue[0].SegmentID == o.SegmentID {
+				batch = append(batch, flight{rec: st.queue[0], size: o.Size, start: time.Now()})
+				st.queue = nil
+				continue
+			}
+			pairs = append(pairs, ledger.Pair{SegmentID: o.SegmentID, PeerID: st.peer})
 		}
-		claimed := 0
 		if len(pairs) > 0 {
 			e.claimMu.Lock()
 			recs, err := e.led.ClaimBatch(pairs, e.cfg.Now())
 			e.claimMu.Unlock()
 			if err != nil {
 				e.log.Error("relay claim failed", "err", err)
+				if len(batch) > 0 {
+					e.recordAcks(batch)
+				}
 				return nil
 			}
-			batch := make([]flight, len(recs))
-			for i, rec := range recs {
-				batch[i] = flight{rec: rec, start: time.Now()}
+			for _, rec := range recs {
+				batch = append(batch, flight{rec: rec, start: time.Now()})
 			}
-			if len(batch) > 0 {
-				e.recordAcks(batch)
-			}
-			claimed = len(recs)
+		}
+		claimed := len(batch)
+		if claimed > 0 {
+			e.recordAcks(batch)
 		}
 		e.log.Debug("relay resync", "peer", st.peer, "queried", len(offers), "held", len(held),
 			"acked", claimed, "other_digest", mismatched)
@@ -255,19 +271,56 @@ func (st *stream) resync(ctx context.Context, conn *wire.Conn) error {
 	return nil
 }
 
-// takeResync reports whether this stream should run the summary exchange
-// for peer: once after the executor starts and after every connection
-// failure or failed dial (the peer may have been offline), and only one
-// stream at a time. A backlog that finds nothing held is then streamed
-// without asking again on every stream start.
+// takeResync reports whether a claim of peer's record should run the
+// summary exchange for peer: once after the executor starts and after
+// every connection failure or failed dial (the peer may have been
+// offline), and only one at a time. A backlog that finds nothing held is
+// then streamed without asking again on every stream start. Until
+// endResync, no other claim takes peer's records (resyncBusy).
 func (e *Executor) takeResync(peer string) bool {
 	e.resyncMu.Lock()
 	defer e.resyncMu.Unlock()
-	if e.resynced[peer] {
+	if e.resynced[peer] || e.resyncing[peer] {
 		return false
 	}
-	e.resynced[peer] = true
+	e.resynced[peer], e.resyncing[peer] = true, true
 	return true
+}
+
+// resyncBusy reports whether peer's summary exchange is under way.
+func (e *Executor) resyncBusy(peer string) bool {
+	e.resyncMu.Lock()
+	defer e.resyncMu.Unlock()
+	return e.resyncing[peer]
+}
+
+// endResync ends peer's summary exchange (ok false: it failed, ask again
+// next time) and wakes the workers for the records it left due.
+func (e *Executor) endResync(peer string, ok bool) {
+	e.resyncMu.Lock()
+	delete(e.resyncing, peer)
+	if !ok {
+		delete(e.resynced, peer)
+	}
+	e.resyncMu.Unlock()
+	e.Kick()
+}
+
+// backlogDue makes everything owed to peer due now, after a dial to it
+// succeeded while its dial circuit was open (ledger.Expedite): what was
+// deferred or backed off during the outage is summarised together at the
+// next stream start instead of trickling in over a dial timeout.
+func (e *Executor) backlogDue(peer string) {
+	n, err := e.led.Expedite(peer, e.cfg.Now())
+	if err != nil {
+		e.log.Error("relay backlog not brought forward", "peer", peer, "err", err)
+		return
+	}
+	if n > 0 {
+		e.log.Info("relay peer reachable again: its backlog is due", "peer", peer, "records", n)
+	}
+	e.needResync(peer)
+	e.Kick()
 }
 
 // needResync marks peer for a summary exchange at its next stream.
