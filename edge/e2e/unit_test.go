@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"bytes"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -23,13 +25,19 @@ func TestSystemdUnit(t *testing.T) {
 	want := map[string]string{
 		"Restart": "on-failure", "ExecReload": "/bin/kill -HUP $MAINPID", "KillSignal": "SIGTERM",
 		"NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes",
-		"CapabilityBoundingSet": "", "DynamicUser": "yes", "StateDirectory": "edged", "RuntimeDirectory": "edged",
-		"RestrictAddressFamilies": "AF_INET AF_INET6 AF_UNIX", "MemoryDenyWriteExecute": "yes",
+		"CapabilityBoundingSet": "", "User": "edged", "Group": "edged", "StateDirectory": "edged", "RuntimeDirectory": "edged",
+		"ConfigurationDirectoryMode": "0750",
+		"RestrictAddressFamilies":    "AF_INET AF_INET6 AF_UNIX", "MemoryDenyWriteExecute": "yes",
 	}
 	for k, v := range want {
 		if got := unit[k]; len(got) != 1 || got[0] != v {
 			t.Errorf("%s=%v, want %q", k, got, v)
 		}
+	}
+	// A dynamic user cannot be given the node's key before its first start
+	// (its group does not exist yet).
+	if _, ok := unit["DynamicUser"]; ok {
+		t.Error("DynamicUser is set: the key in /etc/edged could not be made readable by the service alone")
 	}
 	for _, key := range []string{"ExecStart", "ExecStartPre"} {
 		if len(unit[key]) != 1 {
@@ -47,5 +55,26 @@ func TestSystemdUnit(t *testing.T) {
 		if strings.Contains(string(out), "not defined") || !strings.Contains(string(out), "/nonexistent/edged.yaml") {
 			t.Errorf("%s flags %v: %s", key, args, out)
 		}
+	}
+}
+
+// TestSystemdAnalyzeVerify: systemd itself accepts the unit, with edged
+// where the unit says (here the binary under test). Skipped where
+// systemd-analyze is not installed.
+func TestSystemdAnalyzeVerify(t *testing.T) {
+	analyze, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		t.Skip("systemd-analyze not installed")
+	}
+	b, err := os.ReadFile("../../deploy/edged.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unit := filepath.Join(t.TempDir(), "edged.service")
+	if err := os.WriteFile(unit, []byte(strings.ReplaceAll(string(b), "/usr/local/bin/edged", bin.edged)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(analyze, "verify", unit).CombinedOutput(); err != nil || len(bytes.TrimSpace(out)) > 0 {
+		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
 	}
 }
