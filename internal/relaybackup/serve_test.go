@@ -21,23 +21,7 @@ import (
 
 var relayBin string
 
-func TestMain(m *testing.M) {
-	os.Exit(buildAndRun(m))
-}
-
-func buildAndRun(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "relaybackup-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	if relayBin, err = servetest.Build(dir); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	return m.Run()
-}
+func TestMain(m *testing.M) { os.Exit(servetest.Main(m, &relayBin)) }
 
 // relayCmd runs the relay binary and returns its combined output.
 func relayCmd(t *testing.T, args ...string) (string, error) {

@@ -29,23 +29,7 @@ import (
 // relayBin is the relay binary under test, built once in TestMain.
 var relayBin string
 
-func TestMain(m *testing.M) {
-	os.Exit(buildAndRun(m))
-}
-
-func buildAndRun(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "relayserve-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	if relayBin, err = servetest.Build(dir); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	return m.Run()
-}
+func TestMain(m *testing.M) { os.Exit(servetest.Main(m, &relayBin)) }
 
 // fixture is a server configuration with TLS, client certificates and
 // tokens, and the credentials of its principals.

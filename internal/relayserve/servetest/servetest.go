@@ -57,6 +57,23 @@ func Build(dir string) (string, error) {
 	return out, nil
 }
 
+// Main is a TestMain body for packages that run the relay binary: it
+// builds it once into a temp directory, sets *bin to its path, runs the
+// tests and removes the directory; the result is the exit code.
+func Main(m *testing.M, bin *string) int {
+	dir, err := os.MkdirTemp("", "relay-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	if *bin, err = Build(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return m.Run()
+}
+
 // WriteConfig writes yaml to a file in a new temp directory and returns
 // its path (relative paths in it resolve against that directory).
 func WriteConfig(t testing.TB, yaml string) string {

@@ -18,23 +18,7 @@ import (
 // relayBin is the relay binary, built once in TestMain.
 var relayBin string
 
-func TestMain(m *testing.M) {
-	os.Exit(buildAndRun(m))
-}
-
-func buildAndRun(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "apitest-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	if relayBin, err = servetest.Build(dir); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	return m.Run()
-}
+func TestMain(m *testing.M) { os.Exit(servetest.Main(m, &relayBin)) }
 
 // serveHost is `relay serve` as a separate process on a new bbolt file,
 // with one bearer token per role: the producer may produce to any source
