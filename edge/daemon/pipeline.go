@@ -182,14 +182,17 @@ func (d *Daemon) refusePipelined(ctx context.Context, c *wire.Conn, log *slog.Lo
 }
 
 // requestFailed reports why reading the next request ended the
-// connection, as handleRelayConn does for version 1.
+// connection (both protocol versions).
 func (d *Daemon) requestFailed(ctx context.Context, c *wire.Conn, log *slog.Logger, err error) {
 	reason, violation := wire.ProtocolViolation(err)
 	switch {
 	case errors.Is(err, io.EOF), ctx.Err() != nil:
+		// Closed between exchanges, or this daemon is stopping.
 	case violation:
 		d.protocolError(log, reason, err)
 		if errors.Is(err, wire.ErrBadMessage) {
+			// The frame was whole, so the peer can be told; what follows
+			// it cannot be delimited safely.
 			d.nack(ctx, c, log, wire.Nack{Code: wire.NackBadRequest, Message: err.Error()})
 		}
 	case wire.PeerAborted(err):

@@ -83,22 +83,7 @@ func (d *Daemon) handleRelayConn(ctx context.Context, c *wire.Conn, peer string)
 	for {
 		o, err := c.RecvOffer(ctx)
 		if err != nil {
-			reason, violation := wire.ProtocolViolation(err)
-			switch {
-			case errors.Is(err, io.EOF), ctx.Err() != nil:
-				// Closed between exchanges, or this daemon is stopping.
-			case violation:
-				d.protocolError(log, reason, err)
-				if errors.Is(err, wire.ErrBadMessage) {
-					// The frame was whole, so the peer can be told; the
-					// SEGMENT that follows cannot be delimited safely.
-					d.nack(ctx, c, log, wire.Nack{Code: wire.NackBadRequest, Message: err.Error()})
-				}
-			case wire.PeerAborted(err):
-				log.Info("peer closed the connection inside a frame", "err", err)
-			default:
-				log.Debug("relay connection ended", "err", err)
-			}
+			d.requestFailed(ctx, c, log, err)
 			return
 		}
 		if !d.receive(ctx, c, log.With("segment", o.SegmentID, "bytes", o.Size), peer, o) {
