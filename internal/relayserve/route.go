@@ -2,7 +2,6 @@ package relayserve
 
 import (
 	"net/url"
-	"strings"
 
 	"github.com/relay-dev/relay/lambda/api"
 )
@@ -44,10 +43,9 @@ type classified struct {
 // unmatchedPattern labels requests that match no API route.
 const unmatchedPattern = "unmatched"
 
-// apiRoute is one route of lambda/api with its pattern split.
+// apiRoute is one route of lambda/api with the role it needs.
 type apiRoute struct {
 	api.Route
-	segs []string
 	need need
 }
 
@@ -66,20 +64,19 @@ func apiRoutes() []apiRoute {
 		case r.Operator && !r.Producer:
 			n = needOperate
 		}
-		out = append(out, apiRoute{Route: r, segs: strings.Split(strings.TrimPrefix(r.Pattern, "/"), "/"), need: n})
+		out = append(out, apiRoute{Route: r, need: n})
 	}
 	return out
 }
 
 // classify matches the raw (escaped) path and method against the routes
-// as lambda/api does (one segment per parameter; {entry} is decimal).
+// with lambda/api's own matching (api.Route.Match).
 func classify(routes []apiRoute, method, rawPath string) classified {
-	segs := strings.Split(strings.TrimPrefix(rawPath, "/"), "/")
 	for _, r := range routes {
-		if r.Method != method || len(r.segs) != len(segs) {
+		if r.Method != method {
 			continue
 		}
-		params, ok := matchSegs(r.segs, segs)
+		params, ok := r.Match(rawPath)
 		if !ok {
 			continue
 		}
@@ -96,22 +93,4 @@ func classify(routes []apiRoute, method, rawPath string) classified {
 		return c
 	}
 	return classified{pattern: unmatchedPattern, need: needAuthenticated}
-}
-
-func matchSegs(pat, segs []string) (map[string]string, bool) {
-	params := map[string]string{}
-	for i, p := range pat {
-		if name, ok := strings.CutPrefix(p, "{"); ok {
-			name = strings.TrimSuffix(name, "}")
-			if segs[i] == "" || (name == "entry" && strings.Trim(segs[i], "0123456789") != "") {
-				return nil, false
-			}
-			params[name] = segs[i]
-			continue
-		}
-		if p != segs[i] {
-			return nil, false
-		}
-	}
-	return params, true
 }

@@ -97,6 +97,14 @@ type matched struct {
 	entry  uint64
 }
 
+// Match reports whether rawPath (still percent-encoded) fits the route's
+// pattern, whatever the method, and returns the raw parameter values: the
+// same matching the handler routes by, for hosts that must classify a
+// request before it runs (relay serve's roles and metrics labels).
+func (r Route) Match(rawPath string) (map[string]string, bool) {
+	return match(r.Pattern, strings.Split(strings.TrimPrefix(rawPath, "/"), "/"))
+}
+
 // match reports whether the raw path's segments fit pattern, and the raw
 // (still encoded) parameter values. {entry} matches decimal ids only, so
 // archive/export is never an entry.
