@@ -1,12 +1,12 @@
 package e2e
 
 import (
-	"bytes"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/relay-dev/relay/internal/systemdtest"
 )
 
 // TestSystemdUnit keeps deploy/edged.service honest: the settings the
@@ -62,19 +62,5 @@ func TestSystemdUnit(t *testing.T) {
 // where the unit says (here the binary under test). Skipped where
 // systemd-analyze is not installed.
 func TestSystemdAnalyzeVerify(t *testing.T) {
-	analyze, err := exec.LookPath("systemd-analyze")
-	if err != nil {
-		t.Skip("systemd-analyze not installed")
-	}
-	b, err := os.ReadFile("../../deploy/edged.service")
-	if err != nil {
-		t.Fatal(err)
-	}
-	unit := filepath.Join(t.TempDir(), "edged.service")
-	if err := os.WriteFile(unit, []byte(strings.ReplaceAll(string(b), "/usr/local/bin/edged", bin.edged)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command(analyze, "verify", unit).CombinedOutput(); err != nil || len(bytes.TrimSpace(out)) > 0 {
-		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
-	}
+	systemdtest.Verify(t, "../../deploy/edged.service", "/usr/local/bin/edged", bin.edged)
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/relay-dev/relay/internal/relayserve"
 	"github.com/relay-dev/relay/internal/relayserve/servetest"
+	"github.com/relay-dev/relay/internal/systemdtest"
 	"github.com/relay-dev/relay/lambda/api"
 	"github.com/relay-dev/relay/relaycore"
 )
@@ -204,21 +205,7 @@ func TestSystemdUnit(t *testing.T) {
 // (here the binary under test). Skipped where systemd-analyze is not
 // installed.
 func TestSystemdAnalyzeVerify(t *testing.T) {
-	analyze, err := exec.LookPath("systemd-analyze")
-	if err != nil {
-		t.Skip("systemd-analyze not installed")
-	}
-	b, err := os.ReadFile("../../deploy/relay.service")
-	if err != nil {
-		t.Fatal(err)
-	}
-	unit := filepath.Join(t.TempDir(), "relay.service")
-	if err := os.WriteFile(unit, []byte(strings.ReplaceAll(string(b), "/usr/local/bin/relay", relayBin)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command(analyze, "verify", unit).CombinedOutput(); err != nil || len(bytes.TrimSpace(out)) > 0 {
-		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
-	}
+	systemdtest.Verify(t, "../../deploy/relay.service", "/usr/local/bin/relay", relayBin)
 }
 
 // A client that stalls in its body cannot hold a SIGTERM until
