@@ -53,14 +53,13 @@ func (f *faultRT) sent() ([]string, [][]byte) {
 }
 
 func (f *faultRT) RoundTrip(r *http.Request) (*http.Response, error) {
-	if !strings.HasSuffix(r.Header.Get("X-Amz-Target"), ".TransactWriteItems") {
+	body, ok, err := readBody(r, "TransactWriteItems")
+	if !ok {
 		return f.next.RoundTrip(r)
 	}
-	body, err := io.ReadAll(r.Body)
 	if err != nil {
 		return nil, err
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
 	var in struct {
 		ClientRequestToken string
 		TransactItems      []json.RawMessage
@@ -87,7 +86,7 @@ func (f *faultRT) RoundTrip(r *http.Request) (*http.Response, error) {
 		reasons[0] = `{"Code":"TransactionConflict","Message":"Transaction is ongoing for the item"}`
 		return apiError(r, 400, `{"__type":"com.amazonaws.dynamodb.v20120810#TransactionCanceledException","message":"Transaction cancelled, please refer cancellation reasons for specific reasons [TransactionConflict]","CancellationReasons":[`+strings.Join(reasons, ",")+`]}`), nil
 	case fail500:
-		return apiError(r, 500, `{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"Internal server error"}`), nil
+		return apiError(r, 500, internalError), nil
 	case drop:
 		resp, err := f.next.RoundTrip(r)
 		if err != nil {
@@ -100,60 +99,10 @@ func (f *faultRT) RoundTrip(r *http.Request) (*http.Response, error) {
 	return f.next.RoundTrip(r)
 }
 
-func apiError(r *http.Request, status int, body string) *http.Response {
-	return &http.Response{
-		StatusCode: status, Status: http.StatusText(status), Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header:        http.Header{"Content-Type": {"application/x-amz-json-1.0"}},
-		Body:          io.NopCloser(strings.NewReader(body)),
-		ContentLength: int64(len(body)), Request: r,
-	}
-}
-
-// sleeps records the store's back-offs instead of waiting.
-type sleeps struct {
-	mu sync.Mutex
-	d  []time.Duration
-}
-
-func (s *sleeps) sleep(ctx context.Context, d time.Duration) error {
-	s.mu.Lock()
-	s.d = append(s.d, d)
-	s.mu.Unlock()
-	return ctx.Err()
-}
-
-func (s *sleeps) all() []time.Duration {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]time.Duration(nil), s.d...)
-}
-
-type faultRig struct {
-	store  *dynamo.Store
-	rt     *faultRT
-	ep     *dynamotest.Endpoint
-	sleeps *sleeps
-}
-
-// newFaultRig is a store on an in-process endpoint behind faultRT, with a
-// fixed jitter and a recording sleep, so back-offs are exact.
-func newFaultRig(t *testing.T, maxAttempts int) *faultRig {
+// newFaultRig is a rig whose transport injects faultRT's faults.
+func newFaultRig(t *testing.T, maxAttempts int) *rig[*faultRT] {
 	t.Helper()
-	ep := dynamotest.Start(t)
-	rt := &faultRT{next: http.DefaultTransport}
-	client := ep.Client(rt)
-	if err := dynamo.CreateTable(t.Context(), client, "faults"); err != nil {
-		t.Fatal(err)
-	}
-	sl := &sleeps{}
-	n := 0
-	store := dynamo.New(client, "faults", dynamo.Options{
-		Retry:    dynamo.RetryPolicy{MaxAttempts: maxAttempts, Base: 10 * time.Millisecond, Max: 40 * time.Millisecond},
-		Jitter:   func() float64 { return 0.5 },
-		Sleep:    sl.sleep,
-		NewToken: func() string { n++; return fmt.Sprintf("token-%04d", n) },
-	})
-	return &faultRig{store: store, rt: rt, ep: ep, sleeps: sl}
+	return newRig(t, &faultRT{next: http.DefaultTransport}, maxAttempts)
 }
 
 // casBatch advances counter "n" from `from` to from+1, guarded, and logs a
@@ -332,7 +281,7 @@ func TestCancelledDuringBackoff(t *testing.T) {
 	r := newFaultRig(t, 5)
 	ctx, cancel := context.WithCancel(t.Context())
 	r.rt.then(throttle)
-	store := dynamo.New(r.ep.Client(r.rt), "faults", dynamo.Options{
+	store := dynamo.New(r.ep.Client(r.rt), rigTable, dynamo.Options{
 		Sleep: func(context.Context, time.Duration) error { cancel(); return context.Canceled },
 	})
 	err := store.Apply(ctx, "p", casBatch(0))

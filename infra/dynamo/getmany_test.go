@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -15,7 +14,6 @@ import (
 	"github.com/truora/minidyn/server"
 
 	"github.com/relay-dev/relay/infra/dynamo"
-	"github.com/relay-dev/relay/infra/dynamotest"
 	"github.com/relay-dev/relay/relaycore"
 )
 
@@ -31,14 +29,13 @@ type batchGetRT struct {
 }
 
 func (f *batchGetRT) RoundTrip(r *http.Request) (*http.Response, error) {
-	if !strings.HasSuffix(r.Header.Get("X-Amz-Target"), ".BatchGetItem") {
+	body, ok, err := readBody(r, "BatchGetItem")
+	if !ok {
 		return f.next.RoundTrip(r)
 	}
-	body, err := io.ReadAll(r.Body)
 	if err != nil {
 		return nil, err
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
 	f.mu.Lock()
 	fail := ""
 	if len(f.fails) > 0 {
@@ -51,52 +48,15 @@ func (f *batchGetRT) RoundTrip(r *http.Request) (*http.Response, error) {
 	case "throttle":
 		return apiError(r, 400, `{"__type":"com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException","message":"throughput exceeded"}`), nil
 	case "500":
-		return apiError(r, 500, `{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"Internal server error"}`), nil
+		return apiError(r, 500, internalError), nil
 	}
 	return f.next.RoundTrip(r)
 }
 
-type batchRig struct {
-	store  *dynamo.Store
-	rt     *batchGetRT
-	ep     *dynamotest.Endpoint
-	sleeps *sleeps
-}
-
-func newBatchRig(t *testing.T, maxAttempts int) *batchRig {
+// newBatchRig is a rig whose transport injects batchGetRT's failures.
+func newBatchRig(t *testing.T, maxAttempts int) *rig[*batchGetRT] {
 	t.Helper()
-	ep := dynamotest.Start(t)
-	rt := &batchGetRT{next: http.DefaultTransport}
-	client := ep.Client(rt)
-	if err := dynamo.CreateTable(t.Context(), client, "batch"); err != nil {
-		t.Fatal(err)
-	}
-	sl := &sleeps{}
-	store := dynamo.New(client, "batch", dynamo.Options{
-		Retry:  dynamo.RetryPolicy{MaxAttempts: maxAttempts, Base: 10 * time.Millisecond, Max: 40 * time.Millisecond},
-		Jitter: func() float64 { return 0.5 },
-		Sleep:  sl.sleep,
-	})
-	return &batchRig{store: store, rt: rt, ep: ep, sleeps: sl}
-}
-
-// fill writes n keys t/0000.. with value "v<i>" in batches of 50.
-func (r *batchRig) fill(t *testing.T, n int) []string {
-	t.Helper()
-	var keys []string
-	var b relaycore.Batch
-	for i := range n {
-		k := fmt.Sprintf("t/%04d", i)
-		keys = append(keys, k)
-		b.Writes = append(b.Writes, relaycore.Write{Key: k, Value: fmt.Appendf(nil, "v%d", i)})
-		if len(b.Writes) == 50 || i == n-1 {
-			if err := r.store.Apply(t.Context(), "p", b); err != nil {
-				t.Fatal(err)
-			}
-			b.Writes = nil
-		}
-	}
-	return keys
+	return newRig(t, &batchGetRT{next: http.DefaultTransport}, maxAttempts)
 }
 
 func wantAll(t *testing.T, m map[string][]byte, keys []string) {
@@ -162,7 +122,7 @@ func TestGetManyFollowsUnprocessedKeys(t *testing.T) {
 	r := newBatchRig(t, 3)
 	keys := r.fill(t, 10)
 	var rounds atomic.Int64
-	r.ep.Mini.EmulateUnprocessedItems("batch", func(n int, _ map[string]*server.AttributeValue) bool {
+	r.ep.Mini.EmulateUnprocessedItems(rigTable, func(n int, _ map[string]*server.AttributeValue) bool {
 		if n == 0 {
 			rounds.Add(1)
 		}
@@ -197,7 +157,7 @@ func TestGetManyFollowsUnprocessedKeys(t *testing.T) {
 
 	// A table that never serves a key: MaxAttempts rounds without
 	// progress, then ErrRetriesExhausted.
-	r.ep.Mini.EmulateUnprocessedItems("batch", func(int, map[string]*server.AttributeValue) bool { return true })
+	r.ep.Mini.EmulateUnprocessedItems(rigTable, func(int, map[string]*server.AttributeValue) bool { return true })
 	before := r.store.Stats().BatchGetItem
 	if _, err := r.store.GetMany(t.Context(), "p", keys); !errors.Is(err, dynamo.ErrRetriesExhausted) {
 		t.Fatalf("get many never served = %v, want ErrRetriesExhausted", err)
