@@ -30,6 +30,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/relay-dev/relay/edge/wire"
 )
 
 // Success conditions for relay.success_condition.
@@ -70,6 +72,7 @@ const (
 	DefaultAckTimeout       = 30 * time.Second
 	DefaultWindow           = 256
 	DefaultProtocolVersion  = 2
+	DefaultPushMaxBytes     = wire.MaxPushSize // 64 KiB
 	DefaultDialTimeout      = 10 * time.Second
 	DefaultLedgerRetention  = 7 * 24 * time.Hour
 	DefaultQuotaBytes       = 1 << 30 // 1 GiB
@@ -169,6 +172,14 @@ type Relay struct {
 	// highest wire protocol version negotiated; 1 makes the node speak
 	// only stop-and-wait version 1, as agents before version 2 did.
 	MaxProtocolVersion int `yaml:"max_protocol_version"`
+	// PushMaxBytes (push_max_bytes, default 65536, 0..65536): on version 2
+	// connections a segment up to this size goes out in a PUSH, its bytes
+	// right behind without waiting for the peer's ACCEPT, on its first
+	// attempt (a retry is offered: the peer may hold it by then). It saves
+	// a round trip per small segment; the price is sending the bytes of a
+	// segment the peer already holds (from another node) instead of
+	// learning that from its answer. 0 offers every segment.
+	PushMaxBytes int64 `yaml:"push_max_bytes"`
 	// DialTimeout (dial_timeout, default 10s) bounds connect + TLS handshake.
 	DialTimeout time.Duration `yaml:"dial_timeout"`
 	// LedgerRetention (ledger_retention, default 168h) is how long the
@@ -259,6 +270,7 @@ func Default() *Config {
 			AckTimeout:         DefaultAckTimeout,
 			Window:             DefaultWindow,
 			MaxProtocolVersion: DefaultProtocolVersion,
+			PushMaxBytes:       DefaultPushMaxBytes,
 			DialTimeout:        DefaultDialTimeout,
 			LedgerRetention:    DefaultLedgerRetention,
 		},

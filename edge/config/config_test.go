@@ -50,6 +50,7 @@ relay:
   ack_timeout: 5s
   window: 64
   max_protocol_version: 1
+  push_max_bytes: 4096
   dial_timeout: 2s
   bandwidth: {total: 10MB, per_peer: 512KiB}
 storage:
@@ -80,7 +81,7 @@ func TestParseFull(t *testing.T) {
 		Relay: Relay{
 			SuccessCondition: OnePeer, MaxRetries: 5,
 			Backoff:      Backoff{Initial: 250 * time.Millisecond, Max: time.Minute},
-			EvictOnRelay: true, Workers: 8, AckTimeout: 5 * time.Second, Window: 64, MaxProtocolVersion: 1, DialTimeout: 2 * time.Second, LedgerRetention: DefaultLedgerRetention,
+			EvictOnRelay: true, Workers: 8, AckTimeout: 5 * time.Second, Window: 64, MaxProtocolVersion: 1, PushMaxBytes: 4096, DialTimeout: 2 * time.Second, LedgerRetention: DefaultLedgerRetention,
 			Bandwidth: Bandwidth{Total: 10_000_000, PerPeer: 512 << 10},
 		},
 		Storage: Storage{Dir: "/var/lib/edged", QuotaBytes: 2 << 30, QuotaSegments: 500, MaxSegmentBytes: 16 << 20, OnFull: OnFullEvictRelayedOldest, VerifyOnStart: VerifyNever},
@@ -165,6 +166,8 @@ func TestValidateRules(t *testing.T) {
 		{"ack timeout zero", "relay: {ack_timeout: 0s}", "relay.ack_timeout", "must be > 0"},
 		{"window zero", "relay: {window: 0}", "relay.window", "out of range 1..4096"},
 		{"window too large", "relay: {window: 4097}", "relay.window", "out of range"},
+		{"push too large", "relay: {push_max_bytes: 65537}", "relay.push_max_bytes", "out of range 0..65536"},
+		{"push negative", "relay: {push_max_bytes: -1}", "relay.push_max_bytes", "out of range"},
 		{"protocol version 3", "relay: {max_protocol_version: 3}", "relay.max_protocol_version", "out of range 1..2"},
 		{"protocol version 0", "relay: {max_protocol_version: 0}", "relay.max_protocol_version", "out of range"},
 		{"dial timeout negative", "relay: {dial_timeout: -5s}", "relay.dial_timeout", "must be > 0"},
@@ -420,6 +423,7 @@ func TestDefaultsDocumented(t *testing.T) {
 		"relay.ack_timeout":          d.Relay.AckTimeout.String(),
 		"relay.window":               "256",
 		"relay.max_protocol_version": "2",
+		"relay.push_max_bytes":       "65536",
 		"relay.dial_timeout":         d.Relay.DialTimeout.String(),
 		"relay.ledger_retention":     d.Relay.LedgerRetention.String(),
 		"relay.bandwidth.total":      d.Relay.Bandwidth.Total.String(),

@@ -136,6 +136,9 @@ func (c *Config) validateRelay(ps *Problems) {
 	if r.Window < 1 || r.Window > wire.MaxWindow {
 		ps.add("relay.window", fmt.Sprintf("%d is out of range 1..%d", r.Window, wire.MaxWindow))
 	}
+	if r.PushMaxBytes < 0 || r.PushMaxBytes > wire.MaxPushSize {
+		ps.add("relay.push_max_bytes", fmt.Sprintf("%d is out of range 0..%d", r.PushMaxBytes, wire.MaxPushSize))
+	}
 	if r.MaxProtocolVersion < wire.Version1 || r.MaxProtocolVersion > wire.Version {
 		ps.add("relay.max_protocol_version", fmt.Sprintf("%d is out of range %d..%d", r.MaxProtocolVersion, wire.Version1, wire.Version))
 	}

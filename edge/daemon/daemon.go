@@ -178,6 +178,7 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 		Workers:      cfg.Relay.Workers,
 		AckTimeout:   cfg.Relay.AckTimeout,
 		DialTimeout:  cfg.Relay.DialTimeout,
+		PushMaxBytes: cfg.Relay.PushMaxBytes,
 		Retention:    cfg.Relay.LedgerRetention,
 		Now:          opt.Now,
 		Log:          d.log,

@@ -15,8 +15,9 @@ import (
 // servePipelined serves a version 2 connection (docs/wire.md, "Exchanges
 // in version 2"). One goroutine, this one, reads: each OFFER is answered
 // at once from the store's Reserve (ACK if held, NACK if refused, ACCEPT
-// otherwise), and each SEGMENT is streamed into its reservation's temp
-// file and verified (segstore.Reservation.Receive). Making it durable
+// otherwise), and each SEGMENT, an accepted offer's or a PUSH's (reserved
+// when it arrives), is streamed into its reservation's temp file and
+// verified (segstore.Reservation.Receive). Making it durable
 // (fsync, then the store's group commit) runs on a goroutine per segment,
 // so the next SEGMENT is read meanwhile and segments arriving together
 // share a directory fsync and an index transaction; each ACK goes out
@@ -55,8 +56,19 @@ func (d *Daemon) servePipelined(ctx context.Context, c *wire.Conn, log *slog.Log
 			}
 			continue
 		}
-		res := reserved[o.SegmentID]
-		delete(reserved, o.SegmentID)
+		var res *segstore.Reservation
+		if req.Pushed {
+			var ok bool
+			if res, ok = d.reservePushed(ctx, c, slog, o); res == nil {
+				if !ok {
+					return
+				}
+				continue
+			}
+		} else {
+			res = reserved[o.SegmentID]
+			delete(reserved, o.SegmentID)
+		}
 		if o.Size <= smallSegment {
 			select {
 			case small <- struct{}{}:
@@ -171,6 +183,28 @@ func (d *Daemon) answerOffer(ctx context.Context, c *wire.Conn, log *slog.Logger
 		return false
 	}
 	return true
+}
+
+// reservePushed reserves room for a PUSHed segment, whose bytes follow
+// unasked. When the store already holds it with this digest, or refuses
+// it, the bytes are read and dropped and the answer is ACK or NACK, as
+// for an OFFER (nil reservation); ok reports whether the connection is
+// still usable.
+func (d *Daemon) reservePushed(ctx context.Context, c *wire.Conn, log *slog.Logger, o wire.Offer) (res *segstore.Reservation, ok bool) {
+	res, err := d.store.Reserve(o.SegmentID, o.Size, o.SHA256)
+	if err == nil {
+		return res, true
+	}
+	if rerr := c.RecvPayload(ctx, o, func(r io.Reader) error { _, err := io.Copy(io.Discard, r); return err }); rerr != nil {
+		d.segmentFailed(ctx, c, log, o, rerr)
+		return nil, false
+	}
+	if errors.Is(err, segstore.ErrAlreadyHave) {
+		d.met.inbound.WithLabelValues("duplicate").Inc()
+		log.Debug("pushed segment already held; bytes dropped, ACK")
+		return nil, c.SendAck(ctx, o.SegmentID) == nil
+	}
+	return nil, d.refusePipelined(ctx, c, log, o, nackCode(err), err)
 }
 
 // refusePipelined answers NACK; in version 2 no SEGMENT follows a refused

@@ -60,6 +60,12 @@ type Config struct {
 	AckTimeout time.Duration
 	// DialTimeout bounds connect, TLS handshake and HELLO; default 10s.
 	DialTimeout time.Duration
+	// PushMaxBytes is relay.push_max_bytes: on a version 2 connection a
+	// record's first attempt of a segment up to this size is a PUSH
+	// (wire.Item.Push), its bytes sent without waiting for an ACCEPT.
+	// Zero (the default here; edged's default is wire.MaxPushSize)
+	// offers every segment.
+	PushMaxBytes int64
 	// StopGrace is how long attempts in flight may continue after Run's
 	// context is canceled before their connections are cut; default 5s.
 	StopGrace time.Duration

@@ -368,6 +368,10 @@ func (st *stream) next() (wire.Item, bool) {
 				f, _, err := e.store.Open(id)
 				return f, err
 			},
+			// A first attempt of a small segment is pushed; after a failed
+			// attempt the peer may hold the segment already (its ACK was
+			// lost), so a retry is offered and costs no bytes if so.
+			Push: entry.Size <= e.cfg.PushMaxBytes && rec.Attempts <= 1,
 		}, true
 	}
 }

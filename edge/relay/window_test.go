@@ -55,6 +55,7 @@ type v2Peer struct {
 	store      *segstore.Store
 	querySizes []int
 	offeredIDs []string
+	pushedIDs  []string // segments that came in a PUSH
 }
 
 func newV2Peer(t testing.TB, dir string, window, total int) *v2Peer {
@@ -171,6 +172,11 @@ func (p *v2Peer) serve(ctx context.Context, t testing.TB, c *wire.Conn) {
 		h := sha256.New()
 		if err := c.RecvPayload(ctx, o, func(r io.Reader) error { _, err := io.Copy(h, r); return err }); err != nil {
 			return
+		}
+		if req.Pushed {
+			p.mu.Lock()
+			p.pushedIDs = append(p.pushedIDs, o.SegmentID)
+			p.mu.Unlock()
 		}
 		if hex.EncodeToString(h.Sum(nil)) != o.SHA256 {
 			t.Errorf("%s: digest differs", o.SegmentID)
@@ -319,6 +325,46 @@ func TestPipelinedCutWithWindowInFlight(t *testing.T) {
 		if !acked {
 			t.Errorf("%s Acked but the peer never acknowledged it", id)
 		}
+	}
+}
+
+// TestPushFirstAttemptOnly: with relay.push_max_bytes set, a record's
+// first attempt of a segment up to that size is a PUSH and a larger one
+// an OFFER; after the connection is cut with the window in flight (the
+// peer may hold what it received, its ACKs lost), every retry is an
+// OFFER, which a peer holding the segment declines without its bytes.
+func TestPushFirstAttemptOnly(t *testing.T) {
+	const window, n = 4, 4
+	a, b, ex := windowFixture(t, window, n)
+	ex.cfg.PushMaxBytes = 100
+	b.dropAfter = window
+	var ids []string
+	for i := range n {
+		id := fmt.Sprintf("seg-%02d", i)
+		ids = append(ids, id)
+		content := []byte("content of " + id)
+		if i == 2 {
+			content = []byte(strings.Repeat("x", 101)) // above push_max_bytes
+		}
+		if err := ex.Schedule(a.put(t, id, content)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run(t, ex)
+	for _, id := range ids {
+		if r := a.waitRecord(t, id, "b", inState(ledger.StateAcked)); r.Attempts != 2 {
+			t.Errorf("%s Acked after %d attempts, want 2 (the cut window failed)", id, r.Attempts)
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	slices.Sort(b.pushedIDs)
+	if want := []string{"seg-00", "seg-01", "seg-03"}; !slices.Equal(b.pushedIDs, want) {
+		t.Errorf("pushed %v, want the first attempts of the small segments %v", b.pushedIDs, want)
+	}
+	slices.Sort(b.offeredIDs)
+	if want := []string{"seg-00", "seg-01", "seg-02", "seg-02", "seg-03"}; !slices.Equal(b.offeredIDs, want) {
+		t.Errorf("offered %v, want the large segment twice and every retry %v", b.offeredIDs, want)
 	}
 }
 

@@ -105,15 +105,19 @@ func FuzzDecodeNack(f *testing.F) {
 }
 
 // FuzzRecvRequest: a version 2 receiver fed any byte stream (seeded with
-// real frames and with offer+segment sequences) never panics, accepts
-// at most its window of offers, reads a SEGMENT only for an accepted
-// offer and with the offer's length, and fails only with the documented
-// error classes.
+// real frames and with offer+segment and push+segment sequences) never
+// panics, accepts at most its window of offers, reads a SEGMENT only for
+// an accepted offer or right behind its PUSH and with the announced
+// length, takes no PUSH above MaxPushSize, and fails only with the
+// documented error classes.
 func FuzzRecvRequest(f *testing.F) {
 	seedFrames(f, false)
 	offer := AppendFrame(nil, TypeOffer, []byte(`{"segment_id":"s1","size":5,"sha256":"2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"}`))
 	f.Add(append(append([]byte{}, offer...), AppendFrame(nil, TypeSegment, []byte("hello"))...))
 	f.Add(append(append(append([]byte{}, offer...), offer...), offer...))
+	push := AppendFrame(nil, TypePush, offer[HeaderLen:])
+	f.Add(append(append([]byte{}, push...), AppendFrame(nil, TypeSegment, []byte("hello"))...))
+	f.Add(append(append(append([]byte{}, offer...), push...), AppendFrame(nil, TypeSegment, []byte("hello"))...))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		const window = 2
 		a, b := net.Pipe()
@@ -152,6 +156,9 @@ func FuzzRecvRequest(f *testing.F) {
 					c.answered(req.Offer.SegmentID)
 				}
 				continue
+			}
+			if req.Pushed && req.Offer.Size > MaxPushSize {
+				t.Fatalf("PUSH of %d bytes taken", req.Offer.Size)
 			}
 			var n int64
 			err = c.RecvPayload(ctx, req.Offer, func(r io.Reader) error {

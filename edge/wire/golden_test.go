@@ -37,6 +37,7 @@ func goldenFrames(t testing.TB) map[string][]byte {
 		"holds.frame":           frame(TypeHolds, must(EncodeSegments([]Offer{{SegmentID: "seg-0001", Size: 5, SHA256: helloSum}}))),
 		"offer.frame":           frame(TypeOffer, must(EncodeOffer(Offer{SegmentID: "seg-0001", Size: 5, SHA256: helloSum}))),
 		"offer-empty.frame":     frame(TypeOffer, must(EncodeOffer(Offer{SegmentID: "empty.bin", Size: 0, SHA256: digest}))),
+		"push.frame":            frame(TypePush, must(EncodeOffer(Offer{SegmentID: "seg-0001", Size: 5, SHA256: helloSum}))),
 		"segment.frame":         seg.Bytes(),
 		"ack.frame":             frame(TypeAck, []byte("seg-0001")),
 		"nack-quota.frame":      frame(TypeNack, must(EncodeNack(Nack{SegmentID: "seg-0001", Code: NackQuota, Message: "quota: 10 of 10 segments held"}))),

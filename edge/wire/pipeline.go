@@ -2,6 +2,7 @@ package wire
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -16,22 +17,31 @@ import (
 
 // Request is what a version 2 receiver reads next: an OFFER, or the
 // SEGMENT frame of the oldest accepted offer (Segment true; its payload
-// is read with RecvPayload before the next RecvRequest).
+// is read with RecvPayload before the next RecvRequest), or a PUSH and
+// its SEGMENT (Segment and Pushed true).
 type Request struct {
 	Offer   Offer
 	Segment bool
+	// Pushed: the segment came in a PUSH, unasked. The receiver has not
+	// checked the store for it yet and must read its payload whatever it
+	// answers: ACK (stored, or already held), or NACK.
+	Pushed bool
 	// Query, when not nil, is a QUERY: answer it with SendHolds before
 	// the next RecvRequest.
 	Query []Offer
 }
 
 // RecvRequest reads the next frame on a version 2 connection. For an
-// OFFER it checks the window (ErrWindow) and that the segment id is not
+// OFFER or a PUSH it checks the window (ErrWindow) and that the segment id is not
 // already in flight (ErrUnexpectedFrame); both leave the stream out of
 // step, since the peer no longer follows the protocol. An undecodable
 // OFFER is ErrBadMessage with the stream in step: answer NACK bad_request
 // and close. A SEGMENT frame belongs to the oldest accepted offer whose
-// SEGMENT has not come yet; its length must equal that offer's size.
+// SEGMENT has not come yet; its length must equal that offer's size. A
+// PUSH is returned with the header of its SEGMENT read (Pushed): the next
+// frame must be that SEGMENT, of the pushed size, and a PUSH above
+// MaxPushSize, undecodable or followed by anything else leaves the stream
+// out of step.
 // When the peer closed cleanly between frames the error matches io.EOF.
 func (c *Conn) RecvRequest(ctx context.Context) (Request, error) {
 	var req Request
@@ -49,30 +59,30 @@ func (c *Conn) RecvRequest(ctx context.Context) (Request, error) {
 		}
 		switch h.Type {
 		case TypeOffer:
-			if h.Length > MaxControlPayload {
-				return false, fmt.Errorf("read OFFER frame: %w: %d bytes, limit %d", ErrFrameTooLarge, h.Length, MaxControlPayload)
-			}
-			p := make([]byte, h.Length)
-			if _, err := io.ReadFull(r, p); err != nil {
-				if errors.Is(err, io.EOF) {
-					err = io.ErrUnexpectedEOF
-				}
-				return false, fmt.Errorf("read OFFER frame payload: %w", err)
-			}
-			o, err := DecodeOffer(p)
-			if err != nil {
-				return true, err
-			}
-			c.mu.Lock()
-			defer c.mu.Unlock()
-			if c.open[o.SegmentID] {
-				return false, fmt.Errorf("%w: OFFER for %s, which is already in flight", ErrUnexpectedFrame, o.SegmentID)
-			}
-			if len(c.open) >= c.opt.Window {
-				return false, fmt.Errorf("%w: OFFER for %s with %d unanswered, window %d", ErrWindow, o.SegmentID, len(c.open), c.opt.Window)
-			}
-			c.open[o.SegmentID] = true
+			o, inStep, err := c.readOffer(r, h)
 			req.Offer = o
+			return inStep, err
+		case TypePush:
+			o, _, err := c.readOffer(r, h)
+			if err != nil {
+				return false, err // the SEGMENT that follows cannot be trusted
+			}
+			// Its SEGMENT comes next, ahead of any accepted offer's.
+			sh, err := ReadHeader(r)
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF // a PUSH promised a segment
+			}
+			if err != nil {
+				return false, err
+			}
+			if sh.Type != TypeSegment {
+				return false, fmt.Errorf("%w: got %s after PUSH %s, want its SEGMENT", ErrUnexpectedFrame, sh.Type, o.SegmentID)
+			}
+			if int64(sh.Length) != o.Size {
+				return false, fmt.Errorf("%w: frame of %d bytes, push %s of %d", ErrSizeMismatch, sh.Length, o.SegmentID, o.Size)
+			}
+			c.payload = &payloadReader{r: r, left: int64(sh.Length)}
+			req = Request{Offer: o, Segment: true, Pushed: true}
 			return true, nil
 		case TypeQuery:
 			if h.Length > MaxQueryPayload {
@@ -119,6 +129,40 @@ func (c *Conn) RecvRequest(ctx context.Context) (Request, error) {
 		return false, fmt.Errorf("%w: got %s, want OFFER or SEGMENT", ErrUnexpectedFrame, h.Type)
 	})
 	return req, err
+}
+
+// readOffer reads the payload of an OFFER or PUSH frame whose header h
+// was read, and opens the offer in the window. An undecodable payload is
+// ErrBadMessage with the frame consumed (inStep); an offer beyond the
+// window, for an id already unanswered, or a PUSH above MaxPushSize
+// leaves the stream out of step.
+func (c *Conn) readOffer(r io.Reader, h Header) (o Offer, inStep bool, err error) {
+	if h.Length > MaxControlPayload {
+		return o, false, fmt.Errorf("read %s frame: %w: %d bytes, limit %d", h.Type, ErrFrameTooLarge, h.Length, MaxControlPayload)
+	}
+	p := make([]byte, h.Length)
+	if _, err := io.ReadFull(r, p); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return o, false, fmt.Errorf("read %s frame payload: %w", h.Type, err)
+	}
+	if o, err = DecodeOffer(p); err != nil {
+		return o, true, err
+	}
+	if h.Type == TypePush && o.Size > MaxPushSize {
+		return o, false, fmt.Errorf("%w: PUSH of %s with %d bytes, limit %d", ErrFrameTooLarge, o.SegmentID, o.Size, MaxPushSize)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.open[o.SegmentID] {
+		return o, false, fmt.Errorf("%w: %s for %s, which is already in flight", ErrUnexpectedFrame, h.Type, o.SegmentID)
+	}
+	if len(c.open) >= c.opt.Window {
+		return o, false, fmt.Errorf("%w: %s for %s with %d unanswered, window %d", ErrWindow, h.Type, o.SegmentID, len(c.open), c.opt.Window)
+	}
+	c.open[o.SegmentID] = true
+	return o, true, nil
 }
 
 // RecvPayload hands the payload of the SEGMENT frame RecvRequest just
@@ -228,6 +272,12 @@ func (c *Conn) answered(segmentID string) {
 type Item struct {
 	Offer Offer
 	Open  func() (io.ReadCloser, error)
+	// Push sends a segment of at most MaxPushSize bytes in a PUSH with
+	// its SEGMENT right behind, without waiting for an ACCEPT: one round
+	// trip less per segment, at the price of sending the bytes of one the
+	// peer may already hold. Larger segments are offered whatever Push
+	// says.
+	Push bool
 }
 
 // Result is one item's outcome. Err nil means the peer acknowledged the
@@ -451,26 +501,47 @@ func (p *pipeline) write(ctx context.Context, window int) {
 		p.mu.Unlock()
 		if !exhausted && slots > 0 {
 			it, ok := p.next()
-			p.mu.Lock()
 			if !ok {
+				p.mu.Lock()
 				p.exhausted = true
 				p.checkFinished()
 				p.mu.Unlock()
 				continue
 			}
+			var frames []byte // PUSH and SEGMENT, ready to go
+			if it.Push && it.Offer.Size <= MaxPushSize {
+				var err error
+				if frames, err = pushFrames(it); err != nil {
+					// Nothing was sent: this item fails, the stream goes on.
+					p.done(it, Result{Err: err})
+					continue
+				}
+			}
+			p.mu.Lock()
 			if _, dup := p.items[it.Offer.SegmentID]; dup {
 				p.mu.Unlock()
 				p.done(it, Result{Err: fmt.Errorf("deliver %s: already in flight on this connection", it.Offer.SegmentID)})
 				continue
 			}
 			pd := &pending{item: it, state: itemOffered}
+			if frames != nil {
+				pd.state = itemSending // no ACCEPT comes for a PUSH
+			}
 			p.items[it.Offer.SegmentID] = pd
 			p.inFlight++
 			p.wake.Broadcast()
 			p.writing = true
 			p.mu.Unlock()
 			slots--
-			err := p.c.SendOffer(ctx, it.Offer)
+			var err error
+			if frames != nil {
+				err = p.c.send(ctx, "send push "+it.Offer.SegmentID, func(w io.Writer) error {
+					_, err := w.Write(frames)
+					return err
+				})
+			} else {
+				err = p.c.SendOffer(ctx, it.Offer)
+			}
 			p.setWriting(false)
 			if err != nil {
 				p.fail(err)
@@ -489,6 +560,30 @@ func (p *pipeline) write(ctx context.Context, window int) {
 			return
 		}
 	}
+}
+
+// pushFrames reads a small item's segment and returns its PUSH and
+// SEGMENT frames back to back, to leave in one write. A source that fails
+// or ends before Offer.Size bytes is ErrSource, before anything is sent.
+func pushFrames(it Item) ([]byte, error) {
+	o := it.Offer
+	payload, err := EncodeOffer(o)
+	if err != nil {
+		return nil, fmt.Errorf("push %s: %w", o.SegmentID, err)
+	}
+	src, err := it.Open()
+	if err != nil {
+		return nil, fmt.Errorf("push %s: %w: %w", o.SegmentID, ErrSource, err)
+	}
+	defer src.Close()
+	b := AppendFrame(make([]byte, 0, 2*HeaderLen+len(payload)+int(o.Size)), TypePush, payload)
+	b = binary.BigEndian.AppendUint32(append(b, byte(TypeSegment)), uint32(o.Size))
+	start := len(b)
+	b = b[:start+int(o.Size)]
+	if _, err := io.ReadFull(src, b[start:]); err != nil {
+		return nil, fmt.Errorf("push %s: %w: ended before %d bytes: %w", o.SegmentID, ErrSource, o.Size, err)
+	}
+	return b, nil
 }
 
 func (p *pipeline) setWriting(w bool) {
