@@ -172,6 +172,26 @@ func (o *operator) call(ctx context.Context, method, path string, query url.Valu
 	return resp.Body, nil
 }
 
+// operate runs one operator command that is one API request: it opens the
+// stores named by f, serves the request and prints the answer, the API's
+// body with --json and otherwise what show makes of the decoded response.
+func operate[R any](cmd *cobra.Command, f *opFlags, stdout io.Writer, method, path string, query url.Values, body any, show func(R) error) error {
+	o, err := f.open(cmd.Context())
+	if err != nil {
+		return err
+	}
+	defer o.close()
+	var res R
+	raw, err := o.call(cmd.Context(), method, path, query, body, &res)
+	if err != nil {
+		return err
+	}
+	if f.asJSON {
+		return printJSON(stdout, raw)
+	}
+	return show(res)
+}
+
 func sourcePath(source string, rest ...string) string {
 	p := "/v1/sources/" + url.PathEscape(source)
 	for _, r := range rest {
@@ -208,11 +228,6 @@ func targetsCmd(stdout io.Writer) *cobra.Command {
 		Short: "List targets with undelivered rows, not active, or failed in the last day (--all: every target)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			o, err := f.open(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer o.close()
 			q := url.Values{}
 			if state != "" {
 				q.Set("state", state)
@@ -226,27 +241,21 @@ func targetsCmd(stdout io.Writer) *cobra.Command {
 			if cmd.Flags().Changed("limit") {
 				q.Set("limit", strconv.Itoa(limit))
 			}
-			var res api.TargetsResponse
-			raw, err := o.call(cmd.Context(), "GET", sourcePath(f.source, "targets"), q, nil, &res)
-			if err != nil {
-				return err
-			}
-			if f.asJSON {
-				return printJSON(stdout, raw)
-			}
-			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "TARGET\tSTATE\tPENDING\tHELD\tFIRST SEQ\tOLDEST\tFAILED ROUNDS\tLAST ERROR")
-			for _, t := range res.Targets {
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%d\t%s\n", t.Target, t.State, t.Pending, t.Held, t.FirstSeq,
-					msTime(t.OldestMS), t.FailedRounds, lastError(t.LastError))
-			}
-			if err := tw.Flush(); err != nil {
-				return err
-			}
-			if res.Next != "" {
-				fmt.Fprintf(stdout, "more: --after %q\n", res.Next)
-			}
-			return nil
+			return operate(cmd, &f, stdout, "GET", sourcePath(f.source, "targets"), q, nil, func(res api.TargetsResponse) error {
+				tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "TARGET\tSTATE\tPENDING\tHELD\tFIRST SEQ\tOLDEST\tFAILED ROUNDS\tLAST ERROR")
+				for _, t := range res.Targets {
+					fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%d\t%s\n", t.Target, t.State, t.Pending, t.Held, t.FirstSeq,
+						msTime(t.OldestMS), t.FailedRounds, lastError(t.LastError))
+				}
+				if err := tw.Flush(); err != nil {
+					return err
+				}
+				if res.Next != "" {
+					fmt.Fprintf(stdout, "more: --after %q\n", res.Next)
+				}
+				return nil
+			})
 		},
 	}
 	f.register(list, false)
@@ -261,21 +270,10 @@ func targetsCmd(stdout io.Writer) *cobra.Command {
 		Short: "Show one target's delivery state",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o, err := sf.open(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer o.close()
-			var res api.TargetResponse
-			raw, err := o.call(cmd.Context(), "GET", sourcePath(sf.source, "targets", args[0]), nil, nil, &res)
-			if err != nil {
-				return err
-			}
-			if sf.asJSON {
-				return printJSON(stdout, raw)
-			}
-			printStatus(stdout, res.Status)
-			return nil
+			return operate(cmd, &sf, stdout, "GET", sourcePath(sf.source, "targets", args[0]), nil, nil, func(res api.TargetResponse) error {
+				printStatus(stdout, res.Status)
+				return nil
+			})
 		},
 	}
 	sf.register(show, false)
@@ -336,22 +334,11 @@ func targetCmd(stdout io.Writer) *cobra.Command {
 			Short: a.short,
 			Args:  cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
-				o, err := f.open(cmd.Context())
-				if err != nil {
-					return err
-				}
-				defer o.close()
-				var res api.TargetResponse
-				raw, err := o.call(cmd.Context(), "POST", sourcePath(f.source, "targets", args[0], a.name), nil, api.ActionRequest{Reason: f.reason}, &res)
-				if err != nil {
-					return err
-				}
-				if f.asJSON {
-					return printJSON(stdout, raw)
-				}
-				fmt.Fprintf(stdout, "%s: %s %s\n", a.name, args[0], res.Status.State)
-				printStatus(stdout, res.Status)
-				return nil
+				return operate(cmd, &f, stdout, "POST", sourcePath(f.source, "targets", args[0], a.name), nil, api.ActionRequest{Reason: f.reason}, func(res api.TargetResponse) error {
+					fmt.Fprintf(stdout, "%s: %s %s\n", a.name, args[0], res.Status.State)
+					printStatus(stdout, res.Status)
+					return nil
+				})
 			},
 		}
 		f.register(sub, true)
@@ -368,23 +355,12 @@ held seq ('relay targets show' prints it as held N..): if a delivery moved it me
 skip is refused and nothing changes.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o, err := f.open(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer o.close()
-			var res api.SkipResponse
-			raw, err := o.call(cmd.Context(), "POST", sourcePath(f.source, "targets", args[0], "skip"), nil,
-				api.SkipRequest{ExpectFirst: f.skipFirst, Through: f.skipLast, Reason: f.reason}, &res)
-			if err != nil {
-				return err
-			}
-			if f.asJSON {
-				return printJSON(stdout, raw)
-			}
-			fmt.Fprintf(stdout, "skipped %d rows (seqs %d..%d) of %s into archive entry %d\n", res.Rows, res.First, res.Last, args[0], res.ArchiveID)
-			printStatus(stdout, res.Status)
-			return nil
+			return operate(cmd, &f, stdout, "POST", sourcePath(f.source, "targets", args[0], "skip"), nil,
+				api.SkipRequest{ExpectFirst: f.skipFirst, Through: f.skipLast, Reason: f.reason}, func(res api.SkipResponse) error {
+					fmt.Fprintf(stdout, "skipped %d rows (seqs %d..%d) of %s into archive entry %d\n", res.Rows, res.First, res.Last, args[0], res.ArchiveID)
+					printStatus(stdout, res.Status)
+					return nil
+				})
 		},
 	}
 	f.register(skip, true)
@@ -404,11 +380,6 @@ func archiveCmd(stdout io.Writer) *cobra.Command {
 		Short: "List archive entries (without their rows)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			o, err := lf.open(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer o.close()
 			q := url.Values{}
 			if after > 0 {
 				q.Set("after", strconv.FormatUint(after, 10))
@@ -416,30 +387,24 @@ func archiveCmd(stdout io.Writer) *cobra.Command {
 			if cmd.Flags().Changed("limit") {
 				q.Set("limit", strconv.Itoa(limit))
 			}
-			var res api.ArchiveListResponse
-			raw, err := o.call(cmd.Context(), "GET", sourcePath(lf.source, "archive"), q, nil, &res)
-			if err != nil {
-				return err
-			}
-			if lf.asJSON {
-				return printJSON(stdout, raw)
-			}
-			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tTARGET\tSEQS\tROWS\tAT\tBY\tREASON\tREQUEUED AS")
-			for _, e := range res.Entries {
-				req := "-"
-				if len(e.Requeued) > 0 {
-					req = fmt.Sprintf("%d..%d", e.Requeued[0], e.Requeued[len(e.Requeued)-1])
+			return operate(cmd, &lf, stdout, "GET", sourcePath(lf.source, "archive"), q, nil, func(res api.ArchiveListResponse) error {
+				tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "ID\tTARGET\tSEQS\tROWS\tAT\tBY\tREASON\tREQUEUED AS")
+				for _, e := range res.Entries {
+					req := "-"
+					if len(e.Requeued) > 0 {
+						req = fmt.Sprintf("%d..%d", e.Requeued[0], e.Requeued[len(e.Requeued)-1])
+					}
+					fmt.Fprintf(tw, "%d\t%s\t%d..%d\t%d\t%s\t%s\t%s\t%s\n", e.ID, e.Target, e.First, e.Last, e.Rows, msTime(e.AtMS), e.By, e.Reason, req)
 				}
-				fmt.Fprintf(tw, "%d\t%s\t%d..%d\t%d\t%s\t%s\t%s\t%s\n", e.ID, e.Target, e.First, e.Last, e.Rows, msTime(e.AtMS), e.By, e.Reason, req)
-			}
-			if err := tw.Flush(); err != nil {
-				return err
-			}
-			if res.Next != 0 {
-				fmt.Fprintf(stdout, "more: --after %d\n", res.Next)
-			}
-			return nil
+				if err := tw.Flush(); err != nil {
+					return err
+				}
+				if res.Next != 0 {
+					fmt.Fprintf(stdout, "more: --after %d\n", res.Next)
+				}
+				return nil
+			})
 		},
 	}
 	lf.register(list, false)
@@ -474,21 +439,10 @@ func archiveCmd(stdout io.Writer) *cobra.Command {
 		Short: "Enqueue an archive entry's rows again for the same target (new seqs), once",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o, err := rf.open(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer o.close()
-			var res api.RequeueResponse
-			raw, err := o.call(cmd.Context(), "POST", sourcePath(rf.source, "archive", args[0], "requeue"), nil, struct{}{}, &res)
-			if err != nil {
-				return err
-			}
-			if rf.asJSON {
-				return printJSON(stdout, raw)
-			}
-			fmt.Fprintf(stdout, "archive entry %d re-enqueued as seqs %s\n", res.ID, joinSeqs(res.Seqs))
-			return nil
+			return operate(cmd, &rf, stdout, "POST", sourcePath(rf.source, "archive", args[0], "requeue"), nil, struct{}{}, func(res api.RequeueResponse) error {
+				fmt.Fprintf(stdout, "archive entry %d re-enqueued as seqs %s\n", res.ID, joinSeqs(res.Seqs))
+				return nil
+			})
 		},
 	}
 	rf.register(requeue, false)
