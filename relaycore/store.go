@@ -1,6 +1,7 @@
 package relaycore
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 )
@@ -280,4 +281,12 @@ type DueEntry struct {
 	Partition Partition
 	Key       string
 	Due       int64
+}
+
+// Compare orders entries oldest first, as DueIndex.Due returns them, and
+// entries due at the same time by partition, then key, so an index that
+// gathers its entries in no order can return them in a deterministic one:
+// slices.SortFunc(entries, DueEntry.Compare).
+func (e DueEntry) Compare(o DueEntry) int {
+	return cmp.Or(cmp.Compare(e.Due, o.Due), cmp.Compare(e.Partition, o.Partition), cmp.Compare(e.Key, o.Key))
 }

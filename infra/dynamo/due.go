@@ -3,7 +3,7 @@ package dynamo
 import (
 	"context"
 	"fmt"
-	"sort"
+	"slices"
 	"strconv"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -35,15 +35,7 @@ func (s *Store) Due(ctx context.Context, before int64, limit int) ([]relaycore.D
 	if err != nil {
 		return nil, fmt.Errorf("due before %d: %w", before, err)
 	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Due != out[j].Due {
-			return out[i].Due < out[j].Due
-		}
-		if out[i].Partition != out[j].Partition {
-			return out[i].Partition < out[j].Partition
-		}
-		return out[i].Key < out[j].Key
-	})
+	slices.SortFunc(out, relaycore.DueEntry.Compare)
 	if limit > 0 && len(out) > limit {
 		out = out[:limit]
 	}

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -206,15 +207,7 @@ func (s *Store) Due(ctx context.Context, before int64, limit int) ([]relaycore.D
 		}
 	}
 	s.mu.Unlock()
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Due != out[j].Due {
-			return out[i].Due < out[j].Due
-		}
-		if out[i].Partition != out[j].Partition {
-			return out[i].Partition < out[j].Partition
-		}
-		return out[i].Key < out[j].Key
-	})
+	slices.SortFunc(out, relaycore.DueEntry.Compare)
 	if limit > 0 && len(out) > limit {
 		out = out[:limit]
 	}
