@@ -157,11 +157,8 @@ func statusCmd(stdout io.Writer) *cobra.Command {
 		Short: "Show a source's outbox: os, scan cycle, undelivered rows, watermark",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := needDB(dbPath); err != nil {
+			if err := needExistingDB(dbPath); err != nil {
 				return err
-			}
-			if _, err := os.Stat(dbPath); err != nil {
-				return fmt.Errorf("--db: %w", err)
 			}
 			stores, closeStores, err := openStores(cmd.Context(), "bolt", dbPath, dynamoOptions{})
 			if err != nil {

@@ -71,11 +71,8 @@ func (f *opFlags) open(ctx context.Context) (*operator, error) {
 	)
 	switch f.store {
 	case "bolt":
-		if err := needDB(f.db); err != nil {
+		if err := needExistingDB(f.db); err != nil {
 			return nil, err
-		}
-		if _, err := os.Stat(f.db); err != nil {
-			return nil, fmt.Errorf("--db: %w", err)
 		}
 		db, err := openBolt(f.db)
 		if err != nil {

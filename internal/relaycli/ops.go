@@ -125,6 +125,18 @@ func needDB(path string) error {
 	return nil
 }
 
+// needExistingDB is needDB for the commands that only look at or operate
+// on a relay: opening a missing file would create an empty relay.
+func needExistingDB(path string) error {
+	if err := needDB(path); err != nil {
+		return err
+	}
+	if _, err := os.Stat(path); err != nil {
+		return fmt.Errorf("--db: %w", err)
+	}
+	return nil
+}
+
 // stdinOr returns os.Stdin unless a reader was supplied (tests).
 func stdinOr(r io.Reader) io.Reader {
 	if r != nil {
