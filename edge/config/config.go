@@ -241,6 +241,13 @@ type Storage struct {
 	// segments whose deliveries are all settled, oldest first, until it
 	// fits. Full means the quota is reached or the disk refused a write.
 	OnFull string `yaml:"on_full"`
+	// FsyncEachFile (fsync_each_file, default false) fsyncs every received
+	// segment file on its own. By default, on Linux 5.8 and later, the
+	// segments committed together are made durable by one syncfs of the
+	// store's file system; that also flushes other programs' unwritten
+	// data on the same file system, which a store sharing it with a heavy
+	// writer may not want. Elsewhere every file is fsynced on its own.
+	FsyncEachFile bool `yaml:"fsync_each_file"`
 }
 
 // RPC is the local operator interface.

@@ -60,6 +60,7 @@ storage:
   max_segment_bytes: 16777216
   verify_on_start: never
   on_full: evict_relayed_oldest
+  fsync_each_file: true
 rpc:
   listen: unix:/run/edged/rpc.sock
 `
@@ -84,7 +85,7 @@ func TestParseFull(t *testing.T) {
 			EvictOnRelay: true, Workers: 8, AckTimeout: 5 * time.Second, Window: 64, MaxProtocolVersion: 1, PushMaxBytes: 4096, DialTimeout: 2 * time.Second, LedgerRetention: DefaultLedgerRetention,
 			Bandwidth: Bandwidth{Total: 10_000_000, PerPeer: 512 << 10},
 		},
-		Storage: Storage{Dir: "/var/lib/edged", QuotaBytes: 2 << 30, QuotaSegments: 500, MaxSegmentBytes: 16 << 20, OnFull: OnFullEvictRelayedOldest, VerifyOnStart: VerifyNever},
+		Storage: Storage{Dir: "/var/lib/edged", QuotaBytes: 2 << 30, QuotaSegments: 500, MaxSegmentBytes: 16 << 20, OnFull: OnFullEvictRelayedOldest, VerifyOnStart: VerifyNever, FsyncEachFile: true},
 		RPC:     RPC{Listen: "unix:/run/edged/rpc.sock"},
 	}
 	for id, want := range map[string]bool{"edge-b": true, "edge-c": true, "sensor-1": true, "edge-a": false, "edge-d": false} {
@@ -433,6 +434,7 @@ func TestDefaultsDocumented(t *testing.T) {
 		"storage.max_segment_bytes":  d.Storage.MaxSegmentBytes.String(),
 		"storage.verify_on_start":    d.Storage.VerifyOnStart,
 		"storage.on_full":            d.Storage.OnFull,
+		"storage.fsync_each_file":    "false",
 		"rpc.listen":                 d.RPC.Listen,
 	}
 	rows := map[string]string{}

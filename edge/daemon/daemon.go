@@ -136,6 +136,7 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 		QuotaBytes: int64(cfg.Storage.QuotaBytes), QuotaSegments: cfg.Storage.QuotaSegments,
 		MaxSegmentBytes: int64(cfg.Storage.MaxSegmentBytes), Now: opt.Now, SyncDir: opt.SyncDir,
 		VerifyOnOpen: verifyOnOpen(cfg.Storage.VerifyOnStart, d.cleanStop), MakeRoom: d.makeRoomFunc(), WrapTemp: opt.WrapTemp,
+		FsyncEachFile: cfg.Storage.FsyncEachFile,
 	})
 	if err != nil {
 		return nil, err

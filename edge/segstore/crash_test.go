@@ -21,40 +21,42 @@ var writeSteps = []step{stepCreated, stepCopied, stepSynced, stepRenamed, stepDi
 // write must succeed.
 func TestWriteFaultAtEachStep(t *testing.T) {
 	b := content(50_000, 7)
-	for _, at := range writeSteps {
-		t.Run(string(at), func(t *testing.T) {
-			f := newStore(t, "", testOpts)
-			put(t, f.s, "other", content(10, 1))
-			injected := errors.New("injected fault at " + string(at))
-			f.s.fault = func(st step) error {
-				if st == at {
-					return injected
+	for _, mode := range syncModes {
+		for _, at := range writeSteps {
+			t.Run(mode.name+"/"+string(at), func(t *testing.T) {
+				f := newStore(t, "", mode.opts)
+				put(t, f.s, "other", content(10, 1))
+				injected := errors.New("injected fault at " + string(at))
+				f.s.fault = func(st step) error {
+					if st == at {
+						return injected
+					}
+					return nil
 				}
-				return nil
-			}
-			_, err := f.s.Write("s", int64(len(b)), digest(b), bytes.NewReader(b), "")
-			if at == stepIndexed {
-				if err != nil {
-					t.Fatalf("committed write reported %v", err)
+				_, err := f.s.Write("s", int64(len(b)), digest(b), bytes.NewReader(b), "")
+				if at == stepIndexed {
+					if err != nil {
+						t.Fatalf("committed write reported %v", err)
+					}
+					return
 				}
-				return
-			}
-			if !errors.Is(err, injected) {
-				t.Fatalf("err = %v", err)
-			}
-			if _, err := f.s.Stat("s"); !errors.Is(err, ErrNotFound) {
-				t.Fatalf("index entry after failed write: %v", err)
-			}
-			if _, err := os.Stat(filepath.Join(f.dir, "segments", "s")); !errors.Is(err, os.ErrNotExist) {
-				t.Fatalf("segment file after failed write: %v", err)
-			}
-			checkInvariant(t, f)
-			if u := f.s.Usage(); u.Bytes != 10 || u.Segments != 1 || u.ReservedBytes != 0 {
-				t.Fatalf("usage %+v", u)
-			}
-			f.s.fault = nil
-			put(t, f.s, "s", b)
-		})
+				if !errors.Is(err, injected) {
+					t.Fatalf("err = %v", err)
+				}
+				if _, err := f.s.Stat("s"); !errors.Is(err, ErrNotFound) {
+					t.Fatalf("index entry after failed write: %v", err)
+				}
+				if _, err := os.Stat(filepath.Join(f.dir, "segments", "s")); !errors.Is(err, os.ErrNotExist) {
+					t.Fatalf("segment file after failed write: %v", err)
+				}
+				checkInvariant(t, f)
+				if u := f.s.Usage(); u.Bytes != 10 || u.Segments != 1 || u.ReservedBytes != 0 {
+					t.Fatalf("usage %+v", u)
+				}
+				f.s.fault = nil
+				put(t, f.s, "s", b)
+			})
+		}
 	}
 }
 
@@ -81,56 +83,58 @@ func TestCrashAtEachStep(t *testing.T) {
 		{stepUnindex, true, false, func(r ScanReport) []string { return r.RemovedOrphans }},
 		{stepUnlinked, true, false, nil},
 	}
-	for _, c := range cases {
-		t.Run(string(c.at), func(t *testing.T) {
-			f := newStore(t, "", testOpts)
-			put(t, f.s, "keep", content(123, 5))
-			if c.evicting {
-				put(t, f.s, "s", b)
-			}
-			snap := t.TempDir()
-			taken := false
-			f.s.fault = func(st step) error {
-				if st == c.at {
-					snapshot(t, f, snap)
-					taken = true
+	for _, mode := range syncModes {
+		for _, c := range cases {
+			t.Run(mode.name+"/"+string(c.at), func(t *testing.T) {
+				f := newStore(t, "", mode.opts)
+				put(t, f.s, "keep", content(123, 5))
+				if c.evicting {
+					put(t, f.s, "s", b)
 				}
-				return nil
-			}
-			var err error
-			if c.evicting {
-				err = f.s.Evict("s")
-			} else {
-				_, err = f.s.Write("s", int64(len(b)), digest(b), bytes.NewReader(b), "")
-			}
-			if err != nil || !taken {
-				t.Fatalf("operation: %v, snapshot taken: %v", err, taken)
-			}
+				snap := t.TempDir()
+				taken := false
+				f.s.fault = func(st step) error {
+					if st == c.at {
+						snapshot(t, f, snap)
+						taken = true
+					}
+					return nil
+				}
+				var err error
+				if c.evicting {
+					err = f.s.Evict("s")
+				} else {
+					_, err = f.s.Write("s", int64(len(b)), digest(b), bytes.NewReader(b), "")
+				}
+				if err != nil || !taken {
+					t.Fatalf("operation: %v, snapshot taken: %v", err, taken)
+				}
 
-			g := newStore(t, snap, testOpts)
-			_, err = g.s.Stat("s")
-			if c.present != (err == nil) {
-				t.Fatalf("after crash at %s: Stat = %v, want present=%v", c.at, err, c.present)
-			}
-			if c.present && !bytes.Equal(read(t, g.s, "s"), b) {
-				t.Fatal("recovered content differs")
-			}
-			if !bytes.Equal(read(t, g.s, "keep"), content(123, 5)) {
-				t.Fatal("unrelated segment damaged")
-			}
-			rep := g.s.Recovered()
-			if c.repaired != nil && len(c.repaired(rep)) != 1 {
-				t.Fatalf("scan report %+v", rep)
-			}
-			if c.repaired == nil && len(rep.RemovedTemp)+len(rep.RemovedOrphans)+len(rep.DroppedEntries) != 0 {
-				t.Fatalf("scan repaired something after a clean point: %+v", rep)
-			}
-			// The recovered store keeps working: the interrupted write can
-			// be repeated (or is already there).
-			if _, err := g.s.Write("s", int64(len(b)), digest(b), bytes.NewReader(b), ""); err != nil && !errors.Is(err, ErrAlreadyHave) {
-				t.Fatal(err)
-			}
-		})
+				g := newStore(t, snap, mode.opts)
+				_, err = g.s.Stat("s")
+				if c.present != (err == nil) {
+					t.Fatalf("after crash at %s: Stat = %v, want present=%v", c.at, err, c.present)
+				}
+				if c.present && !bytes.Equal(read(t, g.s, "s"), b) {
+					t.Fatal("recovered content differs")
+				}
+				if !bytes.Equal(read(t, g.s, "keep"), content(123, 5)) {
+					t.Fatal("unrelated segment damaged")
+				}
+				rep := g.s.Recovered()
+				if c.repaired != nil && len(c.repaired(rep)) != 1 {
+					t.Fatalf("scan report %+v", rep)
+				}
+				if c.repaired == nil && len(rep.RemovedTemp)+len(rep.RemovedOrphans)+len(rep.DroppedEntries) != 0 {
+					t.Fatalf("scan repaired something after a clean point: %+v", rep)
+				}
+				// The recovered store keeps working: the interrupted write can
+				// be repeated (or is already there).
+				if _, err := g.s.Write("s", int64(len(b)), digest(b), bytes.NewReader(b), ""); err != nil && !errors.Is(err, ErrAlreadyHave) {
+					t.Fatal(err)
+				}
+			})
+		}
 	}
 }
 

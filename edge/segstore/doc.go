@@ -18,7 +18,10 @@
 // it goes, and then, in this order: checks the size and SHA-256 against
 // the offer, fsyncs the file, renames it to its id, fsyncs the directory,
 // and commits the index entry. Only then does Write return nil, and only
-// then may the receiver ACK. Write is Receive (temp file, hash on another
+// then may the receiver ACK. On Linux 5.8 and later (unless
+// Options.FsyncEachFile) the file's fsync is one syncfs of the file
+// system before the renames, shared by the group (group.go,
+// fssync_linux.go); the order of the steps does not change. Write is Receive (temp file, hash on another
 // goroutine, size and digest check) then Staged.Commit (fsync, then the
 // rest); a pipelined receiver calls them separately so it reads the next
 // segment while earlier ones commit. The rename, directory fsync and index
@@ -38,7 +41,7 @@
 //
 //	every index entry names a file in segments/ whose size is the entry's
 //	size and whose content hashed to the entry's digest before it was
-//	renamed into place and fsynced; there is no temp file, and no file
+//	made durable and renamed into place; there is no temp file, and no file
 //	named as a segment id without an index entry (a crash may leave
 //	either, until the next Open removes it).
 //
@@ -66,7 +69,7 @@
 // the file's digest tag: the commit path sets an extended attribute
 // (user.edged.segment: digest and source peer) on the temp file before
 // writing, and the file is renamed into place only after its content
-// matched that digest and was fsynced with it. A file whose content
+// matched that digest and was made durable with it. A file whose content
 // matches its tag is what was acknowledged (Entry.Rebuilt =
 // RebuiltFromTag); one that does not, or whose tag is garbled, is
 // quarantined. A file without a tag (a file system without user extended

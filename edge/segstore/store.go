@@ -46,6 +46,13 @@ type Options struct {
 	// the Store's lock, may call EvictIf, and returns when it has done what
 	// it can; Reserve then tries once more. See room.go.
 	MakeRoom func(bytes, segments int64)
+	// FsyncEachFile makes every segment file fsynced on its own before its
+	// group commits, instead of one syncfs(2) of the file system per
+	// group. It is the only way where syncfs is missing or does not report
+	// writeback errors (other systems, Linux before 5.8), and the way to
+	// choose when the store shares its file system with a heavy writer
+	// whose dirty data each syncfs would flush too.
+	FsyncEachFile bool
 	// WrapTemp, when set, wraps the writer of every temp file's content:
 	// tests inject disk failures (ENOSPC after n bytes) around the real
 	// file with it. nil in production.
@@ -128,7 +135,7 @@ type step string
 const (
 	stepCreated  step = "created"  // temp file created, empty
 	stepCopied   step = "copied"   // content written and verified, not yet fsynced
-	stepSynced   step = "synced"   // temp file fsynced and closed, not renamed
+	stepSynced   step = "synced"   // temp file fsynced (unless the group syncs the file system) and closed, not renamed
 	stepRenamed  step = "renamed"  // renamed into place, directory not fsynced
 	stepDirSync  step = "dirsync"  // directory fsynced, index entry not committed
 	stepIndexed  step = "indexed"  // index entry committed
@@ -153,12 +160,16 @@ type Store struct {
 	busy     map[string]bool // ids being written or evicted
 
 	group groupCommitter // see group.go
+	// fsSync flushes the store's file system (syncfs); nil when every file
+	// is fsynced on its own (Options.FsyncEachFile, or no usable syncfs).
+	fsSync func() error
 }
 
 // Open opens the store under dir (creating dir/segments), creates its
 // index bucket in db, and runs the start-up scan (see the package
 // documentation). The caller owns db and closes it after the Store's last
-// use; the Store holds no other resources and has no Close.
+// use; the Store has no Close (on Linux it keeps its segments directory
+// open for syncfs, released with the Store).
 func Open(dir string, db *bolt.DB, opt Options) (*Store, error) {
 	if opt.QuotaBytes <= 0 || opt.QuotaSegments <= 0 || opt.MaxSegmentBytes <= 0 {
 		return nil, fmt.Errorf("open segment store: quota and max segment size must be > 0: %+v", opt)
@@ -169,6 +180,9 @@ func Open(dir string, db *bolt.DB, opt Options) (*Store, error) {
 	s := &Store{dir: filepath.Join(dir, "segments"), db: db, opt: opt, busy: map[string]bool{}}
 	if err := CreateDir(s.dir, 0o700, opt.SyncDir); err != nil {
 		return nil, fmt.Errorf("open segment store: %w", err)
+	}
+	if !opt.FsyncEachFile {
+		s.fsSync = fsSyncer(s.dir)
 	}
 	fresh := false
 	if err := db.View(func(tx *bolt.Tx) error {
