@@ -25,8 +25,10 @@ func serveCmd(stdout, stderr io.Writer) *cobra.Command {
 function URL, authenticated by client certificates or bearer tokens, the in-process
 alarm clock and sweeper, /healthz, /readyz and Prometheus /metrics. JSON logs go to
 stderr. SIGTERM or SIGINT drains: in-flight requests and fires finish (within
-drain_timeout), then the store closes. SIGHUP reloads the tokens file, the
-client CA and the server certificate (roles need a restart).
+drain_timeout), then the store closes. SIGHUP re-reads the configuration and
+applies principals and auth (roles, tokens file, anonymous access) with the
+current tokens file, client CA and server certificate, all or nothing; a change
+to any other key is refused and logged: it needs a restart.
 
 --check-config loads the configuration and every file it names, prints every problem
 (with its line in the file) and exits non-zero if there is one, without opening or
@@ -46,8 +48,8 @@ creating the store (it checks that the store's directory exists).`,
 			}
 			level, _ := cfg.Level()
 			logger := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
-			// SIGHUP reloads the credential files (tokens, client CA,
-			// server certificate) instead of ending the process.
+			// SIGHUP reloads the roles and the credential files
+			// (relayserve.Options.Reload) instead of ending the process.
 			hup := make(chan os.Signal, 1)
 			signal.Notify(hup, syscall.SIGHUP)
 			defer signal.Stop(hup)
@@ -67,7 +69,9 @@ creating the store (it checks that the store's directory exists).`,
 					}
 				}
 			}()
-			return relayserve.Run(cmd.Context(), cfg, relayserve.Options{Logger: logger, ReadyFile: readyFile, Reload: reload})
+			return relayserve.Run(cmd.Context(), cfg, relayserve.Options{
+				Logger: logger, ReadyFile: readyFile, Reload: reload, ConfigPath: configPath,
+			})
 		},
 	}
 	c.Flags().StringVar(&configPath, "config", "", "YAML configuration file (docs/serve.md)")

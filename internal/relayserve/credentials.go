@@ -7,28 +7,33 @@ import (
 	"sync/atomic"
 )
 
-// credentials are what SIGHUP reloads without a restart: the tokens file,
-// the client CA and the server's certificate. Roles (principals) stay as
-// the configuration said at start.
+// credentials are what a request is judged by and what the listener
+// presents: the authenticator (tokens file, client CA, principals and
+// their roles, anonymous access) and the server's certificate. A reload
+// (reload.go) swaps them whole. The TLS file paths are fixed at start:
+// whether the listener speaks TLS and asks for client certificates is
+// decided once, so changing them needs a restart.
 type credentials struct {
-	cfg  Config
+	tls  TLS
 	auth atomic.Pointer[authenticator]
 	cert atomic.Pointer[tls.Certificate]
 }
 
 // loadCredentials loads everything the configuration names.
 func loadCredentials(cfg Config) (*credentials, error) {
-	c := &credentials{cfg: cfg}
-	return c, c.reload()
+	c := &credentials{tls: cfg.TLS}
+	return c, c.reload(cfg)
 }
 
-// reload replaces the credentials with the files' current content, all
-// or nothing: on any error the ones in use stay.
-func (c *credentials) reload() error {
-	a, err := newAuthenticator(c.cfg)
+// reload replaces the credentials with those cfg describes and the files'
+// current content, all or nothing: on any error the ones in use stay.
+// cfg's TLS paths must be the ones loadCredentials was given (the
+// reloader refuses a configuration that changes them).
+func (c *credentials) reload(cfg Config) error {
+	a, err := newAuthenticator(cfg)
 	var cert *tls.Certificate
-	if c.cfg.TLS.Cert != "" && c.cfg.TLS.Key != "" { // half a pair is a configuration error of its own
-		kp, cerr := tls.LoadX509KeyPair(c.cfg.TLS.Cert, c.cfg.TLS.Key)
+	if c.tls.Cert != "" && c.tls.Key != "" { // half a pair is a configuration error of its own
+		kp, cerr := tls.LoadX509KeyPair(c.tls.Cert, c.tls.Key)
 		if cerr != nil {
 			err = errors.Join(err, fmt.Errorf("tls.cert, tls.key: %w", cerr))
 		}
@@ -45,7 +50,7 @@ func (c *credentials) reload() error {
 // tlsConfig is the listener's TLS configuration (nil: plain HTTP). The
 // certificate is read per handshake, so a reload reaches new connections.
 func (c *credentials) tlsConfig() *tls.Config {
-	if c.cfg.TLS.Cert == "" {
+	if c.tls.Cert == "" {
 		return nil
 	}
 	tc := &tls.Config{
@@ -54,7 +59,7 @@ func (c *credentials) tlsConfig() *tls.Config {
 			return c.cert.Load(), nil
 		},
 	}
-	if c.cfg.TLS.ClientCA != "" {
+	if c.tls.ClientCA != "" {
 		// The certificate is requested and its possession proven by the
 		// handshake, but verified against tls.client_ca per request, so
 		// a bad certificate gets a 401 that says why rather than a bare

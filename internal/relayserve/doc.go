@@ -22,7 +22,11 @@
 // in the outbox file before the client hears of them, and the targets'
 // rh watermarks make redelivery idempotent.
 //
-// SIGHUP (Options.Reload) reloads the credential files, all or nothing.
+// SIGHUP (Options.Reload) re-reads the configuration file and applies
+// what is read per request, principals and auth, together with the
+// credential files' current content, all or nothing (reload.go). The
+// rest of the configuration is read once at start: a reload that finds
+// another key changed is refused and names it.
 //
 // docs/serve.md is the reference for the configuration, auth, metrics and
 // operations.

@@ -38,6 +38,9 @@ type fixture struct {
 	db       string
 	tokens   map[string]string // principal -> token
 	cfgPath  string
+	// base is the configuration file without its principals (and
+	// extra), for tests that rewrite the file and reload it.
+	base string
 }
 
 // principals: producer may produce to orders; reader reads; operator
@@ -85,8 +88,18 @@ limits:
 drain_timeout: 20s
 log_level: debug
 `, f.db, filepath.Join(f.pki, "server.crt"), filepath.Join(f.pki, "server.key"), filepath.Join(f.pki, "ca.crt"), tokensFile)
+	f.base = cfg
 	f.cfgPath = servetest.WriteConfig(t, cfg+principalsYAML+extra)
 	return f
+}
+
+// rewrite replaces the configuration file's content with yaml (for a
+// reload).
+func (f *fixture) rewrite(t *testing.T, yaml string) {
+	t.Helper()
+	if err := os.WriteFile(f.cfgPath, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func (f *fixture) start(t *testing.T) *servetest.Proc {
@@ -395,6 +408,9 @@ func TestRefusals(t *testing.T) {
 	}
 }
 
+// reloadFailed is the log message of a refused reload.
+const reloadFailed = "relay serve: reload failed; the configuration and credentials in use stay"
+
 // SIGHUP reloads the tokens file and the server certificate: a new token
 // works at once and a removed one is refused, new connections get the
 // new certificate, without a restart; a broken file is refused and the
@@ -437,7 +453,7 @@ func TestReloadTokens(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.Signal(t, syscall.SIGHUP)
-	p.WaitLog(t, "relay serve: reload failed; the credentials in use stay")
+	p.WaitLog(t, reloadFailed)
 	if r := do(t, c, "POST", src+"/rows", newTok, rowsBody("t", "k", "v")); r.status != 200 {
 		t.Fatalf("token in use after a failed reload: %d %s", r.status, r.body)
 	}

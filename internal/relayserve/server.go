@@ -40,10 +40,19 @@ type Options struct {
 	// removed at start and when Run returns.
 	ReadyFile string
 
-	// Reload, when it delivers, reloads the tokens file, the client CA
-	// and the server certificate (`relay serve` sends on SIGHUP). A
-	// reload that fails keeps the credentials in use and logs why.
+	// Reload, when it delivers, reloads the configuration's reloadable
+	// keys (principals, auth) from ConfigPath and the credential files:
+	// the tokens file, the client CA and the server certificate (`relay
+	// serve` sends on SIGHUP). It is all or nothing: a reload that fails
+	// keeps the configuration and the credentials in use and logs why.
 	Reload <-chan struct{}
+	// ConfigPath is the file cfg was loaded from (LoadAndCheck). A
+	// reload re-reads and checks it as the start did; if it changed a
+	// key other than principals and auth (listen, db, tls, limits, ...)
+	// the reload is refused, naming every such key, because those are
+	// read only at start. Empty (a Config an embedder built in memory):
+	// a reload re-reads the credential files only.
+	ConfigPath string
 
 	// wrapTarget, when set, wraps the target store (tests inject faults
 	// and hold fires in flight with it).
@@ -182,7 +191,9 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	if ta, ok := ln.Addr().(*net.TCPAddr); (cfg.Auth.Anonymous != nil || tc == nil) && (!ok || !ta.IP.IsLoopback()) {
+	ta, ok := ln.Addr().(*net.TCPAddr)
+	loopback := ok && ta.IP.IsLoopback()
+	if (cfg.Auth.Anonymous != nil || tc == nil) && !loopback {
 		// The configuration check read the name; this is what it bound
 		// (a "localhost" that resolves elsewhere).
 		ln.Close()
@@ -247,6 +258,7 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 		"budget", cfg.Budget.Plan, "tls", tc != nil, "client_certs", cfg.TLS.ClientCA != "",
 		"tokens", cfg.Auth.TokensFile != "", "anonymous", cfg.Auth.Anonymous != nil)
 
+	rl := &reloader{path: opt.ConfigPath, inUse: cfg, loopback: loopback, creds: creds}
 	var runErr error
 wait:
 	for {
@@ -257,10 +269,18 @@ wait:
 			runErr = fmt.Errorf("serve: %w", err)
 			break wait
 		case <-opt.Reload:
-			if err := creds.reload(); err != nil {
-				log.Error("relay serve: reload failed; the credentials in use stay", "err", err)
+			changed, err := rl.reload()
+			if err != nil {
+				attrs := []any{"config", opt.ConfigPath, "err", err}
+				if re, ok := errors.AsType[*restartError](err); ok {
+					attrs = append(attrs, "restart_keys", re.Keys)
+				}
+				log.Error("relay serve: reload failed; the configuration and credentials in use stay", attrs...)
 			} else {
-				log.Info("relay serve: reloaded", "tokens_file", cfg.Auth.TokensFile, "client_ca", cfg.TLS.ClientCA, "cert", cfg.TLS.Cert)
+				c := rl.inUse
+				log.Info("relay serve: reloaded", "config", opt.ConfigPath, "changed", changed,
+					"tokens_file", c.Auth.TokensFile, "client_ca", c.TLS.ClientCA, "cert", c.TLS.Cert,
+					"principals", len(c.Principals), "anonymous", c.Auth.Anonymous != nil)
 			}
 		}
 	}

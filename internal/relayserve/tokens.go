@@ -87,7 +87,7 @@ func loadTokens(path string, principals map[string]Roles) (map[[sha256.Size]byte
 			continue
 		}
 		if _, ok := principals[name]; !ok {
-			errs = append(errs, fmt.Errorf("%s:%d: principal %q is not under principals in the configuration: add it there with its roles (roles are read at start: restart), or remove this line", path, n, name))
+			errs = append(errs, fmt.Errorf("%s:%d: principal %q is not under principals in the configuration: add it there with its roles, or remove this line (to revoke a principal, remove it from both)", path, n, name))
 			continue
 		}
 		if prev, dup := byHash[sum]; dup {

@@ -177,32 +177,42 @@ func (p *Proc) Log() string {
 // fails the test if the process exits first or StartTimeout passes.
 func (p *Proc) WaitLog(t testing.TB, msg string) string {
 	t.Helper()
+	return p.WaitLogN(t, msg, 1)
+}
+
+// WaitLogN waits for the nth log line (counting from 1) whose "msg" is
+// msg and returns it: what a test that makes the server log the same
+// message again (a second SIGHUP) waits for.
+func (p *Proc) WaitLogN(t testing.TB, msg string, n int) string {
+	t.Helper()
 	deadline := time.NewTimer(StartTimeout)
 	defer deadline.Stop()
 	want := fmt.Sprintf(`"msg":%q`, msg)
-	seen := 0
+	seen, found := 0, 0
 	for {
 		p.mu.Lock()
 		text := p.log.String()
 		changed := p.changed
 		p.mu.Unlock()
-		for _, line := range strings.Split(text[seen:], "\n") {
+		// Only whole lines are counted, so none is counted twice.
+		end := strings.LastIndexByte(text, '\n') + 1
+		for line := range strings.SplitSeq(text[seen:end], "\n") {
 			if strings.Contains(line, want) {
-				return line
+				if found++; found == n {
+					return line
+				}
 			}
 		}
-		if i := strings.LastIndexByte(text, '\n'); i >= 0 {
-			seen = i + 1
-		}
+		seen = end
 		select {
 		case <-changed:
 		case <-p.done:
 			if strings.Contains(p.Log()[seen:], want) {
 				continue
 			}
-			t.Fatalf("relay serve exited (%v) before logging %q:\n%s", p.exitErr, msg, p.Log())
+			t.Fatalf("relay serve exited (%v) before logging %q (%d times):\n%s", p.exitErr, msg, n, p.Log())
 		case <-deadline.C:
-			t.Fatalf("relay serve did not log %q within %v:\n%s", msg, StartTimeout, p.Log())
+			t.Fatalf("relay serve did not log %q (%d times) within %v:\n%s", msg, n, StartTimeout, p.Log())
 		}
 	}
 }
