@@ -52,13 +52,16 @@ $(VULNDB)/index/db.json:
 ## test: everything with the race detector, except that the deterministic
 ## simulation runs its default seeds without it (it schedules one store call
 ## at a time, and -race makes it about ten times slower) and a tenth of them
-## (-short) with it, so the harness itself is race-checked too.
+## (-short) with it, so the harness itself is race-checked too. The segment
+## store's fault-injection hook (built only with -tags faultinject; edge/e2e
+## builds an edged with it) has its own test under that tag.
 SIM_PKG  := ./relaycore/sim
 test: tools
 	$(GO) vet $(PKGS)
 	RELAY_RIE=$(RIE) $(GO) test -race -count=1 -timeout 20m $$($(GO) list $(PKGS) | grep -v '/relaycore/sim$$')
 	$(GO) test -count=1 -timeout 20m $(SIM_PKG)
 	$(GO) test -race -short -count=1 -timeout 20m $(SIM_PKG)
+	$(GO) test -race -count=1 -tags faultinject -run '^TestInjectedFaults$$' ./edge/segstore
 
 test-short:
 	$(GO) test -short -count=1 $(PKGS)
@@ -85,10 +88,15 @@ bench: tools
 	$(GO) test -count=1 -run '^TestFootprint$$' -v -timeout 60m ./edge/e2e -footprint
 
 ## lint: gofmt, go vet, staticcheck (pinned, into .bin) and cfn-lint on template.yaml.
+## The packages with faultinject-tagged files (test-only hooks that
+## edge/e2e builds edged with) are also checked with that tag.
+FAULT_PKGS := ./edge/segstore
 lint: $(BIN)/.staticcheck-$(STATICCHECK_VERSION) lint-template
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	$(STATICCHECK) $(PKGS)
+	$(GO) vet -tags faultinject $(FAULT_PKGS)
+	$(STATICCHECK) -tags faultinject $(FAULT_PKGS)
 
 # cfn-lint with the SAM translator is what `sam validate --lint` runs; -c I
 # adds the informational checks, and any finding fails. It is a Python tool
