@@ -23,7 +23,10 @@ import (
 )
 
 // bin holds the edged and edgectl binaries, built once in TestMain.
-var bin struct{ edged, edgectl string }
+// edgedFaults is edged built with -tags faultinject, whose segment store
+// fails writes on demand (edge/segstore/faultinject.go): only nodes with
+// a fault control file run it, every other node runs the production build.
+var bin struct{ edged, edgedFaults, edgectl string }
 
 func TestMain(m *testing.M) {
 	os.Exit(buildAndRun(m))
@@ -36,11 +39,19 @@ func buildAndRun(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	bin.edged, bin.edgectl = filepath.Join(dir, "edged"), filepath.Join(dir, "edgectl")
-	for out, pkg := range map[string]string{bin.edged: "../../cmd/edged", bin.edgectl: "../../cmd/edgectl"} {
+	bin.edged, bin.edgedFaults, bin.edgectl = filepath.Join(dir, "edged"), filepath.Join(dir, "edged-faults"), filepath.Join(dir, "edgectl")
+	for _, b := range []struct{ out, pkg, tags string }{
+		{bin.edged, "../../cmd/edged", ""},
+		{bin.edgedFaults, "../../cmd/edged", "faultinject"},
+		{bin.edgectl, "../../cmd/edgectl", ""},
+	} {
+		out, pkg := b.out, b.pkg
 		args := []string{"build", "-o", out}
 		if raceEnabled {
 			args = append(args, "-race")
+		}
+		if b.tags != "" {
+			args = append(args, "-tags", b.tags)
 		}
 		cmd := exec.Command("go", append(args, pkg)...)
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
@@ -91,7 +102,9 @@ type node struct {
 	listen   string
 	rpc      string // rpc.listen
 	peers    []string
+	accept   []string          // accept_from: inbound-only peers
 	dial     map[string]string // peer → address to dial instead of its listen (a linkem proxy)
+	faults   string            // fault control file: run bin.edgedFaults with RELAY_SEGSTORE_FAULTS set to it
 	relay    string            // YAML of the relay section, inner lines
 	storage  string            // YAML of the storage section, extra lines
 	cfgPath  string
@@ -164,6 +177,9 @@ func (n *node) writeConfig() {
 		}
 		fmt.Fprintf(&b, "  - {id: %s, address: %q}\n", p, addr)
 	}
+	if len(n.accept) > 0 {
+		fmt.Fprintf(&b, "accept_from: [%s]\n", strings.Join(n.accept, ", "))
+	}
 	fmt.Fprintf(&b, "relay:\n%s", n.relay)
 	fmt.Fprintf(&b, "storage:\n  dir: data-%s\n%s", n.id, n.storage)
 	fmt.Fprintf(&b, "rpc:\n  listen: %q\n", n.rpc)
@@ -184,6 +200,10 @@ func (n *node) start() {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin.edged, "-config", n.cfgPath, "-log-level", "debug")
+	if n.faults != "" {
+		cmd = exec.Command(bin.edgedFaults, "-config", n.cfgPath, "-log-level", "debug")
+		cmd.Env = append(os.Environ(), "RELAY_SEGSTORE_FAULTS="+n.faults)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
