@@ -33,7 +33,12 @@ import (
 //	write    each write of content: half of the buffer reaches the temp
 //	         file, then ENOSPC (a partial temp file is left to clean up)
 //	copied   content written and verified, not yet fsynced
-//	synced   temp file fsynced (as if fsync reported ENOSPC)
+//	synced   temp file fsynced, or ready for its group's syncfs (as if
+//	         its fsync reported ENOSPC)
+//	syncfs   the commit group's syncfs, before the renames (as if it
+//	         reported ENOSPC: every segment of the group fails); only
+//	         where the store uses syncfs (Linux 5.8 and later, without
+//	         storage.fsync_each_file)
 //	renamed  renamed into place, directory not yet fsynced (as if the
 //	         directory fsync failed)
 //	dirsync  directory fsynced, index entry not yet committed (as if the
@@ -64,6 +69,14 @@ func (s *Store) injectFaults() {
 				return nil
 			}
 			return injected(string(st), s.dir)
+		}
+	}
+	if sync := s.fsSync; sync != nil {
+		s.fsSync = func() error {
+			if faultOn(ctl, "syncfs") {
+				return injected("syncfs", s.dir)
+			}
+			return sync()
 		}
 	}
 	if s.opt.WrapTemp == nil {

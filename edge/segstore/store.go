@@ -178,13 +178,13 @@ func Open(dir string, db *bolt.DB, opt Options) (*Store, error) {
 		opt.Now = time.Now
 	}
 	s := &Store{dir: filepath.Join(dir, "segments"), db: db, opt: opt, busy: map[string]bool{}}
-	s.injectFaults() // faultinject builds only: see faultinject.go
 	if err := CreateDir(s.dir, 0o700, opt.SyncDir); err != nil {
 		return nil, fmt.Errorf("open segment store: %w", err)
 	}
 	if !opt.FsyncEachFile {
 		s.fsSync = fsSyncer(s.dir)
 	}
+	s.injectFaults() // faultinject builds only: see faultinject.go
 	fresh := false
 	if err := db.View(func(tx *bolt.Tx) error {
 		fresh = tx.Bucket(indexBucket) == nil
