@@ -106,6 +106,12 @@ func TestStorageFullPolicies(t *testing.T) {
 				id, content := fullSeg(i)
 				eventually(t, "b has "+id, func() bool { return b.has(id, digest(content)) })
 			}
+			// b stores a segment before it sends the ACK that a records:
+			// a is at rest only once it has recorded s4's and s5's.
+			for i := 4; i <= 5; i++ {
+				id, _ := fullSeg(i)
+				eventually(t, "a recorded b's ACK of "+id, a.inState(id, "b", "acked"))
+			}
 			a.ledgerConsistent(t)
 		})
 	}
