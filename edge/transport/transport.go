@@ -218,7 +218,7 @@ func (t *Transport) Dial(ctx context.Context, addr, peerID string) (*wire.Conn, 
 	if t.cfg.WrapConn != nil {
 		raw = t.cfg.WrapConn(peerID, raw)
 	}
-	tc := tls.Client(raw, t.clientConfig(peerID))
+	tc := tls.Client(newBatchConn(raw), t.clientConfig(peerID))
 	wc, _, err := t.handshake(ctx, tc, peerID)
 	if err != nil {
 		tc.Close()
@@ -365,7 +365,7 @@ func (l *Listener) loop() {
 func (l *Listener) serveConn(raw net.Conn) {
 	ctx, cancel := context.WithTimeout(l.ctx, l.t.cfg.HandshakeTimeout)
 	defer cancel()
-	tc := tls.Server(raw, l.tlsCfg)
+	tc := tls.Server(newBatchConn(raw), l.tlsCfg)
 	wc, peer, err := l.t.handshake(ctx, tc, "")
 	if err != nil {
 		tc.Close()

@@ -346,7 +346,16 @@ func (c *Conn) RecvOffer(ctx context.Context) (Offer, error) {
 // byte: the peer has the OFFER and waits for its SEGMENT.
 func (c *Conn) SendSegment(ctx context.Context, o Offer, src io.Reader) error {
 	err := c.send(ctx, "send segment "+o.SegmentID, func(w io.Writer) error {
+		b := c.batcher(o.Size)
+		if b != nil {
+			b.HoldWrites()
+		}
 		_, err := writeSegment(w, o.Size, src, nil)
+		if b != nil {
+			if ferr := b.Flush(); err == nil && ferr != nil {
+				err = fmt.Errorf("write SEGMENT frame: %w", ferr)
+			}
+		}
 		return err
 	})
 	if err != nil {
@@ -357,6 +366,33 @@ func (c *Conn) SendSegment(ctx context.Context, o Offer, src io.Reader) error {
 		c.wmu.Unlock()
 	}
 	return err
+}
+
+// writeBatcher is implemented by the connection under TLS that package
+// transport installs: between HoldWrites and Flush it gathers TLS records
+// into fewer, larger socket writes (crypto/tls writes every record of at
+// most 16 KiB on its own).
+type writeBatcher interface {
+	HoldWrites()
+	Flush() error
+}
+
+// batchFrom is the SEGMENT size from which SendSegment holds writes: a
+// smaller frame is a handful of records, already written together.
+const batchFrom = 4 * segmentChunk
+
+// batcher returns the writeBatcher under c's TLS connection for a SEGMENT
+// of size bytes, or nil.
+func (c *Conn) batcher(size int64) writeBatcher {
+	if size < batchFrom {
+		return nil
+	}
+	tc, ok := c.nc.(interface{ NetConn() net.Conn })
+	if !ok {
+		return nil
+	}
+	b, _ := tc.NetConn().(writeBatcher)
+	return b
 }
 
 // readSegmentHeader reads the SEGMENT header for o and checks its length.
