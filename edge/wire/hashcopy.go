@@ -3,6 +3,7 @@ package wire
 import (
 	"crypto/sha256"
 	"io"
+	"sync"
 )
 
 // copyChunk is the unit handed from the copying goroutine to the hashing
@@ -22,7 +23,15 @@ const (
 // goroutine hand-off would cost more than it saves. Receivers use it
 // (segstore's Receive) so a version 2 SEGMENT is hashed once, overlapped.
 func CopyHashing(dst io.Writer, src io.Reader) (int64, []byte, error) {
-	first := make([]byte, copyChunk)
+	// The chunks come from a pool: a receiver of small segments would
+	// otherwise allocate (and zero) 256 KiB per segment to copy 4 KiB.
+	bufs := []*[]byte{chunks.Get().(*[]byte)}
+	defer func() {
+		for _, b := range bufs {
+			chunks.Put(b)
+		}
+	}()
+	first := *bufs[0]
 	n, err := io.ReadFull(src, first)
 	if err == io.EOF || err == io.ErrUnexpectedEOF {
 		if _, werr := dst.Write(first[:n]); werr != nil {
@@ -37,7 +46,9 @@ func CopyHashing(dst io.Writer, src io.Reader) (int64, []byte, error) {
 	free := make(chan []byte, copyBuffers)
 	full := make(chan []byte, copyBuffers)
 	for range copyBuffers - 1 {
-		free <- make([]byte, copyChunk)
+		b := chunks.Get().(*[]byte)
+		bufs = append(bufs, b)
+		free <- *b
 	}
 	sumc := make(chan []byte, 1)
 	go func() {
@@ -73,9 +84,12 @@ func CopyHashing(dst io.Writer, src io.Reader) (int64, []byte, error) {
 		}
 	}
 	close(full)
-	sum := <-sumc
+	sum := <-sumc // the hashing goroutine is done with every chunk
 	if err == io.EOF {
 		err = nil
 	}
 	return total, sum, err
 }
+
+// chunks holds copyChunk buffers for CopyHashing.
+var chunks = sync.Pool{New: func() any { b := make([]byte, copyChunk); return &b }}
