@@ -32,8 +32,8 @@ func CopyHashing(dst io.Writer, src io.Reader) (int64, []byte, error) {
 		}
 	}()
 	first := *bufs[0]
-	n, err := io.ReadFull(src, first)
-	if err == io.EOF || err == io.ErrUnexpectedEOF {
+	n, err := fill(src, first)
+	if err == io.EOF {
 		if _, werr := dst.Write(first[:n]); werr != nil {
 			return 0, nil, werr
 		}
@@ -72,10 +72,9 @@ func CopyHashing(dst io.Writer, src io.Reader) (int64, []byte, error) {
 			break
 		}
 		buf = <-free
-		n, err = io.ReadFull(src, buf)
+		n, err = fill(src, buf)
 		buf = buf[:n]
-		if err == io.EOF || err == io.ErrUnexpectedEOF {
-			err = io.EOF
+		if err == io.EOF {
 			if n == 0 {
 				break
 			}
@@ -93,3 +92,19 @@ func CopyHashing(dst io.Writer, src io.Reader) (int64, []byte, error) {
 
 // chunks holds copyChunk buffers for CopyHashing.
 var chunks = sync.Pool{New: func() any { b := make([]byte, copyChunk); return &b }}
+
+// fill reads into b until b is full or src returns an error, which it
+// returns as it is: io.EOF is the stream's end, and anything else,
+// io.ErrUnexpectedEOF from a SEGMENT whose sender went away included, is
+// a failure (io.ReadFull would report both as io.ErrUnexpectedEOF).
+func fill(src io.Reader, b []byte) (int, error) {
+	n := 0
+	for n < len(b) {
+		m, err := src.Read(b[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}

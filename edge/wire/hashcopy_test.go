@@ -27,6 +27,15 @@ func TestCopyHashing(t *testing.T) {
 	if !errors.Is(err, boom) {
 		t.Fatalf("err = %v, want the source's", err)
 	}
+	// A truncated SEGMENT (its payload reader's io.ErrUnexpectedEOF) is an
+	// error, not a short stream, in the first chunk and after it: the
+	// receiver must see that the peer went away.
+	for _, n := range []int{1000, 5*copyChunk + 1000} {
+		r := PayloadReader(bytes.NewReader(patterned(n)), uint32(n+1))
+		if _, _, err := CopyHashing(io.Discard, r); !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Fatalf("%d of %d bytes: err = %v, want io.ErrUnexpectedEOF", n, n+1, err)
+		}
+	}
 }
 
 func patterned(n int) []byte {
