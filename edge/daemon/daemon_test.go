@@ -23,6 +23,7 @@ import (
 	"github.com/relay-dev/relay/edge/pki"
 	"github.com/relay-dev/relay/edge/pki/pkitest"
 	"github.com/relay-dev/relay/edge/rpc"
+	"github.com/relay-dev/relay/edge/segstore"
 	"github.com/relay-dev/relay/edge/transport"
 	"github.com/relay-dev/relay/edge/wire"
 )
@@ -451,6 +452,57 @@ func TestReceiveRefusals(t *testing.T) {
 		if !strings.Contains(m, fmt.Sprintf(`edged_nacks_sent_total{code=%q} 1`, code)) {
 			t.Errorf("metrics lack one %s nack", code)
 		}
+	}
+}
+
+// TestReceiveV1LargeSegmentDigest: a version 1 receiver hashes each
+// SEGMENT once, in the segment store while it writes (not also in the
+// wire), so the store's check is the only one: a 1 MiB segment (hashed on
+// the store's hashing goroutine) with one byte changed is NACKed checksum
+// and not stored, and the connection then carries the right one, which is
+// stored byte for byte.
+func TestReceiveV1LargeSegmentDigest(t *testing.T) {
+	dir := pkitest.New(t, "a", "b")
+	b := startCluster(t, dir, []string{"a", "b"}, nil)["b"]
+	c := rawSender(t, dir, b)
+	ctx := context.Background()
+	good := make([]byte, 1<<20)
+	for i := range good {
+		good[i] = byte(i * 31)
+	}
+	corrupt := bytes.Clone(good)
+	corrupt[len(corrupt)-1000] ^= 1
+	o := offer("big", good)
+	for i, content := range [][]byte{corrupt, good} {
+		if err := c.SendOffer(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.SendSegment(ctx, o, bytes.NewReader(content)); err != nil {
+			t.Fatal(err)
+		}
+		n, err := c.RecvAckOrNack(ctx, o.SegmentID)
+		switch {
+		case err != nil:
+			t.Fatalf("exchange %d: %v", i, err)
+		case i == 0 && (n == nil || n.Code != wire.NackChecksum):
+			t.Fatalf("corrupt segment: nack %+v, want checksum", n)
+		case i == 1 && n != nil:
+			t.Fatalf("good segment: nack %+v", n)
+		}
+		if i == 0 {
+			if _, err := b.d.store.Stat(o.SegmentID); !errors.Is(err, segstore.ErrNotFound) {
+				t.Fatalf("after the checksum NACK: Stat = %v, want ErrNotFound", err)
+			}
+		}
+	}
+	f, _, err := b.d.store.Open(o.SegmentID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	stored, err := io.ReadAll(f)
+	if err != nil || !bytes.Equal(stored, good) {
+		t.Fatalf("stored %d bytes (err %v), differing from the %d sent", len(stored), err, len(good))
 	}
 }
 

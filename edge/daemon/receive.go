@@ -111,36 +111,24 @@ func (d *Daemon) receive(ctx context.Context, c *wire.Conn, log *slog.Logger, pe
 	}
 	defer res.Release()
 
-	// The store reads from a pipe that the wire fills: Reservation.Write
-	// drives the commit path, RecvSegment checks framing and the digest.
-	pr, pw := io.Pipe()
-	type result struct {
-		e   segstore.Entry
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		e, err := res.Write(pr, peer)
-		if err == nil {
-			err = io.ErrClosedPipe // nothing more will be read
-		}
-		pr.CloseWithError(err) // unblocks the wire if Write gave up early
-		done <- result{e, err}
-	}()
-	rerr := c.RecvSegment(ctx, o, pw)
-	pw.CloseWithError(rerr) // nil: EOF, the end of the segment
-	r := <-done
-	if r.err == io.ErrClosedPipe {
-		r.err = nil
-	}
+	// The store reads the SEGMENT's payload straight from the wire and
+	// verifies its digest while writing (hashing on another goroutine):
+	// each byte is hashed once.
+	var staged *segstore.Staged
+	rerr := c.RecvSegmentPayload(ctx, o, func(r io.Reader) error {
+		var err error
+		staged, err = res.Receive(r, peer)
+		return err
+	})
 	switch {
-	case rerr != nil && errors.Is(rerr, wire.ErrChecksum):
-		// The whole frame was read: the connection stays in step.
+	case rerr != nil && errors.Is(rerr, segstore.ErrChecksum):
+		// The store read the whole frame before comparing digests: the
+		// connection stays in step.
 		return d.refuse(ctx, c, log, o, wire.NackChecksum, rerr, true)
 	case rerr != nil && ctx.Err() == nil && wire.PeerAborted(rerr):
 		// The sender went away mid-segment (crashed, killed, network
 		// cut): its failure, not ours, and nobody is left to NACK. The
-		// store removed the partial file when Write saw the error.
+		// store removed the partial file when Receive saw the error.
 		d.met.inbound.WithLabelValues("aborted").Inc()
 		log.Warn("peer aborted the segment; nothing stored", "err", rerr)
 		return false
@@ -153,23 +141,21 @@ func (d *Daemon) receive(ctx context.Context, c *wire.Conn, log *slog.Logger, pe
 			d.nack(ctx, c, log, wire.Nack{SegmentID: o.SegmentID, Code: wire.NackBadRequest, Message: rerr.Error()})
 			return false
 		}
-		// Out of step for a local reason (a disk failure under the pipe)
-		// or because this daemon is stopping. Tell the peer if we can,
-		// then close.
-		code := wire.NackBadRequest
-		if r.err != nil {
-			code = nackCode(r.err)
-		}
-		d.refuse(ctx, c, log, o, code, rerr, true)
+		// Out of step for a local reason (a disk failure in the middle of
+		// the frame) or because this daemon is stopping. Tell the peer if
+		// we can, then close.
+		d.refuse(ctx, c, log, o, nackCode(rerr), rerr, true)
 		return false
-	case r.err != nil:
-		// RecvSegment read the whole frame; the commit failed after.
-		return d.refuse(ctx, c, log, o, nackCode(r.err), r.err, true)
+	}
+	e, err := staged.Commit()
+	if err != nil {
+		// The whole frame was read; the commit failed after.
+		return d.refuse(ctx, c, log, o, nackCode(err), err, true)
 	}
 	// Durable and indexed: schedule onward delivery before the ACK, so a
 	// crash after the ACK cannot leave it unscheduled (reconciliation
 	// would catch it anyway).
-	if err := d.ex.Schedule(r.e); err != nil {
+	if err := d.ex.Schedule(e); err != nil {
 		log.Error("stored but not scheduled; start-up reconciliation will schedule it", "err", err)
 	}
 	d.met.inbound.WithLabelValues("stored").Inc()

@@ -439,6 +439,32 @@ func (c *Conn) RecvSegment(ctx context.Context, o Offer, dst io.Writer) error {
 	})
 }
 
+// RecvSegmentPayload reads the SEGMENT frame announced by o (version 1:
+// it follows the OFFER) and hands its payload to consume, which must read
+// it to the end (io.EOF) or fail. Unlike RecvSegment it does not hash:
+// consume verifies the digest (the segment store hashes while it writes,
+// so hashing here too would cost a second SHA-256 of every byte). An
+// error from consume is returned as it is; the read side stays in step
+// if consume read the whole payload, as it does before reporting a
+// digest mismatch. Header errors are those of RecvSegment.
+func (c *Conn) RecvSegmentPayload(ctx context.Context, o Offer, consume func(io.Reader) error) error {
+	return c.recv(ctx, "recv segment "+o.SegmentID, func(r io.Reader) (bool, error) {
+		h, err := c.readSegmentHeader(r, o)
+		if err != nil {
+			return false, err
+		}
+		p := &payloadReader{r: r, left: int64(h.Length)}
+		err = consume(p)
+		if p.left > 0 {
+			if err == nil {
+				err = fmt.Errorf("segment %s: %d payload bytes left unread", o.SegmentID, p.left)
+			}
+			return false, err
+		}
+		return true, err
+	})
+}
+
 // DiscardSegment reads and drops the SEGMENT frame announced by o, so a
 // receiver that refused (NACK) or already holds the segment can keep the
 // connection for the next exchange instead of closing it.

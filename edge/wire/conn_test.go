@@ -452,3 +452,59 @@ func TestConnStaleCancelDoesNotLeak(t *testing.T) {
 		t.Fatalf("operation after a stale cancel: %v", err)
 	}
 }
+
+// TestConnRecvSegmentPayload: the payload goes to consume unhashed (the
+// consumer verifies); a consumer's error after reading the whole payload
+// leaves the stream in step for the next exchange, one before its end
+// breaks the read side.
+func TestConnRecvSegmentPayload(t *testing.T) {
+	ctx := context.Background()
+	snd, rcv := tcpPair(t, Options{})
+	data := bytes.Repeat([]byte("p"), 300<<10)
+	bad := offerFor("bad", data)
+	bad.SHA256 = strings.Repeat("0", 64) // not checked here: consume does
+	errRefused := errors.New("consumer refused")
+	sent := goAsync(func() error {
+		for _, o := range []Offer{bad, offerFor("s2", data)} {
+			if err := snd.SendOffer(ctx, o); err != nil {
+				return err
+			}
+			if err := snd.SendSegment(ctx, o, bytes.NewReader(data)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	for i, consume := range []func(io.Reader) error{
+		func(r io.Reader) error { // reads all, then fails: in step
+			b, err := io.ReadAll(r)
+			if err == nil && !bytes.Equal(b, data) {
+				err = errors.New("payload differs")
+			}
+			if err == nil {
+				err = errRefused
+			}
+			return err
+		},
+		func(r io.Reader) error { // fails half way: out of step
+			_, err := io.ReadFull(r, make([]byte, len(data)/2))
+			if err == nil {
+				err = errRefused
+			}
+			return err
+		},
+	} {
+		o, err := rcv.RecvOffer(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := rcv.RecvSegmentPayload(ctx, o, consume); !errors.Is(err, errRefused) {
+			t.Fatalf("exchange %d: RecvSegmentPayload = %v, want the consumer's error", i, err)
+		}
+	}
+	if _, err := rcv.RecvOffer(ctx); !errors.Is(err, ErrBroken) {
+		t.Fatalf("read after a consumer stopped mid-payload = %v, want ErrBroken", err)
+	}
+	rcv.Close() // the rest of the second SEGMENT may not fit the socket buffers
+	<-sent
+}
