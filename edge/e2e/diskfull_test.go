@@ -60,6 +60,81 @@ func TestDiskFullReceiver(t *testing.T) {
 	}
 }
 
+// TestDiskFullIngest: the sender's own disk fills while `edgectl segment
+// put` writes into it (a runs the faultinject edged), at each write point
+// in turn, with a holding one segment b has (relayed) and one still owed
+// to b (b is down). What must hold, under both storage.on_full policies:
+// the put fails with HTTP 507 naming the quota and the fault point; a
+// keeps nothing of it (no temp file, no entry, every file its segment's
+// content); the owed segment is never evicted; the relayed one is evicted
+// under evict_relayed_oldest (the full disk asks for room) and kept under
+// reject; once the disk clears the same puts succeed and b receives every
+// segment.
+func TestDiskFullIngest(t *testing.T) {
+	t.Parallel()
+	for _, policy := range []string{"reject", "evict_relayed_oldest"} {
+		t.Run(policy, func(t *testing.T) {
+			t.Parallel()
+			cl := newCluster(t, "a", "b")
+			a, b := cl.nodes["a"], cl.nodes["b"]
+			a.relay = "  backoff: {initial: 50ms, max: 200ms}\n  max_retries: 1000\n  dial_timeout: 2s\n"
+			a.storage = "  on_full: " + policy + "\n"
+			a.faults = filepath.Join(cl.dir, "a-faults")
+			setFault := func(points ...string) {
+				t.Helper()
+				if err := os.WriteFile(a.faults, []byte(strings.Join(points, " ")), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			segs := map[string][]byte{}
+			seg := func(id string) []byte {
+				segs[id] = bytes.Repeat([]byte(id+" "), (300<<10)/(len(id)+1))
+				return segs[id]
+			}
+			b.start()
+			a.start()
+			putFile(t, a, "relayed", seg("relayed"))
+			eventually(t, "a relayed it", a.relayed("relayed"))
+			b.stop()
+			putFile(t, a, "owed", seg("owed"))
+			for _, point := range faultPoints() {
+				setFault(point)
+				id := "new-" + point
+				out, code := putFileCode(t, a, id, seg(id))
+				if code == 0 || !strings.Contains(out, "quota") || !strings.Contains(out, "injected fault at "+point) {
+					t.Fatalf("put with the disk full at %s: exit %d\n%s", point, code, out)
+				}
+				held := map[string]bool{}
+				for _, id := range a.ids() {
+					held[id] = true
+				}
+				if held[id] || !held["owed"] || held["relayed"] != (policy == "reject") {
+					t.Fatalf("after the full disk at %s a holds %v", point, a.ids())
+				}
+				storeClean(t, a, segs)
+				if q, err := a.client.Quota(context.Background()); err != nil || q.ReservedBytes != 0 || q.Segments != int64(len(held)) {
+					t.Errorf("a's quota after the full disk at %s: %+v, %v", point, q, err)
+				}
+			}
+			evictions := regexp.MustCompile(`msg="storage full: evicted relayed segments" node=a segments=\[relayed\]`).FindAllString(a.log(), -1)
+			if want := map[string]int{"reject": 0, "evict_relayed_oldest": 1}[policy]; len(evictions) != want || strings.Count(a.log(), "storage full: evicted") != want {
+				t.Errorf("a logged %d evictions, want %d", strings.Count(a.log(), "storage full: evicted"), want)
+			}
+			setFault()
+			b.start()
+			for _, point := range faultPoints() {
+				id := "new-" + point
+				putFile(t, a, id, segs[id])
+			}
+			for id, content := range segs {
+				eventually(t, "b holds "+id, func() bool { return b.has(id, digest(content)) })
+			}
+			storeClean(t, a, segs)
+			a.ledgerConsistent(t)
+		})
+	}
+}
+
 // faultPoints are the write steps of edge/segstore/faultinject.go, in the
 // order a write passes them. The store flushes a commit group with one
 // syncfs only where that reports write-back errors (Linux 5.8 and later,
@@ -352,41 +427,48 @@ func (f *diskFull) idle() {
 }
 
 // storeClean checks b's segment directory while nothing is being
-// received: no temp files, one file per index entry, each file's content
-// the segment ingested on a.
+// received (see storeClean).
 func (f *diskFull) storeClean() {
 	f.t.Helper()
-	dir := filepath.Join(f.b.c.dir, "data-b", "segments")
+	storeClean(f.t, f.b, f.segs)
+}
+
+// storeClean checks n's segment directory while nothing is being written:
+// no temp files, one file per index entry, each file's content the one
+// segs holds under its id.
+func storeClean(t *testing.T, n *node, segs map[string][]byte) {
+	t.Helper()
+	dir := filepath.Join(n.c.dir, "data-"+n.id, "segments")
 	files, err := os.ReadDir(dir)
 	if err != nil {
-		f.t.Fatal(err)
+		t.Fatal(err)
 	}
 	indexed := map[string]string{}
-	for _, s := range f.b.index() {
+	for _, s := range n.index() {
 		indexed[s.ID] = s.SHA256
 	}
 	for _, de := range files {
 		name := de.Name()
 		if strings.HasPrefix(name, ".") {
-			f.t.Errorf("b left a temp file behind: %s", name)
+			t.Errorf("%s left a temp file behind: %s", n.id, name)
 			continue
 		}
-		content, ok := f.segs[name]
+		content, ok := segs[name]
 		if !ok || indexed[name] == "" {
-			f.t.Errorf("b holds file %s without an index entry", name)
+			t.Errorf("%s holds file %s without an index entry", n.id, name)
 			continue
 		}
 		b, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {
-			f.t.Fatal(err)
+			t.Fatal(err)
 		}
 		if !bytes.Equal(b, content) {
-			f.t.Errorf("b's file %s differs from what a ingested (sha256 %s)", name, digest(b))
+			t.Errorf("%s's file %s differs from what was ingested (sha256 %s)", n.id, name, digest(b))
 		}
 		delete(indexed, name)
 	}
 	for id := range indexed {
-		f.t.Errorf("b's index names %s, which has no file", id)
+		t.Errorf("%s's index names %s, which has no file", n.id, id)
 	}
 }
 
