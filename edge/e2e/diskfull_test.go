@@ -23,10 +23,10 @@ import (
 // file no longer does. Mid-stream, b's disk "fills" at each point of the
 // write path in turn (temp file created, content half written, content
 // written, fsynced, the commit group's syncfs, renamed, directory
-// fsynced), first with c up and, from the fourth point on, with c down; then b is killed with kill -9 while
-// its disk is full, restarted still full, and finally the disk clears. The
-// same run under storage.on_full: reject and evict_relayed_oldest. What
-// must hold:
+// fsynced), first with c up and, from the fourth point on, with c down;
+// then b is killed with kill -9 while its disk is full, restarted still
+// full, and finally the disk clears. The same run under storage.on_full:
+// reject and evict_relayed_oldest. What must hold:
 //
 //   - The NACK is quota: b's refusals of the injected writes are logged
 //     as code=quota, counted in edged_nacks_sent_total{code="quota"}, and
