@@ -24,7 +24,11 @@
 // fssync_linux.go); the order of the steps does not change. Write is Receive (temp file, hash on another
 // goroutine, size and digest check) then Staged.Commit (fsync, then the
 // rest); a pipelined receiver calls them separately so it reads the next
-// segment while earlier ones commit. The rename, directory fsync and index
+// segment while earlier ones commit. While Receive writes a large segment
+// it starts the writeback of every 8 MiB written (sync_file_range on
+// Linux, writebehind.go), so the commit's fsync finds most of the file on
+// disk already; a hint only, and writeback errors still surface in that
+// fsync. The rename, directory fsync and index
 // commit are group commits (group.go): every segment whose fsync finished
 // while a group was committing joins the next group, which renames all of
 // them, fsyncs the directory once and writes all entries in one bbolt

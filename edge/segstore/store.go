@@ -163,6 +163,9 @@ type Store struct {
 	// fsSync flushes the store's file system (syncfs); nil when every file
 	// is fsynced on its own (Options.FsyncEachFile, or no usable syncfs).
 	fsSync func() error
+	// writeBehind is how often a receive starts the writeback of what it
+	// wrote (writebehind.go): writeBehindWindow; 0 (tests) turns it off.
+	writeBehind int64
 }
 
 // Open opens the store under dir (creating dir/segments), creates its
@@ -177,7 +180,7 @@ func Open(dir string, db *bolt.DB, opt Options) (*Store, error) {
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
-	s := &Store{dir: filepath.Join(dir, "segments"), db: db, opt: opt, busy: map[string]bool{}}
+	s := &Store{dir: filepath.Join(dir, "segments"), db: db, opt: opt, busy: map[string]bool{}, writeBehind: writeBehindWindow}
 	if err := CreateDir(s.dir, 0o700, opt.SyncDir); err != nil {
 		return nil, fmt.Errorf("open segment store: %w", err)
 	}

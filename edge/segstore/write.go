@@ -189,7 +189,8 @@ func (r *Reservation) Receive(src io.Reader, source string) (_ *Staged, err erro
 	if err := s.hit(stepCreated); err != nil {
 		return nil, err
 	}
-	n, sum, err := wire.CopyHashing(s.tempWriter(r.id, f), io.LimitReader(src, r.size+1))
+	wb := &writeBehind{f: f, window: s.writeBehind}
+	n, sum, err := wire.CopyHashing(s.tempWriter(r.id, wb), io.LimitReader(src, r.size+1))
 	if err != nil {
 		return nil, fmt.Errorf("receive: %w", err)
 	}
