@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -152,5 +153,81 @@ func BenchmarkReceive64MiB(b *testing.B) {
 		b.ReportMetric(recv[k].Seconds()*1e3/n, name+"-receive-ms")
 		b.ReportMetric(commit[k].Seconds()*1e3/n, name+"-commit-ms")
 		b.ReportMetric((recv[k]+commit[k]).Seconds()*1e3/n, name+"-total-ms")
+	}
+}
+
+// BenchmarkReceive64MiBWithSmallWrites measures what the write-behind does
+// to small segments sharing the disk: while one 64 MiB segment is
+// received and committed, another goroutine stores 4 KiB segments one
+// after another (each Store.Write, so each waits for its own durable
+// commit). Rounds without and with the write-behind alternate; reported
+// per round: the 64 MiB segment's time and the 4 KiB commits per second
+// while it was being stored.
+func BenchmarkReceive64MiBWithSmallWrites(b *testing.B) {
+	const size = 64 << 20
+	dir := b.TempDir()
+	db, err := bolt.Open(filepath.Join(dir, "edged.db"), 0o600, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	s, err := Open(dir, db, Options{QuotaBytes: 4 * size, QuotaSegments: 1 << 20, MaxSegmentBytes: size})
+	if err != nil {
+		b.Fatal(err)
+	}
+	data := patternedBytes(size)
+	sum := sha256.Sum256(data)
+	digest := hex.EncodeToString(sum[:])
+	small := patternedBytes(4 << 10)
+	ssum := sha256.Sum256(small)
+	sdigest := hex.EncodeToString(ssum[:])
+	var bigTime [2]time.Duration
+	var smallCommits [2]int
+	var rounds [2]int
+	seq := 0
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		k := i % 2
+		s.writeBehind = int64(k) * writeBehindWindow
+		stop := make(chan struct{})
+		done := make(chan int)
+		go func() {
+			n := 0
+			for {
+				select {
+				case <-stop:
+					done <- n
+					return
+				default:
+				}
+				seq++
+				if _, err := s.Write(fmt.Sprintf("small-%d", seq), int64(len(small)), sdigest, bytes.NewReader(small), "bench"); err != nil {
+					b.Error(err)
+					done <- n
+					return
+				}
+				n++
+			}
+		}()
+		t0 := time.Now()
+		if _, err := s.Write("big", size, digest, bytes.NewReader(data), "bench"); err != nil {
+			b.Fatal(err)
+		}
+		bigTime[k] += time.Since(t0)
+		close(stop)
+		smallCommits[k] += <-done
+		rounds[k]++
+		b.StopTimer()
+		if err := s.Evict("big"); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+	for k, name := range []string{"off", "on"} {
+		if rounds[k] == 0 {
+			continue
+		}
+		b.ReportMetric(bigTime[k].Seconds()*1e3/float64(rounds[k]), name+"-64MiB-ms")
+		b.ReportMetric(float64(smallCommits[k])/bigTime[k].Seconds(), name+"-4KiB/s")
 	}
 }
