@@ -153,6 +153,14 @@ func (cs *circuits) dialed(peer string, now time.Time, err error) (back bool) {
 	return false
 }
 
+// closed reports whether peer's circuit is closed (dials go ahead).
+func (cs *circuits) closed(peer string) bool {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	c := cs.m[peer]
+	return c == nil || c.failures == 0
+}
+
 // reset closes peer's circuit ("" = every peer's), keeping the last error.
 func (cs *circuits) reset(peer string) {
 	cs.mu.Lock()

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"sort"
 	"sync"
 	"syscall"
@@ -97,6 +98,9 @@ type Executor struct {
 	circuits *circuits
 
 	claimMu sync.Mutex // serialises claims so they follow ledger order
+	// deferMu orders the ledger writes of deferrals (applyDeferrals)
+	// against backlogDue's Expedite; see applyDeferrals.
+	deferMu sync.Mutex
 	wake    broadcast
 
 	resyncMu  sync.Mutex
@@ -407,14 +411,30 @@ func (d *deferrals) add(r ledger.Record, until time.Time) {
 }
 
 // applyDeferrals writes the deferrals, one transaction per due time.
+//
+// A verdict to defer was taken while the peer's circuit was open or its
+// probe dialling; the probe's dial may have succeeded since, and
+// backlogDue made the peer's backlog due. Written after that Expedite, a
+// deferral would hold its records for up to a dial timeout, to be offered
+// one by one instead of summarised (TestResyncAfterOfflineScale caught a
+// dozen held segments offered 10 s late under load). So under deferMu,
+// which backlogDue holds for its Expedite, the deferrals of a peer whose
+// circuit has closed are dropped; those written before it closed are
+// what the Expedite that follows brings back.
 func (e *Executor) applyDeferrals(d deferrals, now time.Time) error {
+	e.deferMu.Lock()
+	defer e.deferMu.Unlock()
 	untils := make([]time.Time, 0, len(d))
 	for u := range d {
 		untils = append(untils, u)
 	}
 	sort.Slice(untils, func(i, j int) bool { return untils[i].Before(untils[j]) })
 	for _, u := range untils {
-		moved, err := e.led.Defer(u, now, d[u]...)
+		pairs := slices.DeleteFunc(d[u], func(p ledger.Pair) bool { return e.circuits.closed(p.PeerID) })
+		if len(pairs) == 0 {
+			continue
+		}
+		moved, err := e.led.Defer(u, now, pairs...)
 		if err != nil {
 			return err
 		}

@@ -311,7 +311,9 @@ func (e *Executor) endResync(peer string, ok bool) {
 // deferred or backed off during the outage is summarised together at the
 // next stream start instead of trickling in over a dial timeout.
 func (e *Executor) backlogDue(peer string) {
+	e.deferMu.Lock() // after any deferral decided while the circuit was open: see applyDeferrals
 	n, err := e.led.Expedite(peer, e.cfg.Now())
+	e.deferMu.Unlock()
 	if err != nil {
 		e.log.Error("relay backlog not brought forward", "peer", peer, "err", err)
 		return
