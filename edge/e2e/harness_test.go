@@ -13,8 +13,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -78,14 +80,49 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// freePort returns a loopback address whose port is free now, for an
+// agent to bind (see fixedPortRange).
 func freePort(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	lo, hi := fixedPortRange()
+	for range hi - lo {
+		port := lo + int(nextPort.Add(1))%(hi-lo)
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue // in use
+		}
+		ln.Close()
+		return ln.Addr().String()
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	t.Fatalf("no free port in %d..%d", lo, hi)
+	return ""
+}
+
+// nextPort walks the fixed port range; it starts at an offset taken from
+// the process id, so two test processes running at once (go test -count
+// in parallel shells) start far apart.
+var nextPort = func() *atomic.Int64 {
+	var n atomic.Int64
+	n.Store(int64(os.Getpid()) * 7919)
+	return &n
+}()
+
+// fixedPortRange is where freePort picks an agent's ports: below the
+// kernel's ephemeral range (ip_local_port_range). An agent's port must
+// stay the same across restarts, so it is chosen before the agent starts
+// and then bound by it; a port from the ephemeral range (listening on
+// :0 and closing) could meanwhile be taken as the local port of any
+// outgoing connection on the machine, the tests' own included, and the
+// agent would fail to start with "address already in use".
+func fixedPortRange() (lo, hi int) {
+	lo, hi = 20000, 32768
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if f := strings.Fields(string(b)); err == nil && len(f) == 2 {
+		if eph, err := strconv.Atoi(f[0]); err == nil && eph > 2048 {
+			lo, hi = max(1024, eph-12768), eph
+		}
+	}
+	return lo, hi
 }
 
 // cluster is a set of node definitions sharing one dev PKI.
