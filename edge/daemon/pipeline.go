@@ -169,13 +169,8 @@ func (d *Daemon) commitAndAck(ctx context.Context, c *wire.Conn, log *slog.Logge
 // arrives). It reports whether the connection is still usable.
 func (d *Daemon) answerOffer(ctx context.Context, c *wire.Conn, log *slog.Logger, o wire.Offer, reserved map[string]*segstore.Reservation) bool {
 	res, err := d.store.Reserve(o.SegmentID, o.Size, o.SHA256)
-	switch {
-	case errors.Is(err, segstore.ErrAlreadyHave):
-		d.met.inbound.WithLabelValues("duplicate").Inc()
-		log.Debug("segment already held; declined with ACK")
-		return c.SendAck(ctx, o.SegmentID) == nil
-	case err != nil:
-		return d.refusePipelined(ctx, c, log, o, nackCode(err), err)
+	if err != nil {
+		return d.decline(ctx, c, log, o, err)
 	}
 	reserved[o.SegmentID] = res
 	if err := c.SendAccept(ctx, o); err != nil {
@@ -199,12 +194,20 @@ func (d *Daemon) reservePushed(ctx context.Context, c *wire.Conn, log *slog.Logg
 		d.segmentFailed(ctx, c, log, o, rerr)
 		return nil, false
 	}
+	return nil, d.decline(ctx, c, log, o, err)
+}
+
+// decline answers an offer or a push the store would not reserve (err):
+// ACK when it already holds the segment with this digest (the durable
+// claim; no bytes need to move, or the pushed ones were dropped), NACK
+// otherwise. It reports whether the connection is still usable.
+func (d *Daemon) decline(ctx context.Context, c *wire.Conn, log *slog.Logger, o wire.Offer, err error) bool {
 	if errors.Is(err, segstore.ErrAlreadyHave) {
 		d.met.inbound.WithLabelValues("duplicate").Inc()
-		log.Debug("pushed segment already held; bytes dropped, ACK")
-		return nil, c.SendAck(ctx, o.SegmentID) == nil
+		log.Debug("segment already held; declined with ACK")
+		return c.SendAck(ctx, o.SegmentID) == nil
 	}
-	return nil, d.refusePipelined(ctx, c, log, o, nackCode(err), err)
+	return d.refusePipelined(ctx, c, log, o, nackCode(err), err)
 }
 
 // refusePipelined answers NACK; in version 2 no SEGMENT follows a refused

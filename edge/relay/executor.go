@@ -422,6 +422,9 @@ func (d *deferrals) add(r ledger.Record, until time.Time) {
 // circuit has closed are dropped; those written before it closed are
 // what the Expedite that follows brings back.
 func (e *Executor) applyDeferrals(d deferrals, now time.Time) error {
+	if len(d) == 0 {
+		return nil // the common case: every claim passes here
+	}
 	e.deferMu.Lock()
 	defer e.deferMu.Unlock()
 	untils := make([]time.Time, 0, len(d))

@@ -400,6 +400,13 @@ func (c *Conn) readSegmentHeader(r io.Reader, o Offer) (Header, error) {
 	if o.Size > c.opt.MaxSegmentSize {
 		return Header{}, fmt.Errorf("%w: offer of %d bytes, limit %d", ErrFrameTooLarge, o.Size, c.opt.MaxSegmentSize)
 	}
+	return readSegmentHeaderOf(r, o)
+}
+
+// readSegmentHeaderOf reads the header of the SEGMENT frame that must
+// follow o (an OFFER's in version 1, a PUSH's in version 2) and checks its
+// type and length.
+func readSegmentHeaderOf(r io.Reader, o Offer) (Header, error) {
 	h, err := ReadHeader(r)
 	if errors.Is(err, io.EOF) {
 		err = io.ErrUnexpectedEOF // an offer promised a segment

@@ -67,19 +67,12 @@ func (c *Conn) RecvRequest(ctx context.Context) (Request, error) {
 			if err != nil {
 				return false, err // the SEGMENT that follows cannot be trusted
 			}
-			// Its SEGMENT comes next, ahead of any accepted offer's.
-			sh, err := ReadHeader(r)
-			if errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF // a PUSH promised a segment
-			}
+			// Its SEGMENT comes next, ahead of any accepted offer's. The
+			// receiver's segment size limit is not checked here: a push
+			// is small, and a refused one is read and NACKed too_large.
+			sh, err := readSegmentHeaderOf(r, o)
 			if err != nil {
-				return false, err
-			}
-			if sh.Type != TypeSegment {
-				return false, fmt.Errorf("%w: got %s after PUSH %s, want its SEGMENT", ErrUnexpectedFrame, sh.Type, o.SegmentID)
-			}
-			if int64(sh.Length) != o.Size {
-				return false, fmt.Errorf("%w: frame of %d bytes, push %s of %d", ErrSizeMismatch, sh.Length, o.SegmentID, o.Size)
+				return false, fmt.Errorf("after PUSH %s: %w", o.SegmentID, err)
 			}
 			c.payload = &payloadReader{r: r, left: int64(sh.Length)}
 			req = Request{Offer: o, Segment: true, Pushed: true}
