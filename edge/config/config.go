@@ -78,6 +78,8 @@ const (
 	DefaultQuotaBytes       = 1 << 30 // 1 GiB
 	DefaultQuotaSegments    = 10000
 	DefaultMaxSegmentBytes  = 64 << 20 // 64 MiB
+	DefaultPackMaxBytes     = 64 << 10 // 64 KiB
+	MaxPackMaxBytes         = 1 << 20  // 1 MiB: packed segments wait in memory for their commit
 	DefaultOnFull           = OnFullReject
 	DefaultVerifyOnStart    = VerifyUncleanStop
 )
@@ -248,6 +250,12 @@ type Storage struct {
 	// data on the same file system, which a store sharing it with a heavy
 	// writer may not want. Elsewhere every file is fsynced on its own.
 	FsyncEachFile bool `yaml:"fsync_each_file"`
+	// PackMaxBytes (pack_max_bytes, default 64KiB, 0..1MiB) stores segments
+	// up to this size as records appended to shared pack files instead of
+	// a file each, where the file system can punch holes (evicted records'
+	// blocks are freed at once); 0 keeps a file per segment. Creating a
+	// file is most of the cost of storing a small segment.
+	PackMaxBytes ByteSize `yaml:"pack_max_bytes"`
 }
 
 // RPC is the local operator interface.
@@ -287,6 +295,7 @@ func Default() *Config {
 			MaxSegmentBytes: DefaultMaxSegmentBytes,
 			VerifyOnStart:   DefaultVerifyOnStart,
 			OnFull:          DefaultOnFull,
+			PackMaxBytes:    DefaultPackMaxBytes,
 		},
 		RPC: RPC{Listen: DefaultRPCListen},
 	}

@@ -61,6 +61,7 @@ storage:
   verify_on_start: never
   on_full: evict_relayed_oldest
   fsync_each_file: true
+  pack_max_bytes: 0
 rpc:
   listen: unix:/run/edged/rpc.sock
 `
@@ -85,7 +86,7 @@ func TestParseFull(t *testing.T) {
 			EvictOnRelay: true, Workers: 8, AckTimeout: 5 * time.Second, Window: 64, MaxProtocolVersion: 1, PushMaxBytes: 4096, DialTimeout: 2 * time.Second, LedgerRetention: DefaultLedgerRetention,
 			Bandwidth: Bandwidth{Total: 10_000_000, PerPeer: 512 << 10},
 		},
-		Storage: Storage{Dir: "/var/lib/edged", QuotaBytes: 2 << 30, QuotaSegments: 500, MaxSegmentBytes: 16 << 20, OnFull: OnFullEvictRelayedOldest, VerifyOnStart: VerifyNever, FsyncEachFile: true},
+		Storage: Storage{Dir: "/var/lib/edged", QuotaBytes: 2 << 30, QuotaSegments: 500, MaxSegmentBytes: 16 << 20, OnFull: OnFullEvictRelayedOldest, VerifyOnStart: VerifyNever, FsyncEachFile: true, PackMaxBytes: 0},
 		RPC:     RPC{Listen: "unix:/run/edged/rpc.sock"},
 	}
 	for id, want := range map[string]bool{"edge-b": true, "edge-c": true, "sensor-1": true, "edge-a": false, "edge-d": false} {
@@ -169,6 +170,8 @@ func TestValidateRules(t *testing.T) {
 		{"window too large", "relay: {window: 4097}", "relay.window", "out of range"},
 		{"push too large", "relay: {push_max_bytes: 65537}", "relay.push_max_bytes", "out of range 0..65536"},
 		{"push negative", "relay: {push_max_bytes: -1}", "relay.push_max_bytes", "out of range"},
+		{"pack too large", "storage: {pack_max_bytes: 2MiB}", "storage.pack_max_bytes", "out of range 0..1048576"},
+		{"pack negative", "storage: {pack_max_bytes: -1}", "storage.pack_max_bytes", "out of range"},
 		{"protocol version 3", "relay: {max_protocol_version: 3}", "relay.max_protocol_version", "out of range 1..2"},
 		{"protocol version 0", "relay: {max_protocol_version: 0}", "relay.max_protocol_version", "out of range"},
 		{"dial timeout negative", "relay: {dial_timeout: -5s}", "relay.dial_timeout", "must be > 0"},
@@ -435,6 +438,7 @@ func TestDefaultsDocumented(t *testing.T) {
 		"storage.verify_on_start":    d.Storage.VerifyOnStart,
 		"storage.on_full":            d.Storage.OnFull,
 		"storage.fsync_each_file":    "false",
+		"storage.pack_max_bytes":     d.Storage.PackMaxBytes.String(),
 		"rpc.listen":                 d.RPC.Listen,
 	}
 	rows := map[string]string{}

@@ -178,6 +178,9 @@ func (c *Config) validateStorage(ps *Problems) {
 	if s.OnFull != OnFullReject && s.OnFull != OnFullEvictRelayedOldest {
 		ps.add("storage.on_full", fmt.Sprintf("%q is not one of %s, %s", s.OnFull, OnFullReject, OnFullEvictRelayedOldest))
 	}
+	if s.PackMaxBytes < 0 || s.PackMaxBytes > MaxPackMaxBytes {
+		ps.add("storage.pack_max_bytes", fmt.Sprintf("%d is out of range 0..%d", s.PackMaxBytes, int64(MaxPackMaxBytes)))
+	}
 	switch {
 	case s.MaxSegmentBytes <= 0:
 		ps.add("storage.max_segment_bytes", fmt.Sprintf("%d must be > 0", s.MaxSegmentBytes))

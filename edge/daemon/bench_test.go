@@ -22,27 +22,37 @@ import (
 
 // BenchmarkRelay4KiB measures 4 KiB segments acknowledged per second from
 // one in-process daemon to another over mutual TLS on loopback, with real
-// stores (every segment: temp file, fsync, rename, directory fsync and an
-// index commit on the receiver; claim, ack and relayed-marker commits on
-// the sender). It reports the rate as a ratio to bbolt's fsync'd
-// single-put commit rate measured in the same run on the same disk, which
-// makes the figure comparable across machines. Since protocol version 2
-// the relay pipelines a window of segments per connection and both sides
-// batch their commits: per segment the receiver still fsyncs the file (the
-// fsyncs run concurrently), and per group it renames, fsyncs the directory
-// once and commits the index once. 2000 segments (400 before version 2):
-// the first pay for dials and handshakes, which at 400 were a third of the
-// time. Also reported: store-commits/s, the segment store's own rate of
-// 4 KiB writes with 256 concurrent writers on the same disk, the ceiling
-// for any receiver.
-func BenchmarkRelay4KiB(b *testing.B) {
+// stores (the receiver packs them: storage.pack_max_bytes; the sender
+// claims, acks and marks them relayed in its ledger). It reports the rate
+// as a ratio to bbolt's fsync'd single-put commit rate measured in the
+// same run on the same disk, which makes the figure comparable across
+// machines. Since protocol version 2 the relay pipelines a window of
+// segments per connection and both sides batch their commits: per group
+// the receiver appends the records to its pack, syncs once and commits
+// the index once. 2000 segments (400 before version 2): the first pay for
+// dials and handshakes, which at 400 were a third of the time. Also
+// reported: store-commits/s, the segment store's own rate of 4 KiB writes
+// with 256 concurrent writers on the same disk, the ceiling for any
+// receiver.
+func BenchmarkRelay4KiB(b *testing.B) { benchRelay4KiB(b, config.DefaultPackMaxBytes) }
+
+// BenchmarkRelay4KiBFilePerSegment is BenchmarkRelay4KiB with
+// storage.pack_max_bytes 0 on both sides: a file per segment, the layout
+// before packs, as the baseline for what packing gains.
+func BenchmarkRelay4KiBFilePerSegment(b *testing.B) { benchRelay4KiB(b, 0) }
+
+func benchRelay4KiB(b *testing.B, packMax config.ByteSize) {
 	const segments = 2000
 	dir := pkitest.New(b, "a", "b")
 	aRelay, aRPC, bRelay, bRPC := listen(b), listen(b), listen(b), listen(b)
-	startNode(b, nodeConfig(b, dir, "b", bRelay.Addr().String(), bRPC.Addr().String(),
-		[]config.Peer{{ID: "a", Address: aRelay.Addr().String()}}), bRelay, bRPC)
+	bCfg := nodeConfig(b, dir, "b", bRelay.Addr().String(), bRPC.Addr().String(),
+		[]config.Peer{{ID: "a", Address: aRelay.Addr().String()}})
+	bCfg.Storage.QuotaSegments = 1 << 30 // b keeps every round's segments
+	bCfg.Storage.PackMaxBytes = packMax
+	startNode(b, bCfg, bRelay, bRPC)
 	cfg := nodeConfig(b, dir, "a", aRelay.Addr().String(), aRPC.Addr().String(),
 		[]config.Peer{{ID: "b", Address: bRelay.Addr().String()}})
+	cfg.Storage.PackMaxBytes = packMax
 	aRelay.Close() // each round rebinds the address (the sender does not need to be reachable)
 	aRPC.Close()
 
@@ -82,7 +92,7 @@ func BenchmarkRelay4KiB(b *testing.B) {
 		}
 		boltRate = (boltRate + boltCommitRate(b, 200)) / 2
 		rate := float64(segments) / elapsed.Seconds()
-		b.ReportMetric(storeCommitRate(b, 1000, 256), "store-commits/s")
+		b.ReportMetric(storeCommitRate(b, 1000, 256, int64(packMax)), "store-commits/s")
 		b.ReportMetric(rate, "segments/s")
 		b.ReportMetric(boltRate, "bolt-commits/s")
 		b.ReportMetric(rate/boltRate, "ratio")
@@ -142,8 +152,9 @@ func boltCommitRate(b *testing.B, n int) float64 {
 }
 
 // storeCommitRate is 4 KiB segment writes per second into a fresh store
-// with conc concurrent writers: what the receiver's disk allows.
-func storeCommitRate(b *testing.B, n, conc int) float64 {
+// with conc concurrent writers (packed when packMax ≥ 4 KiB): what the
+// receiver's disk allows.
+func storeCommitRate(b *testing.B, n, conc int, packMax int64) float64 {
 	b.Helper()
 	dir := b.TempDir()
 	db, err := bolt.Open(filepath.Join(dir, "edged.db"), 0o600, nil)
@@ -151,7 +162,7 @@ func storeCommitRate(b *testing.B, n, conc int) float64 {
 		b.Fatal(err)
 	}
 	defer db.Close()
-	st, err := segstore.Open(dir, db, segstore.Options{QuotaBytes: 1 << 30, QuotaSegments: int64(n), MaxSegmentBytes: 1 << 20})
+	st, err := segstore.Open(dir, db, segstore.Options{QuotaBytes: 1 << 30, QuotaSegments: int64(n), MaxSegmentBytes: 1 << 20, PackMaxBytes: packMax})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -136,10 +136,14 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 		QuotaBytes: int64(cfg.Storage.QuotaBytes), QuotaSegments: cfg.Storage.QuotaSegments,
 		MaxSegmentBytes: int64(cfg.Storage.MaxSegmentBytes), Now: opt.Now, SyncDir: opt.SyncDir,
 		VerifyOnOpen: verifyOnOpen(cfg.Storage.VerifyOnStart, d.cleanStop), MakeRoom: d.makeRoomFunc(), WrapTemp: opt.WrapTemp,
-		FsyncEachFile: cfg.Storage.FsyncEachFile,
+		FsyncEachFile: cfg.Storage.FsyncEachFile, PackMaxBytes: int64(cfg.Storage.PackMaxBytes),
 	})
 	if err != nil {
 		return nil, err
+	}
+	if cfg.Storage.PackMaxBytes > 0 && !d.store.Packing() {
+		d.log.Warn("storage.pack_max_bytes: the store's file system cannot punch holes; every segment is stored as a file of its own",
+			"dir", cfg.Storage.Dir)
 	}
 	d.met = newMetrics(d)
 	d.reportRepairs()

@@ -27,15 +27,21 @@ var repairSegments = map[string][]byte{
 
 // newRepairNode returns the config of a node with one known peer (never
 // dialled here) that has stored repairSegments and been closed.
-func newRepairNode(t *testing.T) *config.Config {
+func newRepairNode(t *testing.T, mods ...func(*config.Config)) *config.Config {
 	t.Helper()
 	dir := pkitest.New(t, "a", "b")
 	cfg := nodeConfig(t, dir, "a", "127.0.0.1:7400", "127.0.0.1:7401", []config.Peer{{ID: "b", Address: "127.0.0.1:9"}})
+	for _, m := range mods {
+		m(cfg)
+	}
 	d, err := New(cfg, Options{Log: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for id, b := range repairSegments {
+	// seg-2, which the tests tear, goes last: in a pack it is then the
+	// last record, and cutting the pack tears it alone.
+	for _, id := range []string{"seg-1", "seg-3", "seg-2"} {
+		b := repairSegments[id]
 		if _, err := (backend{d}).Ingest(context.Background(), id, int64(len(b)), digest(b), bytes.NewReader(b)); err != nil {
 			t.Fatal(err)
 		}
@@ -47,6 +53,36 @@ func newRepairNode(t *testing.T) *config.Config {
 }
 
 func dbPath(cfg *config.Config) string { return filepath.Join(cfg.Storage.Dir, DBFile) }
+
+// storageModes are the two ways a store keeps small segments: the
+// repair tests run both.
+var storageModes = []struct {
+	name string
+	mod  func(*config.Config)
+}{
+	{"files", func(c *config.Config) { c.Storage.PackMaxBytes = 0 }},
+	{"packs", func(c *config.Config) { c.Storage.PackMaxBytes = config.DefaultPackMaxBytes }},
+}
+
+// segmentAt returns the file holding a closed node's segment id and the
+// offset of its content there (segstore.Store.Where).
+func segmentAt(t *testing.T, cfg *config.Config, id string) (string, int64) {
+	t.Helper()
+	db, err := bolt.Open(dbPath(cfg), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	s, err := segstore.Open(cfg.Storage.Dir, db, segstore.Options{QuotaBytes: 1 << 30, QuotaSegments: 100, MaxSegmentBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path, off, err := s.Where(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path, off
+}
 
 // damages are ways a database file goes bad. Each must be set aside.
 var damages = map[string]func(t *testing.T, path string){
@@ -201,19 +237,13 @@ func checkRebuilt(t *testing.T, d *Daemon, gone []string) {
 // quarantined file is not served and not deleted, and its pending delivery
 // is deadlettered by reconciliation rather than sent.
 func TestDamagedSegmentFile(t *testing.T) {
-	flip := func(t *testing.T, path string) { overwrite(t, path, 100, 4) }
-	torn := func(t *testing.T, path string) {
-		if err := os.Truncate(path, 777); err != nil {
+	flip := func(t *testing.T, path string, off int64) { overwrite(t, path, off+100, 4) }
+	torn := func(t *testing.T, path string, off int64) {
+		if err := os.Truncate(path, off+777); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, c := range []struct {
-		name        string
-		damage      func(t *testing.T, path string)
-		mode        string
-		clean       bool // the previous run stopped cleanly
-		quarantined bool
-	}{
+	for _, c := range []damaged{
 		{"flipped byte, unclean stop", flip, config.VerifyUncleanStop, false, true},
 		{"flipped byte, clean stop", flip, config.VerifyUncleanStop, true, false},
 		{"flipped byte, clean stop, always", flip, config.VerifyAlways, true, true},
@@ -221,60 +251,81 @@ func TestDamagedSegmentFile(t *testing.T) {
 		{"torn, clean stop", torn, config.VerifyUncleanStop, true, true},
 		{"torn, never", torn, config.VerifyNever, false, true},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			cfg := newRepairNode(t) // closed: clean stop
-			if !c.clean {
-				if err := os.Remove(filepath.Join(cfg.Storage.Dir, CleanStopFile)); err != nil {
-					t.Fatal(err)
-				}
-			}
-			cfg.Storage.VerifyOnStart = c.mode
-			c.damage(t, filepath.Join(cfg.Storage.Dir, "segments", "seg-2"))
-			d, err := New(cfg, Options{Log: slog.New(slog.DiscardHandler)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer d.Close()
-			if _, err := os.Stat(filepath.Join(cfg.Storage.Dir, CleanStopFile)); !errors.Is(err, os.ErrNotExist) {
-				t.Fatalf("clean-stop marker still there while running: %v", err)
-			}
-			rep := d.store.Recovered()
-			if d.dbRepair.MovedAside != "" || d.cleanStop != c.clean {
-				t.Fatalf("repairs %+v, clean stop %v", d.dbRepair, d.cleanStop)
-			}
-			if !c.quarantined {
-				if len(rep.Quarantined) != 0 || rep.Verified != 0 {
-					t.Fatalf("report %+v, want nothing hashed or quarantined", rep)
-				}
-				return
-			}
-			if len(rep.Quarantined) != 1 || rep.Quarantined[0].ID != "seg-2" {
-				t.Fatalf("report %+v", rep)
-			}
-			if _, err := os.Stat(filepath.Join(cfg.Storage.Dir, segstore.QuarantineDir, rep.Quarantined[0].File)); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := d.ex.Reconcile(); err != nil {
-				t.Fatal(err)
-			}
-			if r, err := d.led.Get("seg-2", "b"); err != nil || r.State.String() != "deadletter" {
-				t.Fatalf("record of the quarantined segment: %+v, %v", r, err)
-			}
-			st, _ := (backend{d}).Storage(context.Background())
-			if len(st.Quarantined) != 1 || st.Quarantined[0].Segment != "seg-2" || st.Quarantined[0].Reason == "" ||
-				st.PreviousStopClean != c.clean {
-				t.Fatalf("storage RPC %+v", st)
-			}
-		})
+		for _, m := range storageModes {
+			t.Run(m.name+"/"+c.name, func(t *testing.T) { damagedSegmentFile(t, m.mod, c) })
+		}
+	}
+}
+
+// damaged is one case of TestDamagedSegmentFile.
+type damaged struct {
+	name        string
+	damage      func(t *testing.T, path string, off int64) // off: where the content starts in path
+	mode        string
+	clean       bool // the previous run stopped cleanly
+	quarantined bool
+}
+
+func damagedSegmentFile(t *testing.T, mod func(*config.Config), c damaged) {
+	cfg := newRepairNode(t, mod) // closed: clean stop
+	path, off := segmentAt(t, cfg, "seg-2")
+	if !c.clean {
+		if err := os.Remove(filepath.Join(cfg.Storage.Dir, CleanStopFile)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg.Storage.VerifyOnStart = c.mode
+	c.damage(t, path, off)
+	d, err := New(cfg, Options{Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if _, err := os.Stat(filepath.Join(cfg.Storage.Dir, CleanStopFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("clean-stop marker still there while running: %v", err)
+	}
+	rep := d.store.Recovered()
+	if d.dbRepair.MovedAside != "" || d.cleanStop != c.clean {
+		t.Fatalf("repairs %+v, clean stop %v", d.dbRepair, d.cleanStop)
+	}
+	if !c.quarantined {
+		if len(rep.Quarantined) != 0 || rep.Verified != 0 {
+			t.Fatalf("report %+v, want nothing hashed or quarantined", rep)
+		}
+		return
+	}
+	if len(rep.Quarantined) != 1 || rep.Quarantined[0].ID != "seg-2" {
+		t.Fatalf("report %+v", rep)
+	}
+	if _, err := os.Stat(filepath.Join(cfg.Storage.Dir, segstore.QuarantineDir, rep.Quarantined[0].File)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.ex.Reconcile(); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := d.led.Get("seg-2", "b"); err != nil || r.State.String() != "deadletter" {
+		t.Fatalf("record of the quarantined segment: %+v, %v", r, err)
+	}
+	st, _ := (backend{d}).Storage(context.Background())
+	if len(st.Quarantined) != 1 || st.Quarantined[0].Segment != "seg-2" || st.Quarantined[0].Reason == "" ||
+		st.PreviousStopClean != c.clean {
+		t.Fatalf("storage RPC %+v", st)
 	}
 }
 
 // TestDamagedDatabaseAndSegment: both at once. The segment whose content
 // no longer matches its digest tag is quarantined, the others rebuilt.
 func TestDamagedDatabaseAndSegment(t *testing.T) {
-	cfg := newRepairNode(t)
+	for _, m := range storageModes {
+		t.Run(m.name, func(t *testing.T) { damagedDatabaseAndSegment(t, m.mod) })
+	}
+}
+
+func damagedDatabaseAndSegment(t *testing.T, mod func(*config.Config)) {
+	cfg := newRepairNode(t, mod)
+	path, off := segmentAt(t, cfg, "seg-3")
 	damages["data pages garbled"](t, dbPath(cfg))
-	overwrite(t, filepath.Join(cfg.Storage.Dir, "segments", "seg-3"), 1000, 8)
+	overwrite(t, path, off+1000, 8)
 	d, err := New(cfg, Options{Log: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)

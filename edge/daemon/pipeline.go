@@ -97,15 +97,28 @@ func (d *Daemon) servePipelined(ctx context.Context, c *wire.Conn, log *slog.Log
 			}
 		}
 		var staged *segstore.Staged
+		inStep := false // the whole frame was read although Receive failed
 		rerr := c.RecvPayload(ctx, o, func(r io.Reader) error {
 			var err error
 			staged, err = res.Receive(r, peer)
+			switch {
+			case errors.Is(err, segstore.ErrChecksum):
+				inStep = true // it read the whole frame before comparing
+			case err != nil && o.Size <= discardLimit && ctx.Err() == nil && !wire.PeerAborted(err):
+				// A local failure (the disk refused a write) in the middle
+				// of the frame: read the rest and drop it, so that the
+				// NACK reaches the sender and the window goes on, rather
+				// than a close that resets the connection under it.
+				if _, derr := io.Copy(io.Discard, r); derr == nil {
+					inStep = true
+				}
+			}
 			return err
 		})
 		if rerr != nil {
-			if errors.Is(rerr, segstore.ErrChecksum) {
+			if inStep {
 				// The whole frame was read: the connection stays in step.
-				if !d.refusePipelined(ctx, c, slog, o, wire.NackChecksum, rerr) {
+				if !d.refusePipelined(ctx, c, slog, o, nackCode(rerr), rerr) {
 					return
 				}
 				continue

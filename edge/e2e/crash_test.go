@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -41,17 +39,9 @@ func settled(t *testing.T, a, b *node, segs map[string][]byte) {
 	if q := ctlJSON[map[string]int64](t, b, "quota"); q["reserved_bytes"] != 0 || q["segments"] != int64(len(segs)) {
 		t.Errorf("b quota after recovery: %v", q)
 	}
-	files, err := os.ReadDir(filepath.Join(b.c.dir, "data-b", "segments"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range files {
-		if strings.HasPrefix(f.Name(), ".") {
-			t.Errorf("b left a temp file behind: %s", f.Name())
-		}
-	}
-	if len(files) != len(segs) {
-		t.Errorf("b holds %d files for %d segments", len(files), len(segs))
+	storeClean(t, b, segs)
+	if disk := onDisk(t, b); len(disk.Segments) != len(segs) {
+		t.Errorf("b holds %d segments on disk for %d", len(disk.Segments), len(segs))
 	}
 }
 

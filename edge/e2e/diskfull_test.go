@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/relay-dev/relay/edge/linkem"
+	"github.com/relay-dev/relay/edge/segstore"
 )
 
 // TestDiskFullReceiver: a relays to b through a linkem link, and b
@@ -23,7 +24,8 @@ import (
 // file no longer does. Mid-stream, b's disk "fills" at each point of the
 // write path in turn (temp file created, content half written, content
 // written, fsynced, the commit group's syncfs, renamed, directory
-// fsynced), first with c up and, from the fourth point on, with c down;
+// fsynced; and for the 4 KiB segments, which b packs, the record appended
+// to its pack), first with c up and, from the fourth point on, with c down;
 // then b is killed with kill -9 while its disk is full, restarted still
 // full, and finally the disk clears. The same run under storage.on_full:
 // reject and evict_relayed_oldest. What must hold:
@@ -87,8 +89,13 @@ func TestDiskFullIngest(t *testing.T) {
 				}
 			}
 			segs := map[string][]byte{}
+			// 300 KiB: a segment file; a packed point gets a 4 KiB one.
 			seg := func(id string) []byte {
-				segs[id] = bytes.Repeat([]byte(id+" "), (300<<10)/(len(id)+1))
+				size := 300 << 10
+				if id == "new-packed" {
+					size = 4 << 10
+				}
+				segs[id] = bytes.Repeat([]byte(id+" "), size/(len(id)+1))
 				return segs[id]
 			}
 			b.start()
@@ -140,7 +147,7 @@ func TestDiskFullIngest(t *testing.T) {
 // syncfs only where that reports write-back errors (Linux 5.8 and later,
 // edge/segstore/fssync_linux.go); elsewhere there is no syncfs to fail.
 func faultPoints() []string {
-	points := []string{"created", "write", "copied", "synced", "syncfs", "renamed", "dirsync"}
+	points := []string{"created", "write", "copied", "synced", "syncfs", "renamed", "dirsync", "packed"}
 	var major, minor int
 	release, err := os.ReadFile("/proc/sys/kernel/osrelease")
 	if _, serr := fmt.Sscanf(string(release), "%d.%d", &major, &minor); err != nil || serr != nil || major < 5 || major == 5 && minor < 8 {
@@ -433,43 +440,51 @@ func (f *diskFull) storeClean() {
 	storeClean(f.t, f.b, f.segs)
 }
 
-// storeClean checks n's segment directory while nothing is being written:
-// no temp files, one file per index entry, each file's content the one
-// segs holds under its id.
+// storeClean checks n's store on disk while nothing is being written (a
+// segment file or a pack record is on disk for each index entry, and
+// nothing else): no temp files, no bytes in packs that are not records,
+// one segment per index entry, each with the content segs holds under
+// its id.
 func storeClean(t *testing.T, n *node, segs map[string][]byte) {
 	t.Helper()
-	dir := filepath.Join(n.c.dir, "data-"+n.id, "segments")
-	files, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
+	disk := onDisk(t, n)
+	for _, name := range disk.Temp {
+		t.Errorf("%s left a temp file behind: %s", n.id, name)
+	}
+	for _, g := range disk.Garbage {
+		t.Errorf("%s's packs hold garbage: %s", n.id, g)
+	}
+	for _, id := range disk.Duplicates {
+		t.Errorf("%s holds %s twice on disk", n.id, id)
 	}
 	indexed := map[string]string{}
 	for _, s := range n.index() {
 		indexed[s.ID] = s.SHA256
 	}
-	for _, de := range files {
-		name := de.Name()
-		if strings.HasPrefix(name, ".") {
-			t.Errorf("%s left a temp file behind: %s", n.id, name)
+	for id, f := range disk.Segments {
+		content, ok := segs[id]
+		if !ok || indexed[id] == "" {
+			t.Errorf("%s holds %s (%s) without an index entry", n.id, id, f.Path)
 			continue
 		}
-		content, ok := segs[name]
-		if !ok || indexed[name] == "" {
-			t.Errorf("%s holds file %s without an index entry", n.id, name)
-			continue
+		if !bytes.Equal(f.Content, content) {
+			t.Errorf("%s's %s differs from what was ingested (sha256 %s)", n.id, id, digest(f.Content))
 		}
-		b, err := os.ReadFile(filepath.Join(dir, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(b, content) {
-			t.Errorf("%s's file %s differs from what was ingested (sha256 %s)", n.id, name, digest(b))
-		}
-		delete(indexed, name)
+		delete(indexed, id)
 	}
 	for id := range indexed {
-		t.Errorf("%s's index names %s, which has no file", n.id, id)
+		t.Errorf("%s's index names %s, which is not on disk", n.id, id)
 	}
+}
+
+// onDisk reads n's store from its files (segstore.ReadDisk).
+func onDisk(t *testing.T, n *node) *segstore.OnDisk {
+	t.Helper()
+	d, err := segstore.ReadDisk(filepath.Join(n.c.dir, "data-"+n.id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
 }
 
 // metric reads one counter from n's /metrics.

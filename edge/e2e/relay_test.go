@@ -6,7 +6,6 @@ import (
 	"crypto/tls"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -141,9 +140,8 @@ func TestQuotaNack(t *testing.T) {
 	if q.Bytes != 6<<10 || q.ReservedBytes != 0 {
 		t.Fatalf("b quota %+v", q)
 	}
-	entries, _ := os.ReadDir(filepath.Join(c.dir, "data-b", "segments"))
-	if len(entries) != 1 {
-		t.Fatalf("b segments dir holds %d files, want 1", len(entries))
+	if disk := onDisk(t, b); len(disk.Segments) != 1 {
+		t.Fatalf("b holds %d segments on disk, want 1", len(disk.Segments))
 	}
 }
 

@@ -18,7 +18,8 @@ func (r *dirSyncs) sync(dir string) error {
 	return SyncDir(dir)
 }
 
-// TestOpenSyncsCreatedDirs: Open creates <dir>/segments (and dir itself
+// TestOpenSyncsCreatedDirs: Open creates <dir>/segments and <dir>/packs
+// (and dir itself
 // if missing) and fsyncs the parent of each directory it created, oldest
 // first, so a crash right after start-up cannot lose their entries. An
 // existing layout is not synced again.
@@ -35,7 +36,7 @@ func TestOpenSyncsCreatedDirs(t *testing.T) {
 	if _, err := Open(dir, db, opt); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{base, filepath.Join(base, "state"), dir}
+	want := []string{base, filepath.Join(base, "state"), dir, dir} // dir: for segments/, then packs/
 	if !slices.Equal(rec.dirs, want) {
 		t.Fatalf("synced %v, want %v (the parent of each created directory)", rec.dirs, want)
 	}

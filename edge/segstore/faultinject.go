@@ -31,7 +31,8 @@ import (
 //
 //	created  temp file created, nothing written yet
 //	write    each write of content: half of the buffer reaches the temp
-//	         file, then ENOSPC (a partial temp file is left to clean up)
+//	         file (or, for a packed segment, the pack), then ENOSPC (a
+//	         partial temp file, or record, is left to clean up)
 //	copied   content written and verified, not yet fsynced
 //	synced   temp file fsynced, or ready for its group's syncfs (as if
 //	         its fsync reported ENOSPC)
@@ -43,7 +44,12 @@ import (
 //	         directory fsync failed)
 //	dirsync  directory fsynced, index entry not yet committed (as if the
 //	         index commit failed)
+//	packed   a packed segment's record appended to its pack, not yet
+//	         durable (as if the pack's fsync failed: every packed segment
+//	         of the group fails)
 //
+// A packed segment (storage.pack_max_bytes) passes write, copied, packed,
+// syncfs and dirsync; created, synced and renamed are a segment file's.
 // Other words match nothing. Evictions and start-up repair are not
 // affected: removing files does not run out of space.
 //
@@ -61,7 +67,7 @@ func (s *Store) injectFaults() {
 	if s.fault == nil {
 		s.fault = func(st step) error {
 			switch st {
-			case stepCreated, stepCopied, stepSynced, stepRenamed, stepDirSync:
+			case stepCreated, stepCopied, stepSynced, stepRenamed, stepDirSync, stepPacked:
 			default:
 				return nil
 			}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 
 	bolt "go.etcd.io/bbolt"
@@ -40,10 +41,12 @@ type groupCommitter struct {
 }
 
 // commitReq is one segment's share of a group: its temp file, fsynced
-// and closed, and its encoded index entry.
+// and closed, or (data set) its verified content bound for a pack; and
+// its index entry, whose location the leader fills in for a packed one.
 type commitReq struct {
 	id, tmp  string
-	val      []byte
+	data     []byte
+	entry    Entry
 	wake     chan struct{} // capacity 1: finished, or asked to lead
 	finished bool          // under groupCommitter.mu
 	err      error
@@ -91,54 +94,102 @@ func signal(ch chan struct{}) {
 	}
 }
 
-// commitGroup renames every request's temp file into place, fsyncs the
-// directory once and commits every index entry in one transaction,
-// setting each request's err. A failure of a shared step fails every
-// request that reached it, and each failed request's file is removed.
+// group is one commit group in progress: the requests still live, and
+// what undoing them takes.
+type group struct {
+	s       *Store
+	files   []*commitReq // segment files: temp files, renamed once renamed is set
+	renamed bool
+	packed  []*commitReq // records appended to w from start on
+	w       *packWriter
+	start   int64
+}
+
+// fail fails every live request with err and removes what they left: a
+// request's temp or renamed file, and the group's records (the pack is
+// cut back to where the group started).
+func (g *group) fail(err error) {
+	for _, r := range g.files {
+		r.err = err
+		if g.renamed {
+			os.Remove(filepath.Join(g.s.dir, r.id))
+		} else {
+			os.Remove(r.tmp)
+		}
+	}
+	for _, r := range g.packed {
+		r.err = err
+	}
+	if len(g.packed) > 0 {
+		g.s.cutPack(g.w, g.start)
+	}
+	g.files, g.packed = nil, nil
+}
+
+// commitGroup commits a group: packed records are appended to the active
+// pack; one syncfs (or an fsync of the pack, the files having been
+// fsynced on their own) makes every record and file durable; the files
+// are renamed into place and segments/ fsynced, a new pack's directory
+// entry fsynced; and every index entry is committed in one transaction.
+// Each request's err is set. A failure of a shared step fails every
+// request that reached it, and removes what it wrote.
 func (s *Store) commitGroup(batch []*commitReq) {
-	if s.fsSync != nil {
-		// The files' content and digest tags are durable before any of
-		// them takes its segment's name, as with an fsync per file: a
-		// file under a segment id is always one that was whole.
-		if err := s.fsSync(); err != nil {
-			for _, r := range batch {
-				r.err = fmt.Errorf("syncfs: %w", err)
-				os.Remove(r.tmp)
+	g := &group{s: s}
+	var packed []*commitReq
+	for _, r := range batch {
+		if r.data != nil {
+			packed = append(packed, r)
+		} else {
+			g.files = append(g.files, r)
+		}
+	}
+	if len(packed) > 0 {
+		w, err := s.groupPack()
+		if err != nil {
+			for _, r := range packed {
+				r.err = err
 			}
+		} else {
+			g.w, g.start = w, w.end
+			g.packed = s.appendPacked(w, packed)
+		}
+	}
+	if len(g.packed) > 0 {
+		if err := s.hit(stepPacked); err != nil {
+			g.fail(err)
+		}
+	}
+	if len(g.files)+len(g.packed) == 0 {
+		return
+	}
+	// The content is durable before any file takes a segment's name and
+	// before any index entry names a record: a file under a segment id,
+	// and an indexed record, is always one that was whole.
+	if s.fsSync != nil {
+		if err := s.fsSync(); err != nil {
+			g.fail(fmt.Errorf("syncfs: %w", err))
+			return
+		}
+	} else if len(g.packed) > 0 {
+		if err := g.w.f.Sync(); err != nil {
+			g.fail(fmt.Errorf("fsync pack %s: %w", g.w.name, err))
 			return
 		}
 	}
-	var live []*commitReq
-	for _, r := range batch {
-		if err := os.Rename(r.tmp, filepath.Join(s.dir, r.id)); err != nil {
-			r.err = fmt.Errorf("rename: %w", err)
-			os.Remove(r.tmp)
-			continue
+	if len(g.files) > 0 && !s.renameFiles(g) {
+		return
+	}
+	if len(g.packed) > 0 {
+		if err := s.syncPackDir(g.w); err != nil {
+			g.fail(err)
+			return
 		}
-		live = append(live, r)
-	}
-	fail := func(err error) {
-		for _, r := range live {
-			r.err = err
-			os.Remove(filepath.Join(s.dir, r.id))
-		}
-		live = nil
-	}
-	if len(live) == 0 {
-		return
-	}
-	if err := s.hit(stepRenamed); err != nil {
-		fail(err)
-		return
-	}
-	if err := syncDir(s.dir); err != nil {
-		fail(fmt.Errorf("fsync dir: %w", err))
-		return
 	}
 	if err := s.hit(stepDirSync); err != nil {
-		fail(err)
+		g.fail(err)
 		return
 	}
+	live := slices.Concat(g.files, g.packed)
 	var conflicts []*commitReq
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		conflicts = conflicts[:0]
@@ -150,21 +201,54 @@ func (s *Store) commitGroup(batch []*commitReq) {
 				conflicts = append(conflicts, r)
 				continue
 			}
-			if err := b.Put([]byte(r.id), r.val); err != nil {
+			v, err := r.entry.encode()
+			if err != nil {
+				return err
+			}
+			if err := b.Put([]byte(r.id), v); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
 	if err != nil {
-		fail(fmt.Errorf("index: %w", err))
+		g.fail(fmt.Errorf("index: %w", err))
 		return
 	}
 	for _, r := range conflicts {
 		r.err = errors.New("index entry for " + r.id + " appeared during write")
-		os.Remove(filepath.Join(s.dir, r.id))
+		if r.data == nil {
+			os.Remove(filepath.Join(s.dir, r.id))
+		} // a record stays unindexed: the next start punches it
+	}
+	if len(g.packed) > 0 {
+		s.indexPacked(g.w, slices.DeleteFunc(g.packed, func(r *commitReq) bool { return r.err != nil }))
 	}
 	// Committed and durable: past this point the writes succeed, so the
 	// hook only marks the point for crash tests and cannot fail them.
 	_ = s.hit(stepIndexed)
+}
+
+// renameFiles renames the group's temp files into place and fsyncs
+// segments/ once; false when the group failed meanwhile.
+func (s *Store) renameFiles(g *group) bool {
+	var renamed []*commitReq
+	for _, r := range g.files {
+		if err := os.Rename(r.tmp, filepath.Join(s.dir, r.id)); err != nil {
+			r.err = fmt.Errorf("rename: %w", err)
+			os.Remove(r.tmp)
+			continue
+		}
+		renamed = append(renamed, r)
+	}
+	g.files, g.renamed = renamed, true
+	if err := s.hit(stepRenamed); err != nil {
+		g.fail(err)
+		return false
+	}
+	if err := syncDir(s.dir); err != nil {
+		g.fail(fmt.Errorf("fsync dir: %w", err))
+		return false
+	}
+	return true
 }

@@ -85,6 +85,59 @@ func checkInvariant(t *testing.T, f *fixture) {
 	if u := f.s.Usage(); u.Bytes != bytes || u.Segments != int64(len(entries)) {
 		t.Errorf("invariant: usage %d bytes %d segments, index %d bytes %d segments", u.Bytes, u.Segments, bytes, len(entries))
 	}
+	checkPacks(t, f, entries)
+}
+
+// checkPacks is the invariant's part for packs: every byte of a pack that
+// is not an indexed record is zero (evicted records are punched, a failed
+// group's records cut off), the store's spans are the index's records,
+// and no pack but the active one is without records.
+func checkPacks(t *testing.T, f *fixture, entries []Entry) {
+	t.Helper()
+	spans := map[string][]location{}
+	for _, e := range entries {
+		if e.Packed() {
+			spans[e.loc.pack] = append(spans[e.loc.pack], e.loc)
+		}
+	}
+	des, err := os.ReadDir(filepath.Join(f.dir, packDirName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.s.mu.Lock()
+	defer f.s.mu.Unlock()
+	for _, de := range des {
+		name := de.Name()
+		if _, ok := packSeq(name); !ok {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(f.dir, packDirName, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		live := make([]bool, len(b))
+		for _, l := range spans[name] {
+			for i := l.off; i < l.off+l.len && i < int64(len(b)); i++ {
+				live[i] = true
+			}
+		}
+		for i, c := range b {
+			if c != 0 && !live[i] {
+				t.Errorf("invariant: pack %s byte %d is %#x outside any indexed record", name, i, c)
+				break
+			}
+		}
+		p := f.s.packs[name]
+		active := f.s.writer != nil && f.s.writer.name == name
+		switch {
+		case p == nil:
+			t.Errorf("invariant: pack %s on disk, not in the store", name)
+		case len(p.spans) != len(spans[name]):
+			t.Errorf("invariant: pack %s: store has %d spans, index %d records", name, len(p.spans), len(spans[name]))
+		case len(p.spans) == 0 && !active:
+			t.Errorf("invariant: sealed pack %s has no records", name)
+		}
+	}
 }
 
 func content(n int, seed byte) []byte {

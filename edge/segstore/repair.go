@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -57,24 +58,12 @@ func hashFile(path string) (int64, string, error) {
 // quarantine moves segments/<id> into QuarantineDir under a name that
 // says when, and makes the move durable (both directories fsynced) before
 // the caller drops the index entry: a crash in between leaves an entry
-// without its file, which the next start drops, never a damaged file
-// under its id. An existing name is never overwritten.
+// without its file, which the next start drops, never a damaged file under
+// its id. An existing name is never overwritten.
 func (s *Store) quarantine(id, reason string) error {
-	qdir := filepath.Join(filepath.Dir(s.dir), QuarantineDir)
-	if err := CreateDir(qdir, 0o700, s.opt.SyncDir); err != nil {
-		return fmt.Errorf("quarantine %s: %w", id, err)
-	}
-	base := id + "." + s.opt.Now().UTC().Format("20060102T150405Z")
-	name := base
-	for i := 1; ; i++ {
-		_, err := os.Lstat(filepath.Join(qdir, name))
-		if errors.Is(err, os.ErrNotExist) {
-			break
-		}
-		if err != nil {
-			return fmt.Errorf("quarantine %s: %w", id, err)
-		}
-		name = fmt.Sprintf("%s-%d", base, i)
+	qdir, name, err := s.quarantineName(id)
+	if err != nil {
+		return err
 	}
 	if err := os.Rename(filepath.Join(s.dir, id), filepath.Join(qdir, name)); err != nil {
 		return fmt.Errorf("quarantine %s: %w", id, err)
@@ -87,6 +76,56 @@ func (s *Store) quarantine(id, reason string) error {
 	}
 	s.scan.Quarantined = append(s.scan.Quarantined, Quarantined{ID: id, File: name, Reason: reason})
 	return nil
+}
+
+// quarantineWith is quarantine for bytes that are not a file of their
+// own (a pack record): fill writes them to a new file in QuarantineDir,
+// which is fsynced, and its directory, before it returns.
+func (s *Store) quarantineWith(id, reason string, fill func(*os.File) error) error {
+	qdir, name, err := s.quarantineName(id)
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(filepath.Join(qdir, name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("quarantine %s: %w", id, err)
+	}
+	err = fill(f)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = syncDir(qdir)
+	}
+	if err != nil {
+		return fmt.Errorf("quarantine %s: %w", id, err)
+	}
+	s.scan.Quarantined = append(s.scan.Quarantined, Quarantined{ID: id, File: name, Reason: reason})
+	return nil
+}
+
+// quarantineName creates QuarantineDir if needed and picks a name in it
+// for id that says when and is not taken.
+func (s *Store) quarantineName(id string) (qdir, name string, err error) {
+	qdir = filepath.Join(filepath.Dir(s.dir), QuarantineDir)
+	if err := CreateDir(qdir, 0o700, s.opt.SyncDir); err != nil {
+		return "", "", fmt.Errorf("quarantine %s: %w", id, err)
+	}
+	base := id + "." + s.opt.Now().UTC().Format("20060102T150405Z")
+	name = base
+	for i := 1; ; i++ {
+		_, err := os.Lstat(filepath.Join(qdir, name))
+		if errors.Is(err, os.ErrNotExist) {
+			return qdir, name, nil
+		}
+		if err != nil {
+			return "", "", fmt.Errorf("quarantine %s: %w", id, err)
+		}
+		name = fmt.Sprintf("%s-%d", base, i)
+	}
 }
 
 // checkFiles is the start-up check of indexed files against their
@@ -126,53 +165,37 @@ func (s *Store) checkFiles(entries []Entry, sizes map[string]int64) ([]string, e
 	return drop, nil
 }
 
-// rebuild creates the index from the segment files, for a database that
-// has no index (a new database, after a damaged one was set aside). Each
-// file is hashed; one whose content does not match its digest tag, or
-// that cannot be read, is quarantined; the others get an entry with their
-// size, digest, the tag's source, the file's modification time as the
-// received time, and Rebuilt saying where the digest came from. The
-// bucket and every entry are created in one transaction, so a crash
-// during the rebuild leaves no index and the next start rebuilds again
-// (rather than taking the files for orphans of an empty index).
-func (s *Store) rebuild(sizes map[string]int64) error {
-	var entries []Entry
-	for _, id := range slices.Sorted(maps.Keys(sizes)) {
-		path := filepath.Join(s.dir, id)
-		s.scan.Verified++
-		size, digest, err := hashFile(path)
-		var fi os.FileInfo
-		if err == nil {
-			fi, err = os.Stat(path)
-		}
-		if err != nil {
-			if err := s.quarantine(id, fmt.Sprintf("unreadable: %v", err)); err != nil {
-				return err
-			}
-			continue
-		}
-		e := Entry{ID: id, Size: size, SHA256: digest, Received: fi.ModTime().UTC(), Rebuilt: RebuiltFromTag}
-		t, err := readTag(path)
-		switch {
-		case errors.Is(err, errNoTag):
-			e.Rebuilt = RebuiltFromContent
-			s.scan.Unverified = append(s.scan.Unverified, id)
-		case err != nil:
-			if err := s.quarantine(id, err.Error()); err != nil {
-				return err
-			}
-			continue
-		case t.SHA256 != digest:
-			if err := s.quarantine(id, fmt.Sprintf("content sha256 %s, digest tag %s", digest, t.SHA256)); err != nil {
-				return err
-			}
-			continue
-		default:
-			e.Source = t.Source
-		}
-		entries = append(entries, e)
+// rebuild creates the index from the segment files and the packs'
+// records, for a database that has no index (a new database, after a
+// damaged one was set aside). Each file is hashed; one whose content does
+// not match its digest tag, or that cannot be read, is quarantined; the
+// others get an entry with their size, digest, the tag's source, the
+// file's modification time as the received time, and Rebuilt saying
+// where the digest came from (rebuildPacks does the same for records).
+// An id found more than once (a segment evicted, the crash that lost the
+// database came before its file or record was removed, and it was stored
+// again) keeps the one received last; the other is removed with the
+// rest of the debris. The bucket and every entry are created in one
+// transaction, so a crash during the rebuild leaves no index and the next
+// start rebuilds again (rather than taking the files for orphans of an
+// empty index).
+func (s *Store) rebuild(sizes, packs map[string]int64) error {
+	entries, err := s.rebuildFiles(sizes)
+	if err != nil {
+		return err
 	}
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	packed, err := s.rebuildPacks(packs)
+	if err != nil {
+		return err
+	}
+	byID := map[string]Entry{}
+	for _, e := range slices.Concat(entries, packed) {
+		if old, ok := byID[e.ID]; !ok || e.Received.After(old.Received) {
+			byID[e.ID] = e
+		}
+	}
+	entries = slices.SortedFunc(maps.Values(byID), func(a, b Entry) int { return strings.Compare(a.ID, b.ID) })
+	err = s.db.Update(func(tx *bolt.Tx) error {
 		b, err := tx.CreateBucketIfNotExists(indexBucket)
 		if err != nil {
 			return err
@@ -191,12 +214,68 @@ func (s *Store) rebuild(sizes map[string]int64) error {
 	if err != nil {
 		return fmt.Errorf("rebuild index: %w", err)
 	}
+	var live []Entry
 	for _, e := range entries {
 		s.bytes += e.Size
 		s.count++
 		s.scan.Rebuilt = append(s.scan.Rebuilt, e.ID)
+		if e.Packed() {
+			live = append(live, e)
+		} else {
+			delete(sizes, e.ID)
+		}
 	}
-	return nil
+	for id := range sizes { // files that lost to a later record
+		if err := os.Remove(filepath.Join(s.dir, id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("remove superseded segment file: %w", err)
+		}
+	}
+	return s.setupPacks(live, packs)
+}
+
+// rebuildFiles returns the entries of the segment files that check out
+// against their tags, quarantining the others (see rebuild).
+func (s *Store) rebuildFiles(sizes map[string]int64) ([]Entry, error) {
+	var entries []Entry
+	for _, id := range slices.Sorted(maps.Keys(sizes)) {
+		path := filepath.Join(s.dir, id)
+		s.scan.Verified++
+		size, digest, err := hashFile(path)
+		var fi os.FileInfo
+		if err == nil {
+			fi, err = os.Stat(path)
+		}
+		if err != nil {
+			if err := s.quarantine(id, fmt.Sprintf("unreadable: %v", err)); err != nil {
+				return nil, err
+			}
+			delete(sizes, id)
+			continue
+		}
+		e := Entry{ID: id, Size: size, SHA256: digest, Received: fi.ModTime().UTC(), Rebuilt: RebuiltFromTag}
+		t, err := readTag(path)
+		switch {
+		case errors.Is(err, errNoTag):
+			e.Rebuilt = RebuiltFromContent
+			s.scan.Unverified = append(s.scan.Unverified, id)
+		case err != nil:
+			if err := s.quarantine(id, err.Error()); err != nil {
+				return nil, err
+			}
+			delete(sizes, id)
+			continue
+		case t.SHA256 != digest:
+			if err := s.quarantine(id, fmt.Sprintf("content sha256 %s, digest tag %s", digest, t.SHA256)); err != nil {
+				return nil, err
+			}
+			delete(sizes, id)
+			continue
+		default:
+			e.Source = t.Source
+		}
+		entries = append(entries, e)
+	}
+	return entries, nil
 }
 
 // CheckIndex decodes every index entry in tx and checks what Open relies

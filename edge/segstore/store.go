@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -53,10 +54,16 @@ type Options struct {
 	// choose when the store shares its file system with a heavy writer
 	// whose dirty data each syncfs would flush too.
 	FsyncEachFile bool
-	// WrapTemp, when set, wraps the writer of every temp file's content:
-	// tests inject disk failures (ENOSPC after n bytes) around the real
-	// file with it. nil in production.
+	// WrapTemp, when set, wraps the writer of every temp file's content,
+	// and of every pack record's append: tests inject disk failures
+	// (ENOSPC after n bytes) around the real file with it. nil in
+	// production.
 	WrapTemp func(id string, w io.Writer) io.Writer
+	// PackMaxBytes > 0 stores segments of at most this size as records
+	// of shared pack files instead of a file each (packs.go), where the
+	// file system can punch holes; 0 keeps a file per segment. Segments
+	// already in packs stay readable either way.
+	PackMaxBytes int64
 }
 
 // Entry is one index entry.
@@ -72,7 +79,13 @@ type Entry struct {
 	// RebuiltFromTag or RebuiltFromContent for one Open rebuilt from the
 	// file after the index was lost.
 	Rebuilt string
+	// loc is the record of a packed segment; zero for a segment file.
+	loc location
 }
+
+// Packed reports whether the segment is a record in a pack file rather
+// than a file of its own.
+func (e Entry) Packed() bool { return e.loc.pack != "" }
 
 type storedEntry struct {
 	Size       int64  `json:"size"`
@@ -82,10 +95,14 @@ type storedEntry struct {
 	Relayed    bool   `json:"relayed,omitempty"`
 	RelayedNS  int64  `json:"relayed_ns,omitempty"`
 	Rebuilt    string `json:"rebuilt,omitempty"`
+	Pack       string `json:"pack,omitempty"`
+	PackOff    int64  `json:"pack_off,omitempty"`
+	PackLen    int64  `json:"pack_len,omitempty"`
 }
 
 func (e Entry) encode() ([]byte, error) {
-	se := storedEntry{Size: e.Size, SHA256: e.SHA256, ReceivedNS: e.Received.UnixNano(), Source: e.Source, Relayed: e.Relayed, Rebuilt: e.Rebuilt}
+	se := storedEntry{Size: e.Size, SHA256: e.SHA256, ReceivedNS: e.Received.UnixNano(), Source: e.Source, Relayed: e.Relayed, Rebuilt: e.Rebuilt,
+		Pack: e.loc.pack, PackOff: e.loc.off, PackLen: e.loc.len}
 	if e.Relayed {
 		se.RelayedNS = e.RelayedAt.UnixNano()
 	}
@@ -97,7 +114,8 @@ func decodeEntry(id string, v []byte) (Entry, error) {
 	if err := json.Unmarshal(v, &se); err != nil {
 		return Entry{}, fmt.Errorf("decode index entry %s: %w", id, err)
 	}
-	e := Entry{ID: id, Size: se.Size, SHA256: se.SHA256, Received: time.Unix(0, se.ReceivedNS).UTC(), Source: se.Source, Relayed: se.Relayed, Rebuilt: se.Rebuilt}
+	e := Entry{ID: id, Size: se.Size, SHA256: se.SHA256, Received: time.Unix(0, se.ReceivedNS).UTC(), Source: se.Source, Relayed: se.Relayed, Rebuilt: se.Rebuilt,
+		loc: location{pack: se.Pack, off: se.PackOff, len: se.PackLen}}
 	if se.Relayed {
 		e.RelayedAt = time.Unix(0, se.RelayedNS).UTC()
 	}
@@ -140,7 +158,11 @@ const (
 	stepDirSync  step = "dirsync"  // directory fsynced, index entry not committed
 	stepIndexed  step = "indexed"  // index entry committed
 	stepUnindex  step = "unindex"  // eviction: index entry removed, file not yet removed
-	stepUnlinked step = "unlinked" // eviction: file removed, directory not fsynced
+	stepUnlinked step = "unlinked" // eviction: file removed (or record punched), directory not fsynced
+	// A packed segment's commit (packs.go) passes stepCopied (verified in
+	// memory), stepPacked, stepDirSync (pack durable, index entry not
+	// committed) and stepIndexed.
+	stepPacked step = "packed" // record appended to the pack, not yet durable
 )
 
 // Store is the segment store. See the package documentation.
@@ -166,6 +188,15 @@ type Store struct {
 	// writeBehind is how often a receive starts the writeback of what it
 	// wrote (writebehind.go): writeBehindWindow; 0 (tests) turns it off.
 	writeBehind int64
+
+	// Packs (packs.go). packing: new small segments go into packs. packs,
+	// nextPack and staged are guarded by mu; writer belongs to the group
+	// commit's leader.
+	packing  bool
+	packs    map[string]*pack
+	nextPack uint64
+	staged   int64
+	writer   *packWriter
 }
 
 // Open opens the store under dir (creating dir/segments), creates its
@@ -180,9 +211,15 @@ func Open(dir string, db *bolt.DB, opt Options) (*Store, error) {
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
-	s := &Store{dir: filepath.Join(dir, "segments"), db: db, opt: opt, busy: map[string]bool{}, writeBehind: writeBehindWindow}
-	if err := CreateDir(s.dir, 0o700, opt.SyncDir); err != nil {
-		return nil, fmt.Errorf("open segment store: %w", err)
+	s := &Store{dir: filepath.Join(dir, "segments"), db: db, opt: opt, busy: map[string]bool{}, writeBehind: writeBehindWindow,
+		packs: map[string]*pack{}, nextPack: 1}
+	for _, d := range []string{s.dir, s.packDir()} {
+		if err := CreateDir(d, 0o700, opt.SyncDir); err != nil {
+			return nil, fmt.Errorf("open segment store: %w", err)
+		}
+	}
+	if opt.PackMaxBytes > 0 {
+		s.packing = probePunch(s.packDir()) == nil
 	}
 	if !opt.FsyncEachFile {
 		s.fsSync = fsSyncer(s.dir)
@@ -200,6 +237,10 @@ func Open(dir string, db *bolt.DB, opt Options) (*Store, error) {
 	}
 	return s, nil
 }
+
+// Packing reports whether new small segments go into pack files: asked
+// for (Options.PackMaxBytes) and the file system can punch holes.
+func (s *Store) Packing() bool { return s.packing }
 
 // Recovered returns what the start-up scan repaired.
 func (s *Store) Recovered() ScanReport { return s.scan }
@@ -231,8 +272,12 @@ func (s *Store) reconcile(fresh bool) error {
 			s.scan.Unknown = append(s.scan.Unknown, name)
 		}
 	}
+	packs, err := s.listPacks()
+	if err != nil {
+		return err
+	}
 	if fresh {
-		if err := s.rebuild(files); err != nil {
+		if err := s.rebuild(files, packs); err != nil {
 			return err
 		}
 		if len(s.scan.RemovedTemp) > 0 {
@@ -251,10 +296,23 @@ func (s *Store) reconcile(fresh bool) error {
 	if err != nil {
 		return err
 	}
-	drop, err := s.checkFiles(entries, files)
+	var fileEntries, packed []Entry
+	for _, e := range entries {
+		if e.Packed() {
+			packed = append(packed, e)
+		} else {
+			fileEntries = append(fileEntries, e)
+		}
+	}
+	drop, err := s.checkFiles(fileEntries, files)
 	if err != nil {
 		return err
 	}
+	dropPacked, err := s.checkPacked(packed, packs)
+	if err != nil {
+		return err
+	}
+	drop = append(drop, dropPacked...)
 	if len(drop) > 0 {
 		err = s.db.Update(func(tx *bolt.Tx) error {
 			b := tx.Bucket(indexBucket)
@@ -275,12 +333,25 @@ func (s *Store) reconcile(fresh bool) error {
 		dropped[id] = true
 	}
 	var bytes, count int64
+	var livePacked []Entry
 	for _, e := range entries {
+		if e.Packed() {
+			// A file under a packed segment's id is an orphan.
+			if !dropped[e.ID] {
+				livePacked = append(livePacked, e)
+				bytes += e.Size
+				count++
+			}
+			continue
+		}
 		if _, ok := files[e.ID]; ok && !dropped[e.ID] {
 			bytes += e.Size
 			count++
 		}
 		delete(files, e.ID)
+	}
+	if err := s.setupPacks(livePacked, packs); err != nil {
+		return err
 	}
 	for id := range files {
 		if err := os.Remove(filepath.Join(s.dir, id)); err != nil {
@@ -355,10 +426,19 @@ func (s *Store) List() ([]Entry, error) {
 	return out, nil
 }
 
-// Open opens a stored segment for reading. The file stays readable after
-// a concurrent eviction (POSIX unlink semantics); the caller closes it.
-func (s *Store) Open(id string) (*os.File, Entry, error) {
-	e, err := s.Stat(id)
+// Open opens a stored segment for reading. It stays readable after a
+// concurrent eviction (a file by POSIX unlink semantics, a pack record
+// because its punch waits for the reader); the caller closes it.
+func (s *Store) Open(id string) (*Reader, Entry, error) {
+	s.mu.Lock()
+	e, err := s.Stat(id) // under mu: see openPackedLocked
+	if err == nil && e.Packed() {
+		var r *Reader
+		r, err = s.openPackedLocked(e)
+		s.mu.Unlock()
+		return r, e, err
+	}
+	s.mu.Unlock()
 	if err != nil {
 		return nil, Entry{}, err
 	}
@@ -369,7 +449,24 @@ func (s *Store) Open(id string) (*os.File, Entry, error) {
 	if err != nil {
 		return nil, Entry{}, fmt.Errorf("open segment %s: %w", id, err)
 	}
-	return f, e, nil
+	// The whole file, not e.Size bytes of it: a file that grew is damage
+	// Verify must see.
+	return &Reader{SectionReader: io.NewSectionReader(f, 0, math.MaxInt64), f: f}, e, nil
+}
+
+// Where returns the file that holds a stored segment's content and the
+// content's offset in it: segments/<id> and 0, or a pack and the offset
+// of the record's content. For operators inspecting a store, and tests
+// that damage one.
+func (s *Store) Where(id string) (path string, off int64, err error) {
+	e, err := s.Stat(id)
+	if err != nil {
+		return "", 0, err
+	}
+	if !e.Packed() {
+		return filepath.Join(s.dir, id), 0, nil
+	}
+	return filepath.Join(s.packDir(), e.loc.pack), e.loc.off + recordHeaderLen(e.ID, e.Source), nil
 }
 
 // MarkRelayed sets the entry's relayed marker (and RelayedAt, the first

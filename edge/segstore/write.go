@@ -1,6 +1,7 @@
 package segstore
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -148,6 +149,7 @@ type Staged struct {
 	r      *Reservation
 	f      *os.File
 	tmp    string
+	data   []byte // a segment bound for a pack: its verified content (no temp file)
 	source string
 	done   bool
 }
@@ -175,6 +177,9 @@ func (r *Reservation) Receive(src io.Reader, source string) (_ *Staged, err erro
 			err = fmt.Errorf("write segment %s: %w", r.id, s.diskFull(err, r.size)) // room.go
 		}
 	}()
+	if s.packable(r.size) {
+		return r.receivePacked(src, source)
+	}
 	f, err := os.CreateTemp(s.dir, tmpPrefix+r.id+"-*")
 	if err != nil {
 		return nil, err
@@ -191,17 +196,8 @@ func (r *Reservation) Receive(src io.Reader, source string) (_ *Staged, err erro
 	}
 	wb := &writeBehind{f: f, window: s.writeBehind}
 	n, sum, err := wire.CopyHashing(s.tempWriter(r.id, wb), io.LimitReader(src, r.size+1))
-	if err != nil {
-		return nil, fmt.Errorf("receive: %w", err)
-	}
-	if n != r.size {
-		if n > r.size {
-			return nil, fmt.Errorf("%w: stream longer than %d bytes", ErrSize, r.size)
-		}
-		return nil, fmt.Errorf("%w: got %d of %d bytes", ErrSize, n, r.size)
-	}
-	if got := hex.EncodeToString(sum); got != r.digest {
-		return nil, fmt.Errorf("%w: content sha256 %s, offered %s", ErrChecksum, got, r.digest)
+	if err := r.check(n, sum, err); err != nil {
+		return nil, err
 	}
 	if err := s.hit(stepCopied); err != nil {
 		return nil, err
@@ -209,8 +205,53 @@ func (r *Reservation) Receive(src io.Reader, source string) (_ *Staged, err erro
 	return st, nil
 }
 
-// discard closes and removes the temp file.
+// receivePacked is Receive for a segment bound for a pack: the content is
+// read into memory (its bytes are taken from the staging budget) and
+// verified there; the group's leader appends it to the pack at Commit.
+func (r *Reservation) receivePacked(src io.Reader, source string) (_ *Staged, err error) {
+	s := r.s
+	defer func() {
+		if err != nil {
+			s.unstage(r.size)
+		}
+	}()
+	buf := bytes.NewBuffer(make([]byte, 0, r.size+1))
+	n, sum, err := wire.CopyHashing(buf, io.LimitReader(src, r.size+1))
+	if err := r.check(n, sum, err); err != nil {
+		return nil, err
+	}
+	if err := s.hit(stepCopied); err != nil {
+		return nil, err
+	}
+	return &Staged{r: r, data: buf.Bytes(), source: source}, nil
+}
+
+// check is Receive's verdict on a copy: n bytes with digest sum, or the
+// copy's error.
+func (r *Reservation) check(n int64, sum []byte, err error) error {
+	if err != nil {
+		return fmt.Errorf("receive: %w", err)
+	}
+	if n != r.size {
+		if n > r.size {
+			return fmt.Errorf("%w: stream longer than %d bytes", ErrSize, r.size)
+		}
+		return fmt.Errorf("%w: got %d of %d bytes", ErrSize, n, r.size)
+	}
+	if got := hex.EncodeToString(sum); got != r.digest {
+		return fmt.Errorf("%w: content sha256 %s, offered %s", ErrChecksum, got, r.digest)
+	}
+	return nil
+}
+
+// discard closes and removes the temp file, or gives back a packed
+// segment's staging budget.
 func (st *Staged) discard() {
+	if st.data != nil {
+		st.r.s.unstage(st.r.size)
+		st.data = nil
+		return
+	}
 	if st.f != nil {
 		st.f.Close()
 		st.f = nil
@@ -266,6 +307,16 @@ func (st *Staged) Commit() (Entry, error) {
 // file or entry meanwhile.
 func (s *Store) commitStaged(st *Staged) (Entry, error) {
 	r := st.r
+	e := Entry{ID: r.id, Size: r.size, SHA256: r.digest, Received: s.opt.Now().UTC(), Source: st.source}
+	if st.data != nil {
+		req := &commitReq{id: r.id, entry: e, data: st.data, wake: make(chan struct{}, 1)}
+		err := s.group.commit(s, req)
+		st.discard() // the budget; the bytes are in the pack now, or not wanted
+		if err != nil {
+			return Entry{}, err
+		}
+		return req.entry, nil
+	}
 	var err error
 	if s.fsSync == nil {
 		// Each file on its own; the fsyncs of concurrent commits run
@@ -285,13 +336,7 @@ func (s *Store) commitStaged(st *Staged) (Entry, error) {
 		os.Remove(st.tmp)
 		return Entry{}, err
 	}
-	e := Entry{ID: r.id, Size: r.size, SHA256: r.digest, Received: s.opt.Now().UTC(), Source: st.source}
-	v, err := e.encode()
-	if err != nil {
-		os.Remove(st.tmp)
-		return Entry{}, err
-	}
-	req := &commitReq{id: r.id, tmp: st.tmp, val: v, wake: make(chan struct{}, 1)}
+	req := &commitReq{id: r.id, tmp: st.tmp, entry: e, wake: make(chan struct{}, 1)}
 	if err := s.group.commit(s, req); err != nil {
 		return Entry{}, err
 	}
@@ -321,6 +366,7 @@ func (s *Store) EvictIf(id string, gate func(tx *bolt.Tx) error) error {
 	s.busy[id] = true
 	s.mu.Unlock()
 	var size int64
+	var loc location
 	evicted := false
 	defer func() {
 		s.mu.Lock()
@@ -346,7 +392,7 @@ func (s *Store) EvictIf(id string, gate func(tx *bolt.Tx) error) error {
 				return err
 			}
 		}
-		size = e.Size
+		size, loc = e.Size, e.loc
 		return b.Delete([]byte(id))
 	})
 	if err != nil {
@@ -355,6 +401,13 @@ func (s *Store) EvictIf(id string, gate func(tx *bolt.Tx) error) error {
 	evicted = true
 	if err := s.hit(stepUnindex); err != nil {
 		return fmt.Errorf("evict %s: %w", id, err)
+	}
+	if loc.pack != "" {
+		s.evictPacked(loc) // best effort: the next start punches what is left
+		if err := s.hit(stepUnlinked); err != nil {
+			return fmt.Errorf("evict %s: %w", id, err)
+		}
+		return nil
 	}
 	if err := os.Remove(filepath.Join(s.dir, id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("evict %s: index entry removed, file left for the next start-up scan: %w", id, err)

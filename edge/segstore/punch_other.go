@@ -1,0 +1,12 @@
+//go:build !linux
+
+package segstore
+
+import "os"
+
+// punchHole is not available here: Open's probe then keeps every segment
+// in a file of its own (packs.go).
+func punchHole(*os.File, int64, int64) error { return errPackUnsupported }
+
+// seekData cannot skip holes here: the caller reads on from off.
+func seekData(_ *os.File, off int64) int64 { return off }
