@@ -190,6 +190,9 @@ func (s *Store) commitGroup(batch []*commitReq) {
 		return
 	}
 	live := slices.Concat(g.files, g.packed)
+	if len(g.packed) > 0 {
+		s.addSpans(g.w, g.packed)
+	}
 	var conflicts []*commitReq
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		conflicts = conflicts[:0]
@@ -212,6 +215,9 @@ func (s *Store) commitGroup(batch []*commitReq) {
 		return nil
 	})
 	if err != nil {
+		if len(g.packed) > 0 {
+			s.dropSpans(g.w, g.packed, g.start)
+		}
 		g.fail(fmt.Errorf("index: %w", err))
 		return
 	}
@@ -219,10 +225,11 @@ func (s *Store) commitGroup(batch []*commitReq) {
 		r.err = errors.New("index entry for " + r.id + " appeared during write")
 		if r.data == nil {
 			os.Remove(filepath.Join(s.dir, r.id))
-		} // a record stays unindexed: the next start punches it
-	}
-	if len(g.packed) > 0 {
-		s.indexPacked(g.w, slices.DeleteFunc(g.packed, func(r *commitReq) bool { return r.err != nil }))
+		} else {
+			// The record stays in the pack, unindexed: the next start
+			// punches it.
+			s.dropSpans(g.w, []*commitReq{r}, g.w.end)
+		}
 	}
 	// Committed and durable: past this point the writes succeed, so the
 	// hook only marks the point for crash tests and cannot fail them.

@@ -516,3 +516,34 @@ func FuzzRecordHeader(f *testing.F) {
 		}
 	})
 }
+
+// TestCheckIndexPackedEntries: the daemon's start-up check of the
+// database accepts packed entries and refuses ones whose pack name or
+// record could not have been written (a damaged database, set aside and
+// rebuilt rather than trusted to name files).
+func TestCheckIndexPackedEntries(t *testing.T) {
+	f := newPackStore(t, "", packOpts)
+	put(t, f.s, "a", content(100, 1))
+	must(t, f.db.View(CheckIndex))
+	e, err := f.s.Stat("a")
+	must(t, err)
+	good := e
+	for name, mod := range map[string]func(*Entry){
+		"pack path": func(e *Entry) { e.loc.pack = "../edged.db" },
+		"offset":    func(e *Entry) { e.loc.off = 3 },
+		"length":    func(e *Entry) { e.loc.len = 8 },
+		"negative":  func(e *Entry) { e.loc.off = -8 },
+	} {
+		bad := good
+		mod(&bad)
+		v, err := bad.encode()
+		must(t, err)
+		must(t, f.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(indexBucket).Put([]byte("a"), v) }))
+		if err := f.db.View(CheckIndex); err == nil {
+			t.Errorf("%s: damaged entry %+v accepted", name, bad.loc)
+		}
+	}
+	v, err := good.encode()
+	must(t, err)
+	must(t, f.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(indexBucket).Put([]byte("a"), v) }))
+}

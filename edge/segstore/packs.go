@@ -240,9 +240,11 @@ func (s *Store) cutPack(w *packWriter, end int64) {
 	w.end = end
 }
 
-// indexPacked records a committed group's records as the spans of w's
-// pack.
-func (s *Store) indexPacked(w *packWriter, reqs []*commitReq) {
+// addSpans records a group's records as spans of w's pack, right before
+// their index entries commit: a reader that finds an entry must find its
+// span (Open), and an eviction of a neighbour must not punch a record
+// whose entry is being committed. dropSpans undoes it if the commit fails.
+func (s *Store) addSpans(w *packWriter, reqs []*commitReq) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	p := s.packs[w.name]
@@ -250,6 +252,21 @@ func (s *Store) indexPacked(w *packWriter, reqs []*commitReq) {
 		p.spans = append(p.spans, span{off: r.entry.loc.off, len: r.entry.loc.len})
 	}
 	p.indexed = w.end
+}
+
+// dropSpans removes the spans of records whose index entries did not
+// commit, from the end of the pack's span list (they were added last);
+// their bytes are cut or punched by the caller or the next start.
+func (s *Store) dropSpans(w *packWriter, reqs []*commitReq, indexed int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.packs[w.name]
+	for _, r := range reqs {
+		if i, ok := p.find(r.entry.loc.off); ok {
+			p.spans = slices.Delete(p.spans, i, i+1)
+		}
+	}
+	p.indexed = indexed
 }
 
 // syncPackDir makes a new pack's directory entry durable, before any

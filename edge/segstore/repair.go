@@ -298,6 +298,12 @@ func CheckIndex(tx *bolt.Tx) error {
 		if _, err := normDigest(e.SHA256); err != nil || e.Size < 0 {
 			return fmt.Errorf("index entry %s: size %d, sha256 %q", id, e.Size, e.SHA256)
 		}
+		if l := e.loc; l.pack != "" {
+			if _, ok := packSeq(l.pack); !ok || l.off < 0 || l.off%recordAlign != 0 ||
+				l.len != alignRecord(recordHeaderLen(id, e.Source)+e.Size) {
+				return fmt.Errorf("index entry %s: record %d+%d of pack %q", id, l.off, l.len, l.pack)
+			}
+		}
 		return nil
 	})
 }
