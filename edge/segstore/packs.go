@@ -51,7 +51,7 @@ const (
 	// stageBudget bounds the bytes of small segments held in memory
 	// between Receive and Commit; beyond it they go through temp files as
 	// large ones do.
-	stageBudget = 32 << 20
+	stageBudget = 8 << 20
 	// DefaultPackMaxBytes is the daemon's default Options.PackMaxBytes.
 	DefaultPackMaxBytes = 64 << 10
 )
