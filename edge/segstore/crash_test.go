@@ -61,95 +61,124 @@ func TestWriteFaultAtEachStep(t *testing.T) {
 }
 
 // TestCrashAtEachStep simulates kill -9 at each step of the commit path
-// and of eviction: the fault hook copies the segment directory and the
-// database (a consistent bbolt snapshot) as they are at that instant; a
-// new Store opened on the copy must satisfy the invariant, and hold the
-// segment exactly when its index entry had been committed.
+// and of eviction, for a segment file and for a packed record: the fault
+// hook copies the store's files and the database (a consistent bbolt
+// snapshot) as they are at that instant; a new Store opened on the copy
+// must satisfy the invariant (a pack is cut back and its dead space
+// punched), and hold the segment exactly when its index entry had been
+// committed.
 func TestCrashAtEachStep(t *testing.T) {
-	b := content(70_000, 3)
 	type tc struct {
 		at       step
 		evicting bool
 		present  bool // after recovery
 		repaired func(ScanReport) []string
 	}
-	cases := []tc{
-		{stepCreated, false, false, func(r ScanReport) []string { return r.RemovedTemp }},
-		{stepCopied, false, false, func(r ScanReport) []string { return r.RemovedTemp }},
-		{stepSynced, false, false, func(r ScanReport) []string { return r.RemovedTemp }},
-		{stepRenamed, false, false, func(r ScanReport) []string { return r.RemovedOrphans }},
-		{stepDirSync, false, false, func(r ScanReport) []string { return r.RemovedOrphans }},
-		{stepIndexed, false, true, nil},
-		{stepUnindex, true, false, func(r ScanReport) []string { return r.RemovedOrphans }},
-		{stepUnlinked, true, false, nil},
+	type modes = []struct {
+		name string
+		opts Options
 	}
-	for _, mode := range syncModes {
-		for _, c := range cases {
-			t.Run(mode.name+"/"+string(c.at), func(t *testing.T) {
-				f := newStore(t, "", mode.opts)
-				put(t, f.s, "keep", content(123, 5))
-				if c.evicting {
-					put(t, f.s, "s", b)
-				}
-				snap := t.TempDir()
-				taken := false
-				f.s.fault = func(st step) error {
-					if st == c.at {
-						snapshot(t, f, snap)
-						taken = true
+	layouts := []struct {
+		size  int
+		modes modes
+		open  func(*testing.T, string, Options) *fixture
+		cases []tc
+	}{
+		{70_000, syncModes, newStore, []tc{
+			{stepCreated, false, false, func(r ScanReport) []string { return r.RemovedTemp }},
+			{stepCopied, false, false, func(r ScanReport) []string { return r.RemovedTemp }},
+			{stepSynced, false, false, func(r ScanReport) []string { return r.RemovedTemp }},
+			{stepRenamed, false, false, func(r ScanReport) []string { return r.RemovedOrphans }},
+			{stepDirSync, false, false, func(r ScanReport) []string { return r.RemovedOrphans }},
+			{stepIndexed, false, true, nil},
+			{stepUnindex, true, false, func(r ScanReport) []string { return r.RemovedOrphans }},
+			{stepUnlinked, true, false, nil},
+		}},
+		{30_000, packModes, newPackStore, []tc{
+			{stepCopied, false, false, nil},
+			{stepPacked, false, false, nil},
+			{stepDirSync, false, false, nil},
+			{stepIndexed, false, true, nil},
+			{stepUnindex, true, false, nil},
+			{stepUnlinked, true, false, nil},
+		}},
+	}
+	for _, l := range layouts {
+		b := content(l.size, 3)
+		for _, mode := range l.modes {
+			for _, c := range l.cases {
+				t.Run(mode.name+"/"+string(c.at), func(t *testing.T) {
+					f := l.open(t, "", mode.opts)
+					put(t, f.s, "keep", content(123, 5))
+					if c.evicting {
+						put(t, f.s, "s", b)
 					}
-					return nil
-				}
-				var err error
-				if c.evicting {
-					err = f.s.Evict("s")
-				} else {
-					_, err = f.s.Write("s", int64(len(b)), digest(b), bytes.NewReader(b), "")
-				}
-				if err != nil || !taken {
-					t.Fatalf("operation: %v, snapshot taken: %v", err, taken)
-				}
+					put(t, f.s, "keep2", content(321, 6))
+					snap := t.TempDir()
+					taken := false
+					f.s.fault = func(st step) error {
+						if st == c.at {
+							snapshot(t, f, snap)
+							taken = true
+						}
+						return nil
+					}
+					var err error
+					if c.evicting {
+						err = f.s.Evict("s")
+					} else {
+						_, err = f.s.Write("s", int64(len(b)), digest(b), bytes.NewReader(b), "")
+					}
+					if err != nil || !taken {
+						t.Fatalf("operation: %v, snapshot taken: %v", err, taken)
+					}
 
-				g := newStore(t, snap, mode.opts)
-				_, err = g.s.Stat("s")
-				if c.present != (err == nil) {
-					t.Fatalf("after crash at %s: Stat = %v, want present=%v", c.at, err, c.present)
-				}
-				if c.present && !bytes.Equal(read(t, g.s, "s"), b) {
-					t.Fatal("recovered content differs")
-				}
-				if !bytes.Equal(read(t, g.s, "keep"), content(123, 5)) {
-					t.Fatal("unrelated segment damaged")
-				}
-				rep := g.s.Recovered()
-				if c.repaired != nil && len(c.repaired(rep)) != 1 {
-					t.Fatalf("scan report %+v", rep)
-				}
-				if c.repaired == nil && len(rep.RemovedTemp)+len(rep.RemovedOrphans)+len(rep.DroppedEntries) != 0 {
-					t.Fatalf("scan repaired something after a clean point: %+v", rep)
-				}
-				// The recovered store keeps working: the interrupted write can
-				// be repeated (or is already there).
-				if _, err := g.s.Write("s", int64(len(b)), digest(b), bytes.NewReader(b), ""); err != nil && !errors.Is(err, ErrAlreadyHave) {
-					t.Fatal(err)
-				}
-			})
+					g := l.open(t, snap, mode.opts)
+					_, err = g.s.Stat("s")
+					if c.present != (err == nil) {
+						t.Fatalf("after crash at %s: Stat = %v, want present=%v", c.at, err, c.present)
+					}
+					if c.present && !bytes.Equal(read(t, g.s, "s"), b) {
+						t.Fatal("recovered content differs")
+					}
+					if !bytes.Equal(read(t, g.s, "keep"), content(123, 5)) || !bytes.Equal(read(t, g.s, "keep2"), content(321, 6)) {
+						t.Fatal("unrelated segment damaged")
+					}
+					rep := g.s.Recovered()
+					if c.repaired != nil && len(c.repaired(rep)) != 1 {
+						t.Fatalf("scan report %+v", rep)
+					}
+					if c.repaired == nil && len(rep.RemovedTemp)+len(rep.RemovedOrphans)+len(rep.DroppedEntries)+len(rep.Quarantined) != 0 {
+						t.Fatalf("scan repaired something after a clean point: %+v", rep)
+					}
+					checkInvariant(t, g)
+					// The recovered store keeps working: the interrupted write
+					// can be repeated (or is already there).
+					if _, err := g.s.Write("s", int64(len(b)), digest(b), bytes.NewReader(b), ""); err != nil && !errors.Is(err, ErrAlreadyHave) {
+						t.Fatal(err)
+					}
+				})
+			}
 		}
 	}
 }
 
-// snapshot copies segments/ and a consistent copy of the database into dst.
+// snapshot copies segments/, packs/ (if there is one) and a consistent
+// copy of the database into dst.
 func snapshot(t *testing.T, f *fixture, dst string) {
 	t.Helper()
-	if err := os.MkdirAll(filepath.Join(dst, "segments"), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	des, err := os.ReadDir(filepath.Join(f.dir, "segments"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, de := range des {
-		copyFile(t, filepath.Join(f.dir, "segments", de.Name()), filepath.Join(dst, "segments", de.Name()))
+	for _, sub := range []string{"segments", packDirName} {
+		des, err := os.ReadDir(filepath.Join(f.dir, sub))
+		if errors.Is(err, os.ErrNotExist) && sub == packDirName {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		must(t, os.MkdirAll(filepath.Join(dst, sub), 0o700))
+		for _, de := range des {
+			copyFile(t, filepath.Join(f.dir, sub, de.Name()), filepath.Join(dst, sub, de.Name()))
+		}
 	}
 	if err := f.db.View(func(tx *bolt.Tx) error {
 		return tx.CopyFile(filepath.Join(dst, "edged.db"), 0o600)
