@@ -168,6 +168,7 @@ func storageCmd(g *globals) *cobra.Command {
 					stop = "clean"
 				}
 				fmt.Fprintf(w, "previous stop\t%s\nverified at start\t%d segment files\n", stop, s.Verified)
+				fmt.Fprintf(w, "packs\t%s\n", packsLine(s.Packs))
 				for _, r := range [][2]any{{"removed temp", s.RemovedTemp}, {"removed orphans", s.RemovedOrphans},
 					{"dropped entries", s.DroppedEntries}, {"unknown files", s.Unknown}} {
 					if l := r[1].([]string); len(l) > 0 {
@@ -189,6 +190,20 @@ func storageCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
+}
+
+// packsLine says whether small segments are packed and what the packs
+// hold; packs written before packing was turned off stay listed.
+func packsLine(p rpc.Packs) string {
+	state := "off (storage.pack_max_bytes: 0, or the file system cannot punch holes)"
+	if p.Packing {
+		state = fmt.Sprintf("on (segments up to %d bytes)", p.MaxBytes)
+	}
+	if !p.Packing && p.Files == 0 {
+		return state
+	}
+	return fmt.Sprintf("%s; files %d, segments %d, records %d bytes, on disk %d bytes",
+		state, p.Files, p.Segments, p.RecordBytes, p.DiskBytes)
 }
 
 func quotaCmd(g *globals) *cobra.Command {

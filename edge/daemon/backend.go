@@ -107,6 +107,9 @@ func (b backend) Storage(context.Context) (rpc.Storage, error) {
 		QuarantineDir: filepath.Join(b.d.cfg.Storage.Dir, segstore.QuarantineDir),
 		Verified:      rep.Verified, PreviousStopClean: b.d.cleanStop,
 	}
+	ps := b.d.store.PackStats()
+	out.Packs = rpc.Packs{Packing: ps.Packing, MaxBytes: ps.MaxBytes, Files: ps.Files, Segments: ps.Records,
+		RecordBytes: ps.RecordBytes, DiskBytes: ps.DiskBytes}
 	for _, q := range rep.Quarantined {
 		out.Quarantined = append(out.Quarantined, rpc.Quarantined{Segment: q.ID, File: q.File, Reason: q.Reason})
 	}

@@ -125,13 +125,19 @@ var (
 	descReserved    = prometheus.NewDesc("edged_storage_reserved_bytes", "Bytes reserved by receives in progress.", nil, nil)
 	descQuotaBytes  = prometheus.NewDesc("edged_quota_bytes", "storage.quota_bytes.", nil, nil)
 	descQuotaSegs   = prometheus.NewDesc("edged_quota_segments", "storage.quota_segments.", nil, nil)
+	descPackFiles   = prometheus.NewDesc("edged_storage_pack_files", "Pack files (storage.pack_max_bytes).", nil, nil)
+	descPackSegs    = prometheus.NewDesc("edged_storage_packed_segments", "Segments stored in pack files.", nil, nil)
+	descPackDisk    = prometheus.NewDesc("edged_storage_pack_disk_bytes",
+		"Disk space the pack files take (allocated blocks); compare with edged_storage_pack_record_bytes.", nil, nil)
+	descPackRecords = prometheus.NewDesc("edged_storage_pack_record_bytes", "Bytes of the packed segments' records, headers and padding included.", nil, nil)
 	descRecords     = prometheus.NewDesc("edged_ledger_records", "Ledger records by state.", []string{"state"}, nil)
 	descCircuit     = prometheus.NewDesc("edged_peer_circuit_state",
 		"Dial circuit per peer: 1 for its current state (closed, open, half_open), 0 for the others.", []string{"peer", "state"}, nil)
 )
 
 func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descStoredBytes, descStoredSegs, descReserved, descQuotaBytes, descQuotaSegs, descRecords, descCircuit} {
+	for _, d := range []*prometheus.Desc{descStoredBytes, descStoredSegs, descReserved, descQuotaBytes, descQuotaSegs,
+		descPackFiles, descPackSegs, descPackDisk, descPackRecords, descRecords, descCircuit} {
 		ch <- d
 	}
 }
@@ -143,6 +149,11 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descReserved, prometheus.GaugeValue, float64(u.ReservedBytes))
 	ch <- prometheus.MustNewConstMetric(descQuotaBytes, prometheus.GaugeValue, float64(u.QuotaBytes))
 	ch <- prometheus.MustNewConstMetric(descQuotaSegs, prometheus.GaugeValue, float64(u.QuotaSegments))
+	ps := c.d.store.PackStats()
+	ch <- prometheus.MustNewConstMetric(descPackFiles, prometheus.GaugeValue, float64(ps.Files))
+	ch <- prometheus.MustNewConstMetric(descPackSegs, prometheus.GaugeValue, float64(ps.Records))
+	ch <- prometheus.MustNewConstMetric(descPackDisk, prometheus.GaugeValue, float64(ps.DiskBytes))
+	ch <- prometheus.MustNewConstMetric(descPackRecords, prometheus.GaugeValue, float64(ps.RecordBytes))
 	for _, circ := range c.d.ex.Circuits() {
 		for _, s := range relay.CircuitStates() {
 			v := 0.0

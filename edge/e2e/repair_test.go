@@ -79,8 +79,12 @@ func TestSelfRepairAtStart(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(st.QuarantineDir, st.Quarantined[0].File)); err != nil {
 		t.Fatalf("quarantined file: %v", err)
 	}
+	if p := st.Packs; !p.Packing || p.Files < 1 || p.Segments != 2 || p.RecordBytes < int64(len(segs["seg-1"])+len(segs["seg-3"])) {
+		t.Fatalf("packs %+v: want seg-1 and seg-3 packed", p)
+	}
 	text := edgectl(t, a.rpc, "storage")
-	for _, want := range []string{`database damaged +moved to `, `index rebuilt +2 segments`, `quarantined +seg-2 -> `} {
+	for _, want := range []string{`database damaged +moved to `, `index rebuilt +2 segments`, `quarantined +seg-2 -> `,
+		`packs +on \(segments up to 65536 bytes\); files \d+, segments 2,`} {
 		if !regexp.MustCompile(want).MatchString(text) {
 			t.Errorf("edgectl storage lacks %q:\n%s", want, text)
 		}
@@ -90,7 +94,8 @@ func TestSelfRepairAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{`edged_storage_repairs_total{action="db_moved_aside"} 1`,
-		`edged_storage_repairs_total{action="quarantined"} 1`, `edged_storage_repairs_total{action="rebuilt"} 2`} {
+		`edged_storage_repairs_total{action="quarantined"} 1`, `edged_storage_repairs_total{action="rebuilt"} 2`,
+		"edged_storage_packed_segments 2"} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %s", want)
 		}

@@ -125,8 +125,22 @@ type Storage struct {
 	// Verified counts the segment files hashed at start (see
 	// storage.verify_on_start); PreviousStopClean says whether the previous
 	// run stopped cleanly.
-	Verified          int  `json:"verified"`
-	PreviousStopClean bool `json:"previous_stop_clean"`
+	Verified          int   `json:"verified"`
+	PreviousStopClean bool  `json:"previous_stop_clean"`
+	Packs             Packs `json:"packs"`
+}
+
+// Packs describes the pack files small segments are stored in
+// (storage.pack_max_bytes): Packing is false when that is 0 or the file
+// system cannot punch holes. DiskBytes is what the pack files take on
+// disk, RecordBytes what their live records need.
+type Packs struct {
+	Packing     bool  `json:"packing"`
+	MaxBytes    int64 `json:"max_bytes"`
+	Files       int   `json:"files"`
+	Segments    int   `json:"segments"`
+	RecordBytes int64 `json:"record_bytes"`
+	DiskBytes   int64 `json:"disk_bytes"`
 }
 
 // Quarantined is one damaged segment file set aside at start.

@@ -383,3 +383,48 @@ func (s *Store) dropSpanLocked(p *pack, i int) func() {
 
 // errPackUnsupported means the file system cannot punch holes.
 var errPackUnsupported = errors.New("file system cannot punch holes: small segments are stored one file each")
+
+// PackStats describes the pack files, for operators (edgectl storage,
+// metrics): whether new small segments are packed, and how much disk the
+// packs take against what their live records need.
+type PackStats struct {
+	Packing bool // new segments of at most MaxBytes go into packs
+	// MaxBytes is Options.PackMaxBytes.
+	MaxBytes int64
+	// Files are the pack files; Records the indexed records in them (the
+	// packed segments) and RecordBytes their length, headers and padding
+	// included.
+	Files       int
+	Records     int
+	RecordBytes int64
+	// DiskBytes is what the pack files take on disk (allocated blocks
+	// where the platform tells them, else their sizes). Above RecordBytes
+	// by part-used blocks, records a reader still holds after their
+	// eviction, and, on a running agent, records of a group whose index
+	// commit failed (cut back at the next start).
+	DiskBytes int64
+}
+
+// PackStats returns the packs' current figures.
+func (s *Store) PackStats() PackStats {
+	st := PackStats{Packing: s.packing, MaxBytes: s.opt.PackMaxBytes}
+	s.mu.Lock()
+	names := make([]string, 0, len(s.packs))
+	for name, p := range s.packs {
+		names = append(names, name)
+		for _, sp := range p.spans {
+			if !sp.dead {
+				st.Records++
+				st.RecordBytes += sp.len
+			}
+		}
+	}
+	s.mu.Unlock()
+	for _, name := range names {
+		if fi, err := os.Stat(filepath.Join(s.packDir(), name)); err == nil {
+			st.Files++
+			st.DiskBytes += allocated(fi)
+		}
+	}
+	return st
+}

@@ -2,6 +2,7 @@ package segstore
 
 import (
 	"os"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -32,4 +33,13 @@ func seekData(f *os.File, off int64) int64 {
 		return off
 	}
 	return d
+}
+
+// allocated is the disk space a file's blocks take (a punched pack's
+// holes do not count).
+func allocated(fi os.FileInfo) int64 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return st.Blocks * 512
+	}
+	return fi.Size()
 }

@@ -10,3 +10,6 @@ func punchHole(*os.File, int64, int64) error { return errPackUnsupported }
 
 // seekData cannot skip holes here: the caller reads on from off.
 func seekData(_ *os.File, off int64) int64 { return off }
+
+// allocated is a file's size here: packs are off on these platforms.
+func allocated(fi os.FileInfo) int64 { return fi.Size() }
