@@ -25,14 +25,10 @@ func (b backend) Status(context.Context) (rpc.Status, error) {
 	if err != nil {
 		return rpc.Status{}, err
 	}
-	entries, err := d.store.List()
-	if err != nil {
-		return rpc.Status{}, err
-	}
 	st := rpc.Status{
 		NodeID: d.cfg.NodeID, Version: d.opt.Version, StartedAt: d.started,
 		Listen: d.relayLn.Addr().String(), SuccessCondition: d.cfg.Relay.SuccessCondition, AcceptFrom: d.cfg.AcceptFrom,
-		EvictOnRelay: d.cfg.Relay.EvictOnRelay, Ledger: map[string]int{}, Segments: len(entries),
+		EvictOnRelay: d.cfg.Relay.EvictOnRelay, Ledger: map[string]int{},
 		Usage: usage(d.store.Usage()),
 	}
 	for _, s := range ledger.States() {
@@ -48,10 +44,17 @@ func (b backend) Status(context.Context) (rpc.Status, error) {
 		}
 		st.Peers = append(st.Peers, rp)
 	}
-	for _, e := range entries {
+	// Counted one entry at a time: a status poll must not hold the whole
+	// index in memory (a device's budget; edgectl status in a loop).
+	err = d.store.Each(func(e segstore.Entry) error {
+		st.Segments++
 		if e.Relayed {
 			st.Relayed++
 		}
+		return nil
+	})
+	if err != nil {
+		return rpc.Status{}, err
 	}
 	return st, nil
 }

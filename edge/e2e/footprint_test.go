@@ -112,7 +112,7 @@ func TestFootprint(t *testing.T) {
 
 	fmt.Printf("footprint: segments %d x %d B; rss idle a %s b %s; rss after store+relay a %s b %s; startup b %v a %v; binaries %s\n",
 		n, size, idleA, idleB, afterA, afterB, startups[0].Round(time.Millisecond), startups[1].Round(time.Millisecond), sizes)
-	for _, m := range []mem{afterA, afterB} {
+	for _, m := range []mem{afterA, afterB, restartB} {
 		if m.peak > budgetRSSBytes {
 			t.Errorf("peak resident memory %s above the %d MiB budget", m, budgetRSSBytes>>20)
 		}

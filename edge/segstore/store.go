@@ -413,17 +413,31 @@ func (s *Store) HeldIn(tx *bolt.Tx, id string) bool {
 // List returns every index entry in id order.
 func (s *Store) List() ([]Entry, error) {
 	var out []Entry
-	err := s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(indexBucket).ForEach(func(k, v []byte) error {
-			e, err := decodeEntry(string(k), v)
-			out = append(out, e)
-			return err
-		})
+	err := s.Each(func(e Entry) error {
+		out = append(out, e)
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list segments: %w", err)
 	}
 	return out, nil
+}
+
+// Each calls fn with every index entry in id order, one at a time, so
+// that a caller that only counts or filters holds one entry, not the
+// whole index. It runs in one read transaction of the database: fn must
+// not write to it (a write waiting on a read transaction held by its own
+// goroutine can deadlock), and an error from fn stops the walk.
+func (s *Store) Each(fn func(Entry) error) error {
+	return s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(indexBucket).ForEach(func(k, v []byte) error {
+			e, err := decodeEntry(string(k), v)
+			if err != nil {
+				return err
+			}
+			return fn(e)
+		})
+	})
 }
 
 // Open opens a stored segment for reading. It stays readable after a
