@@ -185,12 +185,22 @@ func newCluster(t *testing.T, ids ...string) *cluster {
 		if t.Failed() {
 			for _, id := range ids {
 				if b, err := os.ReadFile(c.nodes[id].logPath); err == nil {
-					t.Logf("---- %s log ----\n%s", id, tail(b, 60))
+					t.Logf("---- %s log ----\n%s", id, logExcerpt(b))
 				}
 			}
 		}
 	})
 	return c
+}
+
+// logExcerpt is what a failed test prints of a node's log: its last 60
+// lines and, when the harness had to SIGQUIT a hung process, the whole
+// goroutine dump.
+func logExcerpt(b []byte) string {
+	if i := bytes.LastIndex(b, []byte("SIGQUIT: quit")); i >= 0 {
+		return tail(b[:i], 60) + "\n" + string(b[i:])
+	}
+	return tail(b, 60)
 }
 
 func tail(b []byte, lines int) string {
@@ -289,9 +299,17 @@ func (n *node) signal(sig syscall.Signal) {
 		select {
 		case <-done:
 		case <-time.After(waitFor):
-			cmd.Process.Kill()
-			<-done
-			n.c.t.Errorf("%s did not stop on %v", n.id, sig)
+			// SIGQUIT first: the Go runtime writes every goroutine's
+			// stack to the log (printed with the failure) and exits, so a
+			// hang says where it hangs. SIGKILL if even that is stuck.
+			cmd.Process.Signal(syscall.SIGQUIT)
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				cmd.Process.Kill()
+				<-done
+			}
+			n.c.t.Errorf("%s did not stop on %v (goroutine dump in its log)", n.id, sig)
 		}
 	}
 }
