@@ -15,47 +15,58 @@ import (
 var writeSteps = []step{stepCreated, stepCopied, stepSynced, stepRenamed, stepDirSync, stepIndexed}
 
 // TestWriteFaultAtEachStep fails the commit path at each step with an
-// error (as a failing fsync, rename or disk would) and checks that nothing
-// of the attempt remains, the quota is whole, and the same segment can
-// then be written. At stepIndexed the entry is already committed, so the
-// write must succeed.
+// error (as a failing fsync, rename or disk would), for a segment file and
+// for a packed record, and checks that nothing of the attempt remains (no
+// file, the pack cut back), the quota and the staging budget are whole,
+// and the same segment can then be written. At stepIndexed the entry is
+// already committed, so the write must succeed.
 func TestWriteFaultAtEachStep(t *testing.T) {
 	b := content(50_000, 7)
-	for _, mode := range syncModes {
-		for _, at := range writeSteps {
-			t.Run(mode.name+"/"+string(at), func(t *testing.T) {
-				f := newStore(t, "", mode.opts)
-				put(t, f.s, "other", content(10, 1))
-				injected := errors.New("injected fault at " + string(at))
-				f.s.fault = func(st step) error {
-					if st == at {
-						return injected
+	layouts := []struct {
+		modes []storeMode
+		open  func(*testing.T, string, Options) *fixture
+		steps []step
+	}{
+		{syncModes, newStore, writeSteps},
+		{packModes, newPackStore, []step{stepCopied, stepPacked, stepDirSync, stepIndexed}},
+	}
+	for _, l := range layouts {
+		for _, mode := range l.modes {
+			for _, at := range l.steps {
+				t.Run(mode.name+"/"+string(at), func(t *testing.T) {
+					f := l.open(t, "", mode.opts)
+					put(t, f.s, "other", content(10, 1))
+					injected := errors.New("injected fault at " + string(at))
+					f.s.fault = func(st step) error {
+						if st == at {
+							return injected
+						}
+						return nil
 					}
-					return nil
-				}
-				_, err := f.s.Write("s", int64(len(b)), digest(b), bytes.NewReader(b), "")
-				if at == stepIndexed {
-					if err != nil {
-						t.Fatalf("committed write reported %v", err)
+					_, err := f.s.Write("s", int64(len(b)), digest(b), bytes.NewReader(b), "")
+					if at == stepIndexed {
+						if err != nil {
+							t.Fatalf("committed write reported %v", err)
+						}
+						return
 					}
-					return
-				}
-				if !errors.Is(err, injected) {
-					t.Fatalf("err = %v", err)
-				}
-				if _, err := f.s.Stat("s"); !errors.Is(err, ErrNotFound) {
-					t.Fatalf("index entry after failed write: %v", err)
-				}
-				if _, err := os.Stat(filepath.Join(f.dir, "segments", "s")); !errors.Is(err, os.ErrNotExist) {
-					t.Fatalf("segment file after failed write: %v", err)
-				}
-				checkInvariant(t, f)
-				if u := f.s.Usage(); u.Bytes != 10 || u.Segments != 1 || u.ReservedBytes != 0 {
-					t.Fatalf("usage %+v", u)
-				}
-				f.s.fault = nil
-				put(t, f.s, "s", b)
-			})
+					if !errors.Is(err, injected) {
+						t.Fatalf("err = %v", err)
+					}
+					if _, err := f.s.Stat("s"); !errors.Is(err, ErrNotFound) {
+						t.Fatalf("index entry after failed write: %v", err)
+					}
+					if _, err := os.Stat(filepath.Join(f.dir, "segments", "s")); !errors.Is(err, os.ErrNotExist) {
+						t.Fatalf("segment file after failed write: %v", err)
+					}
+					checkInvariant(t, f)
+					if u := f.s.Usage(); u.Bytes != 10 || u.Segments != 1 || u.ReservedBytes != 0 || f.s.staged != 0 {
+						t.Fatalf("usage %+v, staged %d", u, f.s.staged)
+					}
+					f.s.fault = nil
+					put(t, f.s, "s", b)
+				})
+			}
 		}
 	}
 }
@@ -74,13 +85,9 @@ func TestCrashAtEachStep(t *testing.T) {
 		present  bool // after recovery
 		repaired func(ScanReport) []string
 	}
-	type modes = []struct {
-		name string
-		opts Options
-	}
 	layouts := []struct {
 		size  int
-		modes modes
+		modes []storeMode
 		open  func(*testing.T, string, Options) *fixture
 		cases []tc
 	}{

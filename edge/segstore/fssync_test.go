@@ -11,14 +11,18 @@ import (
 	"testing"
 )
 
+// storeMode is a named set of Options that the crash and fault tests run
+// under.
+type storeMode struct {
+	name string
+	opts Options
+}
+
 // syncModes are the two ways a group is made durable: one syncfs of the
 // file system (the default where the kernel reports its errors) and an
 // fsync of every file (FsyncEachFile, and every other system). The
 // crash and fault tests run both.
-var syncModes = []struct {
-	name string
-	opts Options
-}{
+var syncModes = []storeMode{
 	{"syncfs", testOpts},
 	{"fsync_each", func() Options { o := testOpts; o.FsyncEachFile = true; return o }()},
 }

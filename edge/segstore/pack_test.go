@@ -16,14 +16,8 @@ import (
 )
 
 // packModes are syncModes with small segments packed.
-var packModes = func() []struct {
-	name string
-	opts Options
-} {
-	var out []struct {
-		name string
-		opts Options
-	}
+var packModes = func() []storeMode {
+	var out []storeMode
 	for _, m := range syncModes {
 		m.opts.PackMaxBytes = DefaultPackMaxBytes
 		m.name = "packed_" + m.name
@@ -140,47 +134,6 @@ func TestPackReaderDefersPunch(t *testing.T) {
 	}
 	must(t, r.Close())
 	checkInvariant(t, f) // a's bytes are zero now
-}
-
-// TestPackWriteFaultAtEachStep is TestWriteFaultAtEachStep for packed
-// segments: a failure at each step leaves nothing of the attempt (the
-// pack is cut back), and the segment can be written again.
-func TestPackWriteFaultAtEachStep(t *testing.T) {
-	b := content(50_000, 7)
-	for _, mode := range packModes {
-		for _, at := range []step{stepCopied, stepPacked, stepDirSync, stepIndexed} {
-			t.Run(mode.name+"/"+string(at), func(t *testing.T) {
-				f := newPackStore(t, "", mode.opts)
-				put(t, f.s, "other", content(10, 1))
-				injected := errors.New("injected fault at " + string(at))
-				f.s.fault = func(st step) error {
-					if st == at {
-						return injected
-					}
-					return nil
-				}
-				_, err := f.s.Write("s", int64(len(b)), digest(b), bytes.NewReader(b), "")
-				if at == stepIndexed {
-					if err != nil {
-						t.Fatalf("committed write reported %v", err)
-					}
-					return
-				}
-				if !errors.Is(err, injected) {
-					t.Fatalf("err = %v", err)
-				}
-				if _, err := f.s.Stat("s"); !errors.Is(err, ErrNotFound) {
-					t.Fatalf("index entry after failed write: %v", err)
-				}
-				checkInvariant(t, f)
-				if u := f.s.Usage(); u.Bytes != 10 || u.Segments != 1 || u.ReservedBytes != 0 || f.s.staged != 0 {
-					t.Fatalf("usage %+v, staged %d", u, f.s.staged)
-				}
-				f.s.fault = nil
-				put(t, f.s, "s", b)
-			})
-		}
-	}
 }
 
 // TestPackDiskFullMidRecord: the disk refusing a record's append halfway
