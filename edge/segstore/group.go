@@ -44,7 +44,7 @@ type groupCommitter struct {
 // and closed, or (data set) its verified content bound for a pack; and
 // its index entry, whose location the leader fills in for a packed one.
 type commitReq struct {
-	id, tmp  string
+	tmp      string
 	data     []byte
 	entry    Entry
 	wake     chan struct{} // capacity 1: finished, or asked to lead
@@ -112,7 +112,7 @@ func (g *group) fail(err error) {
 	for _, r := range g.files {
 		r.err = err
 		if g.renamed {
-			os.Remove(filepath.Join(g.s.dir, r.id))
+			os.Remove(filepath.Join(g.s.dir, r.entry.ID))
 		} else {
 			os.Remove(r.tmp)
 		}
@@ -198,17 +198,13 @@ func (s *Store) commitGroup(batch []*commitReq) {
 		conflicts = conflicts[:0]
 		b := tx.Bucket(indexBucket)
 		for _, r := range live {
-			if b.Get([]byte(r.id)) != nil {
+			if b.Get([]byte(r.entry.ID)) != nil {
 				// Cannot happen while the id is held; refuse rather than
 				// overwrite an entry whose file was just replaced.
 				conflicts = append(conflicts, r)
 				continue
 			}
-			v, err := r.entry.encode()
-			if err != nil {
-				return err
-			}
-			if err := b.Put([]byte(r.id), v); err != nil {
+			if err := putEntry(b, r.entry); err != nil {
 				return err
 			}
 		}
@@ -222,9 +218,9 @@ func (s *Store) commitGroup(batch []*commitReq) {
 		return
 	}
 	for _, r := range conflicts {
-		r.err = errors.New("index entry for " + r.id + " appeared during write")
+		r.err = errors.New("index entry for " + r.entry.ID + " appeared during write")
 		if r.data == nil {
-			os.Remove(filepath.Join(s.dir, r.id))
+			os.Remove(filepath.Join(s.dir, r.entry.ID))
 		} else {
 			// The record stays in the pack, unindexed: the next start
 			// punches it.
@@ -241,7 +237,7 @@ func (s *Store) commitGroup(batch []*commitReq) {
 func (s *Store) renameFiles(g *group) bool {
 	var renamed []*commitReq
 	for _, r := range g.files {
-		if err := os.Rename(r.tmp, filepath.Join(s.dir, r.id)); err != nil {
+		if err := os.Rename(r.tmp, filepath.Join(s.dir, r.entry.ID)); err != nil {
 			r.err = fmt.Errorf("rename: %w", err)
 			os.Remove(r.tmp)
 			continue

@@ -205,7 +205,7 @@ func (s *Store) appendPacked(w *packWriter, reqs []*commitReq) []*commitReq {
 	var written []*commitReq
 	for _, r := range reqs {
 		rec := encodeRecord(r.entry, r.data)
-		if _, err := s.tempWriter(r.id, io.NewOffsetWriter(w.f, w.end)).Write(rec); err != nil {
+		if _, err := s.tempWriter(r.entry.ID, io.NewOffsetWriter(w.f, w.end)).Write(rec); err != nil {
 			r.err = fmt.Errorf("append to pack %s: %w", w.name, err)
 			s.cutPack(w, w.end)
 			if s.writer == nil {

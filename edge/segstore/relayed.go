@@ -29,11 +29,7 @@ func (s *Store) MarkRelayedAll(ids []string) ([]Entry, error) {
 				continue
 			}
 			e.Relayed, e.RelayedAt = true, now
-			nv, err := e.encode()
-			if err != nil {
-				return err
-			}
-			if err := b.Put([]byte(id), nv); err != nil {
+			if err := putEntry(b, e); err != nil {
 				return err
 			}
 			marked = append(marked, e)

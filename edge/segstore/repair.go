@@ -201,11 +201,7 @@ func (s *Store) rebuild(sizes, packs map[string]int64) error {
 			return err
 		}
 		for _, e := range entries {
-			v, err := e.encode()
-			if err != nil {
-				return err
-			}
-			if err := b.Put([]byte(e.ID), v); err != nil {
+			if err := putEntry(b, e); err != nil {
 				return err
 			}
 		}

@@ -109,6 +109,15 @@ func (e Entry) encode() ([]byte, error) {
 	return json.Marshal(se)
 }
 
+// putEntry writes e as its id's index entry in b.
+func putEntry(b *bolt.Bucket, e Entry) error {
+	v, err := e.encode()
+	if err != nil {
+		return err
+	}
+	return b.Put([]byte(e.ID), v)
+}
+
 func decodeEntry(id string, v []byte) (Entry, error) {
 	var se storedEntry
 	if err := json.Unmarshal(v, &se); err != nil {
@@ -499,12 +508,8 @@ func (s *Store) MarkRelayed(id string) (e Entry, marked bool, err error) {
 			return err
 		}
 		e.Relayed, e.RelayedAt = true, s.opt.Now().UTC()
-		nv, err := e.encode()
-		if err != nil {
-			return err
-		}
 		marked = true
-		return b.Put([]byte(id), nv)
+		return putEntry(b, e)
 	})
 	if err != nil {
 		return Entry{}, false, fmt.Errorf("mark relayed %s: %w", id, err)
@@ -529,12 +534,8 @@ func (s *Store) ClearRelayed(id string) (cleared bool, err error) {
 			return err
 		}
 		e.Relayed, e.RelayedAt = false, time.Time{}
-		nv, err := e.encode()
-		if err != nil {
-			return err
-		}
 		cleared = true
-		return b.Put([]byte(id), nv)
+		return putEntry(b, e)
 	})
 	if err != nil {
 		return false, fmt.Errorf("clear relayed %s: %w", id, err)

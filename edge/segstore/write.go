@@ -309,7 +309,7 @@ func (s *Store) commitStaged(st *Staged) (Entry, error) {
 	r := st.r
 	e := Entry{ID: r.id, Size: r.size, SHA256: r.digest, Received: s.opt.Now().UTC(), Source: st.source}
 	if st.data != nil {
-		req := &commitReq{id: r.id, entry: e, data: st.data, wake: make(chan struct{}, 1)}
+		req := &commitReq{entry: e, data: st.data, wake: make(chan struct{}, 1)}
 		err := s.group.commit(s, req)
 		st.discard() // the budget; the bytes are in the pack now, or not wanted
 		if err != nil {
@@ -336,7 +336,7 @@ func (s *Store) commitStaged(st *Staged) (Entry, error) {
 		os.Remove(st.tmp)
 		return Entry{}, err
 	}
-	req := &commitReq{id: r.id, tmp: st.tmp, entry: e, wake: make(chan struct{}, 1)}
+	req := &commitReq{tmp: st.tmp, entry: e, wake: make(chan struct{}, 1)}
 	if err := s.group.commit(s, req); err != nil {
 		return Entry{}, err
 	}
