@@ -1,8 +1,6 @@
 package segstore
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -105,7 +103,7 @@ func (s *Store) checkRecord(e Entry, packSize int64) string {
 		return ""
 	}
 	s.scan.Verified++
-	got, err := hashSection(f, e.loc.off+h.headerLen, e.Size)
+	_, got, err := hashAll(io.NewSectionReader(f, e.loc.off+h.headerLen, e.Size))
 	switch {
 	case err != nil:
 		return fmt.Sprintf("unreadable: %v", err)
@@ -113,14 +111,6 @@ func (s *Store) checkRecord(e Entry, packSize int64) string {
 		return fmt.Sprintf("content sha256 %s, index entry %s", got, e.SHA256)
 	}
 	return ""
-}
-
-func hashSection(f io.ReaderAt, off, n int64) (string, error) {
-	h := sha256.New()
-	if _, err := io.Copy(h, io.NewSectionReader(f, off, n)); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // quarantinePacked copies a damaged record (header, content and all, as
@@ -229,7 +219,7 @@ func (s *Store) rebuildPack(name string, size int64) ([]Entry, error) {
 	err = walkPack(f, size, func(off int64, h recordHeader) error {
 		loc := location{pack: name, off: off, len: h.recordLen()}
 		s.scan.Verified++
-		got, err := hashSection(f, loc.off+h.headerLen, h.size)
+		_, got, err := hashAll(io.NewSectionReader(f, loc.off+h.headerLen, h.size))
 		if err == nil && got != h.sha256 {
 			err = fmt.Errorf("content sha256 %s, record header %s", got, h.sha256)
 		}

@@ -47,8 +47,14 @@ func hashFile(path string) (int64, string, error) {
 		return 0, "", err
 	}
 	defer f.Close()
+	return hashAll(f)
+}
+
+// hashAll reads r to its end and returns how many bytes it read and
+// their SHA-256 (lower-case hex), the form of Entry.SHA256.
+func hashAll(r io.Reader) (int64, string, error) {
 	h := sha256.New()
-	n, err := io.Copy(h, f)
+	n, err := io.Copy(h, r)
 	if err != nil {
 		return 0, "", err
 	}

@@ -2,7 +2,6 @@ package segstore
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -429,15 +428,14 @@ func (s *Store) Verify(id string) error {
 		return err
 	}
 	defer f.Close()
-	h := sha256.New()
-	n, err := io.Copy(h, f)
+	n, got, err := hashAll(f)
 	if err != nil {
 		return fmt.Errorf("verify %s: %w", id, err)
 	}
 	if n != e.Size {
 		return fmt.Errorf("verify %s: %w: file has %d bytes, index %d", id, ErrSize, n, e.Size)
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != e.SHA256 {
+	if got != e.SHA256 {
 		return fmt.Errorf("verify %s: %w: file sha256 %s, index %s", id, ErrChecksum, got, e.SHA256)
 	}
 	return nil
