@@ -64,13 +64,27 @@ func (s *Store) listPacks() (map[string]int64, error) {
 // its digest, is quarantined and dropped. It returns the ids to drop.
 func (s *Store) checkPacked(entries []Entry, packs map[string]int64) ([]string, error) {
 	var drop []string
+	open := map[string]*os.File{} // each pack opened once, not once per record
+	defer func() {
+		for _, f := range open {
+			f.Close()
+		}
+	}()
 	for _, e := range entries {
 		size, ok := packs[e.loc.pack]
 		if !ok {
 			drop = append(drop, e.ID)
 			continue
 		}
-		reason := s.checkRecord(e, size)
+		f := open[e.loc.pack]
+		if f == nil {
+			var err error
+			if f, err = os.Open(filepath.Join(s.packDir(), e.loc.pack)); err != nil {
+				return nil, fmt.Errorf("check pack %s: %w", e.loc.pack, err)
+			}
+			open[e.loc.pack] = f
+		}
+		reason := s.checkRecord(f, e, size)
 		if reason == "" {
 			continue
 		}
@@ -82,16 +96,11 @@ func (s *Store) checkPacked(entries []Entry, packs map[string]int64) ([]string, 
 	return drop, nil
 }
 
-// checkRecord returns why e's record is damaged, or "".
-func (s *Store) checkRecord(e Entry, packSize int64) string {
+// checkRecord returns why e's record in f, its pack, is damaged, or "".
+func (s *Store) checkRecord(f io.ReaderAt, e Entry, packSize int64) string {
 	if e.loc.off+e.loc.len > packSize {
 		return fmt.Sprintf("pack %s has %d bytes, record ends at %d", e.loc.pack, packSize, e.loc.off+e.loc.len)
 	}
-	f, err := os.Open(filepath.Join(s.packDir(), e.loc.pack))
-	if err != nil {
-		return fmt.Sprintf("unreadable: %v", err)
-	}
-	defer f.Close()
 	h, err := readRecordHeader(f, e.loc.off)
 	switch {
 	case err != nil:
