@@ -227,7 +227,7 @@ func (s *Store) rebuild(sizes, packs map[string]int64) error {
 			delete(sizes, e.ID)
 		}
 	}
-	for id := range sizes { // files that lost to a later record
+	for id := range sizes { // files that lost to a later record (quarantined ones are gone already)
 		if err := os.Remove(filepath.Join(s.dir, id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("remove superseded segment file: %w", err)
 		}
@@ -251,7 +251,6 @@ func (s *Store) rebuildFiles(sizes map[string]int64) ([]Entry, error) {
 			if err := s.quarantine(id, fmt.Sprintf("unreadable: %v", err)); err != nil {
 				return nil, err
 			}
-			delete(sizes, id)
 			continue
 		}
 		e := Entry{ID: id, Size: size, SHA256: digest, Received: fi.ModTime().UTC(), Rebuilt: RebuiltFromTag}
@@ -264,13 +263,11 @@ func (s *Store) rebuildFiles(sizes map[string]int64) ([]Entry, error) {
 			if err := s.quarantine(id, err.Error()); err != nil {
 				return nil, err
 			}
-			delete(sizes, id)
 			continue
 		case t.SHA256 != digest:
 			if err := s.quarantine(id, fmt.Sprintf("content sha256 %s, digest tag %s", digest, t.SHA256)); err != nil {
 				return nil, err
 			}
-			delete(sizes, id)
 			continue
 		default:
 			e.Source = t.Source
