@@ -163,11 +163,7 @@ func storageCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return call(g, cmd, (*rpc.Client).Storage, func(w io.Writer, s rpc.Storage) {
 				fmt.Fprintf(w, "dir\t%s\nuse\t%s\n", s.Dir, usageLine(s.Usage))
-				stop := "unclean (crash, kill or power loss)"
-				if s.PreviousStopClean {
-					stop = "clean"
-				}
-				fmt.Fprintf(w, "previous stop\t%s\nverified at start\t%d segment files\n", stop, s.Verified)
+				fmt.Fprintf(w, "previous stop\t%s\nverified at start\t%s\n", stopLine(s), verifiedLine(s.Verified))
 				fmt.Fprintf(w, "packs\t%s\n", packsLine(s.Packs))
 				for _, r := range [][2]any{{"removed temp", s.RemovedTemp}, {"removed orphans", s.RemovedOrphans},
 					{"dropped entries", s.DroppedEntries}, {"unknown files", s.Unknown}} {
@@ -190,6 +186,27 @@ func storageCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
+}
+
+// stopLine says how the previous run ended. A daemon older than
+// previous_stop sends only previous_stop_clean.
+func stopLine(s rpc.Storage) string {
+	switch {
+	case s.PreviousStop == "none":
+		return "none (a new store)"
+	case s.PreviousStop == "clean" || s.PreviousStopClean:
+		return "clean"
+	}
+	return "unclean (crash, kill or power loss)"
+}
+
+// verifiedLine says what was hashed at start: stored segments, whether
+// files of their own or pack records.
+func verifiedLine(n int) string {
+	if n == 1 {
+		return "1 segment hashed (segment files and pack records count alike)"
+	}
+	return fmt.Sprintf("%d segments hashed (segment files and pack records count alike)", n)
 }
 
 // packsLine says whether small segments are packed and what the packs
@@ -394,7 +411,7 @@ func pkiCmd(stdout io.Writer) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p, err := pki.InitCA(args[0], pki.Options{Overwrite: force})
 			if err != nil {
-				return err
+				return forceHint(err)
 			}
 			fmt.Fprintf(stdout, "wrote %s\nwrote %s (keep it private)\n", p.Cert, p.Key)
 			return nil
@@ -409,7 +426,7 @@ func pkiCmd(stdout io.Writer) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p, err := pki.Issue(dir, args[0], pki.Options{Overwrite: force, Hosts: hosts, Validity: validity})
 			if err != nil {
-				return err
+				return forceHint(err)
 			}
 			fmt.Fprintf(stdout, "wrote %s\nwrote %s\n", p.Cert, p.Key)
 			return nil
@@ -421,6 +438,15 @@ func pkiCmd(stdout io.Writer) *cobra.Command {
 	issue.Flags().BoolVar(&force, "force", false, "overwrite existing files")
 	cmd.AddCommand(initCmd, issue)
 	return cmd
+}
+
+// forceHint names the flag that replaces existing files, which the pki
+// package knows only as Options.Overwrite.
+func forceHint(err error) error {
+	if errors.Is(err, pki.ErrExists) {
+		return fmt.Errorf("%w; nothing was written (--force replaces it)", err)
+	}
+	return err
 }
 
 // circuitLine describes a peer's dial circuit in a few words.

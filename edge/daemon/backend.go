@@ -108,7 +108,7 @@ func (b backend) Storage(context.Context) (rpc.Storage, error) {
 		RemovedTemp: rep.RemovedTemp, RemovedOrphans: rep.RemovedOrphans, DroppedEntries: rep.DroppedEntries, Unknown: rep.Unknown,
 		DBMovedAside: b.d.dbRepair.MovedAside, DBDamage: b.d.dbRepair.Damage, Rebuilt: rep.Rebuilt, Unverified: rep.Unverified,
 		QuarantineDir: filepath.Join(b.d.cfg.Storage.Dir, segstore.QuarantineDir),
-		Verified:      rep.Verified, PreviousStopClean: b.d.cleanStop,
+		Verified:      rep.Verified, PreviousStopClean: b.d.cleanStop, PreviousStop: b.d.previousStop(),
 	}
 	ps := b.d.store.PackStats()
 	out.Packs = rpc.Packs{Packing: ps.Packing, MaxBytes: ps.MaxBytes, Files: ps.Files, Segments: ps.Records,

@@ -54,6 +54,27 @@ func markCleanStop(dir string) error {
 	return err
 }
 
+// How the previous run ended (rpc.Storage.PreviousStop).
+const (
+	stopClean   = "clean"
+	stopUnclean = "unclean"
+	stopNone    = "none" // a new store: no database before this start
+)
+
+// previousStop says how the previous run ended, as far as this start can
+// tell: a clean-stop marker, no marker, or no previous run at all (no
+// database yet; a store whose database was deleted by hand counts too,
+// since nothing says how its last run ended).
+func (d *Daemon) previousStop() string {
+	switch {
+	case d.cleanStop:
+		return stopClean
+	case d.newStore:
+		return stopNone
+	}
+	return stopUnclean
+}
+
 // verifyOnOpen decides whether this start hashes every stored segment.
 func verifyOnOpen(mode string, cleanStop bool) bool {
 	return mode == config.VerifyAlways || (mode == config.VerifyUncleanStop && !cleanStop)

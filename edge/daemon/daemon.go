@@ -17,10 +17,12 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -81,6 +83,9 @@ type Daemon struct {
 
 	dbRepair  dbRepair // what openDB did at start
 	cleanStop bool     // the previous run stopped cleanly (CleanStopFile)
+	// newStore: there was no database before this start, so no previous
+	// run to have stopped cleanly or not (previousStop).
+	newStore bool
 
 	relayLn *transport.Listener
 	rpcLn   net.Listener
@@ -116,6 +121,9 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 		return nil, err
 	}
 	dbPath := filepath.Join(cfg.Storage.Dir, DBFile)
+	if _, err := os.Lstat(dbPath); errors.Is(err, os.ErrNotExist) && !d.cleanStop {
+		d.newStore = true
+	}
 	d.db, d.dbRepair, err = openDB(dbPath, opt.Now(), opt.SyncDir)
 	if err != nil {
 		return nil, err

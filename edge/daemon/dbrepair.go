@@ -190,7 +190,7 @@ func (d *Daemon) reportRepairs() {
 		d.met.repairs.WithLabelValues(action).Add(float64(n))
 	}
 	if rep.Verified > 0 {
-		d.log.Info("segment files verified at start", "files", rep.Verified, "previous_stop_clean", d.cleanStop,
+		d.log.Info("segments verified at start", "segments", rep.Verified, "previous_stop", d.previousStop(),
 			"verify_on_start", d.cfg.Storage.VerifyOnStart, "quarantined", len(rep.Quarantined))
 	}
 	if len(rep.RemovedTemp)+len(rep.RemovedOrphans)+len(rep.DroppedEntries) > 0 {

@@ -103,7 +103,7 @@ func (d *Daemon) receive(ctx context.Context, c *wire.Conn, log *slog.Logger, pe
 			return false
 		}
 		d.met.inbound.WithLabelValues("duplicate").Inc()
-		log.Info("segment already held; acknowledging again")
+		log.Debug("segment already held; acknowledging again")
 		return c.SendAck(ctx, o.SegmentID) == nil
 	}
 	if err != nil {
@@ -159,7 +159,7 @@ func (d *Daemon) receive(ctx context.Context, c *wire.Conn, log *slog.Logger, pe
 		log.Error("stored but not scheduled; start-up reconciliation will schedule it", "err", err)
 	}
 	d.met.inbound.WithLabelValues("stored").Inc()
-	log.Info("segment stored")
+	log.Debug("segment stored")
 	return c.SendAck(ctx, o.SegmentID) == nil
 }
 

@@ -292,7 +292,7 @@ func writePair(dir string, p Paths, certDER []byte, key *ecdsa.PrivateKey, overw
 	if !overwrite {
 		for _, f := range []string{p.Cert, p.Key} {
 			if _, err := os.Lstat(f); err == nil {
-				return fmt.Errorf("%w: %s (use overwrite to replace)", ErrExists, f)
+				return fmt.Errorf("%w: %s", ErrExists, f)
 			} else if !errors.Is(err, os.ErrNotExist) {
 				return err
 			}

@@ -122,12 +122,17 @@ type Storage struct {
 	// Quarantined are damaged segment files moved to QuarantineDir.
 	Quarantined   []Quarantined `json:"quarantined,omitempty"`
 	QuarantineDir string        `json:"quarantine_dir"`
-	// Verified counts the segment files hashed at start (see
-	// storage.verify_on_start); PreviousStopClean says whether the previous
-	// run stopped cleanly.
-	Verified          int   `json:"verified"`
-	PreviousStopClean bool  `json:"previous_stop_clean"`
-	Packs             Packs `json:"packs"`
+	// Verified counts the stored segments whose content was hashed at
+	// start, segment files and pack records alike (see
+	// storage.verify_on_start; all of them in a rebuild).
+	Verified int `json:"verified"`
+	// PreviousStop is how the previous run ended: "clean", "unclean"
+	// (crash, kill, power loss) or "none" (a new store: there was no
+	// database). PreviousStopClean is PreviousStop == "clean", kept for
+	// clients older than PreviousStop.
+	PreviousStop      string `json:"previous_stop"`
+	PreviousStopClean bool   `json:"previous_stop_clean"`
+	Packs             Packs  `json:"packs"`
 }
 
 // Packs describes the pack files small segments are stored in
