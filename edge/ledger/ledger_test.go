@@ -431,3 +431,47 @@ func TestEnsureScheduledExistingWritesNothing(t *testing.T) {
 		t.Fatalf("created %v, want [r]", created)
 	}
 }
+
+// TestResend: a record the peer acknowledged comes due again with a fresh
+// budget and its attempt count kept (a peer that lost its copy asks for
+// it); a record being sent is left alone; a pair without a record gets
+// one, due at once.
+func TestResend(t *testing.T) {
+	l := newLedger(t, nil).l
+	must[[]string](t)(l.EnsureScheduled("s", []string{"p", "q"}, t0))
+	p := Policy{MaxRetries: 5, Initial: time.Nanosecond, Max: time.Nanosecond}
+	at := t0
+	for range 2 {
+		at = at.Add(time.Second)
+		if _, ok, err := l.TryTransitionInflight("s", "p", at); err != nil || !ok {
+			t.Fatalf("claim: %v %v", ok, err)
+		}
+		must[Record](t)(l.TransitionFailed("s", "p", errors.New("boom"), at, p))
+	}
+	at = at.Add(time.Second)
+	if _, ok, err := l.TryTransitionInflight("s", "p", at); err != nil || !ok {
+		t.Fatalf("claim: %v %v", ok, err)
+	}
+	must[Record](t)(l.TransitionAcked("s", "p", at))
+	if _, ok, err := l.TryTransitionInflight("s", "q", at); err != nil || !ok {
+		t.Fatalf("claim q: %v %v", ok, err)
+	}
+
+	now := at.Add(time.Minute)
+	r, resent, err := l.Resend("s", "p", now)
+	if err != nil || !resent || r.State != StateScheduled || r.Attempts != 3 || r.BudgetUsed() != 0 || !r.NextAttemptAfter.Equal(now) {
+		t.Fatalf("Resend of an acked record = %+v, %v, %v", r, resent, err)
+	}
+	if got, _ := l.Pending(now, 10); len(got) != 1 || got[0].PeerID != "p" {
+		t.Fatalf("pending after Resend: %+v", got)
+	}
+	if r, resent, err := l.Resend("s", "q", now); err != nil || resent || r.State != StateInflight {
+		t.Fatalf("Resend of an inflight record = %+v, %v, %v; want it untouched", r, resent, err)
+	}
+	if r, resent, err := l.Resend("s", "new-peer", now); err != nil || !resent || r.State != StateScheduled || r.Attempts != 0 {
+		t.Fatalf("Resend without a record = %+v, %v, %v", r, resent, err)
+	}
+	if _, _, err := l.Resend("", "p", now); !errors.Is(err, ErrInvalidID) {
+		t.Fatalf("Resend with an empty id: %v", err)
+	}
+}

@@ -153,6 +153,13 @@ var ops = []op{
 		"absent": absent, "scheduled": sched, "inflight": infl, "acked": acked,
 		"failed-ready": failedO, "failed-waiting": failedO, "deadletter": dead,
 	}},
+	{"Resend", func(l *Ledger) (bool, error) {
+		_, _, err := l.Resend("s", "p", tOp)
+		return false, err
+	}, map[string]outcome{
+		"absent": sched, "scheduled": sched, "inflight": infl, "acked": sched,
+		"failed-ready": sched, "failed-waiting": sched, "deadletter": sched,
+	}},
 	{"RescheduleReady", func(l *Ledger) (bool, error) {
 		_, err := l.RescheduleReady(tOp)
 		return false, err

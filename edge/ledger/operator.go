@@ -123,3 +123,50 @@ func (l *Ledger) HasPeer(peerID string) (bool, error) {
 
 // errStopScan ends a ForEach early.
 var errStopScan = errors.New("stop scan")
+
+// Resend makes (segmentID, peerID) due again at now: the peer is to be
+// sent the segment once more although the record may say it has it. It is
+// for a peer that lost its copy after acknowledging it (it found the copy
+// damaged and quarantined it: the peer asks with a wire WANT, or an
+// operator with edgectl relay resend), so it applies to an Acked record
+// above all: Acked, Failed, Scheduled or Deadletter → Scheduled, due at
+// now, with a fresh retry budget (BudgetBase = Attempts; Attempts is
+// kept). An absent record is created Scheduled (the peer may be the one
+// the segment came from, which is owed nothing until it asks). An
+// Inflight record is being sent right now and is left alone: it is
+// returned unchanged with resent false and no error, since the attempt
+// under way delivers what was asked; a Scheduled record already due is
+// left as it is too (resent true). It returns the record as it is
+// after the call. Whether the segment is stored is the caller's check.
+// Idempotent; one transaction; safe to retry after any error.
+func (l *Ledger) Resend(segmentID, peerID string, now time.Time) (r Record, resent bool, err error) {
+	if err := checkIDs(segmentID, peerID); err != nil {
+		return Record{}, false, fmt.Errorf("Resend: %w", err)
+	}
+	err = l.update(func(b buckets) error {
+		old, ok, err := b.get(segmentID, peerID)
+		if err != nil {
+			return err
+		}
+		switch {
+		case ok && old.State == StateInflight:
+			r, resent = old, false
+			return nil
+		case ok && old.State == StateScheduled && !old.NextAttemptAfter.After(now):
+			r, resent = old, true // due already: rewriting it would only move it back
+			return nil
+		}
+		r = Record{SegmentID: segmentID, PeerID: peerID, State: StateScheduled, NextAttemptAfter: now, UpdatedAt: now}
+		if !ok {
+			resent = true
+			return b.put(nil, r)
+		}
+		r.Attempts, r.BudgetBase, r.LastError = old.Attempts, old.Attempts, old.LastError
+		resent = true
+		return b.put(&old, r)
+	})
+	if err != nil {
+		return Record{}, false, fmt.Errorf("Resend %s/%s: %w", segmentID, peerID, err)
+	}
+	return r, resent, nil
+}
