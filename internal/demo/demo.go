@@ -509,11 +509,26 @@ func (f *flakyStore) GetMany(ctx context.Context, p relaycore.Partition, keys []
 }
 
 func (f *flakyStore) Apply(ctx context.Context, p relaycore.Partition, b relaycore.Batch) error {
-	if p == f.target && f.failed.Load() < f.failures {
-		f.failed.Add(1)
+	if p == f.target && f.takeFailure() {
 		return errTargetDown
 	}
 	return f.Store.Apply(ctx, p, b)
+}
+
+// takeFailure claims one of the failures to inject, if any is left. The
+// check and the count are one compare-and-swap: a Load, then an Add let
+// two concurrent applies both see the last failure left and inject one
+// more than asked (TestDemoDrainsAndVerifies saw 6 of 5).
+func (f *flakyStore) takeFailure() bool {
+	for {
+		n := f.failed.Load()
+		if n >= f.failures {
+			return false
+		}
+		if f.failed.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
 }
 
 // lagRecorder is a RelayHook that adds nothing and records, for each row an
