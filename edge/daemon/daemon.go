@@ -285,7 +285,7 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		return err
 	}
 	d.log.Info("ledger reconciled", "abandoned_inflight", rep.AbandonedInflight, "pruned_missing", rep.PrunedMissing,
-		"rescheduled", rep.Rescheduled, "scheduled", rep.Scheduled, "segments", rep.Segments, "retention_removed", rep.Removed, "unrelayed", rep.Unrelayed)
+		"undeferred", rep.Undeferred, "rescheduled", rep.Rescheduled, "scheduled", rep.Scheduled, "segments", rep.Segments, "retention_removed", rep.Removed, "unrelayed", rep.Unrelayed)
 	d.started = time.Now()
 
 	// runCtx ends on ctx or when the RPC server fails; either way

@@ -21,7 +21,7 @@ func (l *Ledger) ClaimBatch(pairs []Pair, now time.Time) ([]Record, error) {
 		if !ok || !(r.State == StateScheduled || r.State == StateFailed && !r.NextAttemptAfter.After(now)) {
 			return r, false, nil
 		}
-		r.State, r.Attempts, r.NextAttemptAfter, r.UpdatedAt = StateInflight, r.Attempts+1, time.Time{}, now
+		r.State, r.Attempts, r.NextAttemptAfter, r.DeferredFrom, r.UpdatedAt = StateInflight, r.Attempts+1, time.Time{}, time.Time{}, now
 		return r, true, nil
 	})
 }

@@ -14,7 +14,9 @@ type Pair struct {
 // Defer postpones due records without counting an attempt: every named
 // record that is Scheduled or Failed and whose NextAttemptAfter is before
 // until gets NextAttemptAfter = until (and UpdatedAt = now); its state,
-// Attempts, BudgetBase and LastError are kept. It never brings a record
+// Attempts, BudgetBase and LastError are kept, and DeferredFrom remembers
+// the NextAttemptAfter it had before its first deferral (ReleaseDeferred
+// restores it at the next start). It never brings a record
 // forward. Records that are absent, in another state, or already due at
 // or after until are left alone: they changed since the caller's scan,
 // and the caller's decision no longer applies. It returns the records it
@@ -41,6 +43,9 @@ func (l *Ledger) Defer(until, now time.Time, pairs ...Pair) ([]Pair, error) {
 				continue
 			}
 			nr := r
+			if nr.DeferredFrom.IsZero() {
+				nr.DeferredFrom = r.NextAttemptAfter
+			}
 			nr.NextAttemptAfter, nr.UpdatedAt = until, now
 			if err := b.put(&r, nr); err != nil {
 				return err
@@ -56,38 +61,40 @@ func (l *Ledger) Defer(until, now time.Time, pairs ...Pair) ([]Pair, error) {
 }
 
 // Expedite makes every Scheduled or Failed record of peerID that is due
-// after now due at now (UpdatedAt = now), keeping its state, Attempts,
-// BudgetBase and LastError, and returns how many it moved. One
-// transaction over the pending index.
+// after now due at now (UpdatedAt = now, and its deferral, if any, ends),
+// keeping its state, Attempts, BudgetBase and LastError, and returns how
+// many it moved. One read transaction over the pending index, and a write
+// transaction only when some record is to move.
 //
 // The relay calls it when a dial to the peer succeeds after its dial
-// circuit was open: the records deferred or backed off while the peer was
-// unreachable would otherwise come due at scattered times (each failed
-// attempt's back-off, the probe's dial deadline), so the summary exchange
-// (QUERY/HOLDS) would see them a few at a time and they would be offered
-// one by one. Together they are summarised in a handful of round trips.
-// A record backed off for another reason (a NACK) is retried at once too:
-// the peer just came back, which is when a retry is most likely to help.
+// circuit was open, and after its first successful dial to the peer: the
+// records deferred or backed off while the peer was unreachable would
+// otherwise come due at scattered times (each failed attempt's back-off,
+// the probe's dial deadline), so the summary exchange (QUERY/HOLDS) would
+// see them a few at a time and they would be offered one by one. Together
+// they are summarised in a handful of round trips. A record backed off for
+// another reason (a NACK) is retried at once too: the peer just came back,
+// which is when a retry is most likely to help.
 func (l *Ledger) Expedite(peerID string, now time.Time) (int, error) {
 	if err := checkIDs("x", peerID); err != nil {
 		return 0, fmt.Errorf("Expedite: %w", err)
 	}
-	n := 0
-	err := l.update(func(b buckets) error {
-		n = 0
-		var late []Pair
-		c := b.pending.Cursor()
-		for k, _ := c.First(); k != nil; k, _ = c.Next() {
-			if !pendTime(k).After(now) {
-				continue
-			}
-			seg, peer, ok := splitKey(k[8:])
-			if !ok {
-				return fmt.Errorf("malformed pending key %q", k)
-			}
-			if peer == peerID {
-				late = append(late, Pair{SegmentID: seg, PeerID: peer})
-			}
+	var late []Pair
+	err := l.view(func(b buckets) error {
+		var err error
+		late, err = b.dueAfter(peerID, now)
+		return err
+	})
+	if err != nil || len(late) == 0 {
+		if err != nil {
+			return 0, fmt.Errorf("Expedite: %w", err)
+		}
+		return 0, nil
+	}
+	err = l.update(func(b buckets) error {
+		late, err = b.dueAfter(peerID, now)
+		if err != nil {
+			return err
 		}
 		for _, p := range late {
 			r, ok, err := b.get(p.SegmentID, p.PeerID)
@@ -98,16 +105,32 @@ func (l *Ledger) Expedite(peerID string, now time.Time) (int, error) {
 				return fmt.Errorf("pending index names %s/%s but no pending record exists", p.SegmentID, p.PeerID)
 			}
 			nr := r
-			nr.NextAttemptAfter, nr.UpdatedAt = now, now
+			nr.NextAttemptAfter, nr.DeferredFrom, nr.UpdatedAt = now, time.Time{}, now
 			if err := b.put(&r, nr); err != nil {
 				return err
 			}
 		}
-		n = len(late)
 		return nil
 	})
 	if err != nil {
 		return 0, fmt.Errorf("Expedite: %w", err)
 	}
-	return n, nil
+	return len(late), nil
+}
+
+// dueAfter returns peerID's pending records due after now, in pending
+// order.
+func (b buckets) dueAfter(peerID string, now time.Time) ([]Pair, error) {
+	var late []Pair
+	c := b.pending.Cursor()
+	for k, _ := c.Seek(pendKey(now.Add(time.Nanosecond), "", "")); k != nil; k, _ = c.Next() {
+		seg, peer, ok := splitKey(k[8:])
+		if !ok {
+			return nil, fmt.Errorf("malformed pending key %q", k)
+		}
+		if peer == peerID {
+			late = append(late, Pair{SegmentID: seg, PeerID: peer})
+		}
+	}
+	return late, nil
 }

@@ -15,7 +15,8 @@
 //
 // # Transitions
 //
-//	EnsureScheduled        absent → Scheduled (any existing record is kept)
+//	EnsureScheduled        absent → Scheduled (any existing record is kept); EnsureScheduledAll: many
+//	                       segments in one transaction (start-up reconciliation)
 //	TryTransitionInflight  Scheduled → Inflight; Failed with NextAttemptAfter ≤ now → Inflight
 //	TransitionAcked        Inflight → Acked
 //	TransitionFailed       Inflight → Failed, or → Deadletter when the budget is spent
@@ -25,6 +26,8 @@
 //	                       fresh budget (a peer lost its copy: its WANT, or an operator); Inflight is kept
 //	InflightToFailed       Inflight → Failed | Deadletter (start-up: abandoned attempts)
 //	PruneMissing           Scheduled | Inflight | Failed → Deadletter when the segment is gone
+//	ReleaseDeferred        Scheduled | Failed deferred by Defer → same state, NextAttemptAfter back to what
+//	                       it was before the deferral (start-up: the deferring circuit died with its process)
 //	RescheduleReady        Failed with NextAttemptAfter ≤ now → Scheduled
 //	RemoveSettled          Acked → absent, for every record of a segment no longer stored whose
 //	                       records are all Acked and older than the retention (see RemoveSettled)

@@ -66,8 +66,11 @@ func checkInvariants(t *testing.T, db *bolt.DB) {
 			}
 			if r.State.pending() {
 				want[string(pendKey(r.NextAttemptAfter, r.SegmentID, r.PeerID))] = true
-			} else if !r.NextAttemptAfter.IsZero() {
-				t.Errorf("record %s/%s in %s has NextAttemptAfter %v", r.SegmentID, r.PeerID, r.State, r.NextAttemptAfter)
+			} else if !r.NextAttemptAfter.IsZero() || !r.DeferredFrom.IsZero() {
+				t.Errorf("record %s/%s in %s has NextAttemptAfter %v, DeferredFrom %v", r.SegmentID, r.PeerID, r.State, r.NextAttemptAfter, r.DeferredFrom)
+			}
+			if r.DeferredFrom.After(r.NextAttemptAfter) {
+				t.Errorf("record %s/%s deferred from %v to the earlier %v", r.SegmentID, r.PeerID, r.DeferredFrom, r.NextAttemptAfter)
 			}
 			return nil
 		})
@@ -108,4 +111,16 @@ func rawRecord(t *testing.T, db *bolt.DB, seg, peer string) []byte {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// commits is the number of write transactions committed on db so far
+// (bbolt's transaction id counts them): each costs two fsyncs unless the
+// database was opened NoSync.
+func commits(t *testing.T, db *bolt.DB) int {
+	t.Helper()
+	var id int
+	if err := db.View(func(tx *bolt.Tx) error { id = tx.ID(); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return id
 }

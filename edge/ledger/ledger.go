@@ -220,7 +220,7 @@ func (l *Ledger) TryTransitionInflight(segmentID, peerID string, now time.Time) 
 			return r, &TransitionError{Op: op, SegmentID: segmentID, PeerID: peerID, From: r.State}
 		}
 		claimed = true
-		r.State, r.Attempts, r.NextAttemptAfter, r.UpdatedAt = StateInflight, r.Attempts+1, time.Time{}, now
+		r.State, r.Attempts, r.NextAttemptAfter, r.DeferredFrom, r.UpdatedAt = StateInflight, r.Attempts+1, time.Time{}, time.Time{}, now
 		return r, nil
 	})
 	if errors.Is(err, errNotClaimable) {

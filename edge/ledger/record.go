@@ -72,6 +72,13 @@ type Record struct {
 	// NextAttemptAfter orders pending records; a Failed record is not
 	// retried before it. Zero for Inflight, Acked and Deadletter records.
 	NextAttemptAfter time.Time
+	// DeferredFrom is the NextAttemptAfter the record had when the relay's
+	// dial circuit first deferred it (Defer), while that deferral stands;
+	// zero otherwise. The circuit lives in the memory of the process that
+	// deferred the record: at the next start ReleaseDeferred puts the
+	// record back where it was, so a restart does not wait out a circuit
+	// that belonged to the previous process.
+	DeferredFrom time.Time
 	// LastError is the most recent failure, truncated to MaxErrorLen bytes;
 	// empty once the record is Acked.
 	LastError string
@@ -95,15 +102,22 @@ type stored struct {
 	Attempts   int    `json:"attempts"`
 	BudgetBase int    `json:"budget_base"`
 	NextNS     int64  `json:"next_ns,omitempty"`
+	DeferredNS int64  `json:"deferred_ns,omitempty"`
 	LastError  string `json:"last_error,omitempty"`
 	UpdatedNS  int64  `json:"updated_ns"`
 }
 
 func encode(r Record) ([]byte, error) {
-	return json.Marshal(stored{
+	s := stored{
 		State: r.State, Attempts: r.Attempts, BudgetBase: r.BudgetBase,
 		NextNS: nanos(r.NextAttemptAfter), LastError: r.LastError, UpdatedNS: nanos(r.UpdatedAt),
-	})
+	}
+	if r.State.pending() {
+		// A deferral ends with the record's claim (or any state change):
+		// it is never stored with a record that is not pending.
+		s.DeferredNS = nanos(r.DeferredFrom)
+	}
+	return json.Marshal(s)
 }
 
 func decode(key, val []byte) (Record, error) {
@@ -117,7 +131,8 @@ func decode(key, val []byte) (Record, error) {
 	}
 	r := Record{
 		SegmentID: seg, PeerID: peer, State: s.State, Attempts: s.Attempts, BudgetBase: s.BudgetBase,
-		NextAttemptAfter: fromNanos(s.NextNS), LastError: s.LastError, UpdatedAt: fromNanos(s.UpdatedNS),
+		NextAttemptAfter: fromNanos(s.NextNS), DeferredFrom: fromNanos(s.DeferredNS), LastError: s.LastError,
+		UpdatedAt: fromNanos(s.UpdatedNS),
 	}
 	if r.State == StateAcked {
 		// Versions before TransitionAcked cleared it stored the error of

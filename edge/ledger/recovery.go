@@ -10,9 +10,11 @@ import (
 
 // Start-up reconciliation. Run after opening the ledger and the segment
 // store and before starting workers, in the order Recover uses:
-// InflightToFailed, PruneMissing, RescheduleReady. Each is one
-// transaction (PruneMissing: one read, then one write), idempotent, and
-// safe to run again after an error or at any later time.
+// InflightToFailed, PruneMissing, ReleaseDeferred, RescheduleReady. Each
+// reads the records in one transaction and, only when it has something to
+// change, rewrites them in one write transaction (so a start with nothing
+// to repair commits nothing); each is idempotent and safe to run again
+// after an error or at any later time.
 
 // InflightToFailed turns attempts abandoned by a stop or crash (Inflight
 // records, which no worker of this process owns yet) into failed attempts
@@ -61,20 +63,45 @@ func (l *Ledger) PruneMissing(exists func(segmentID string) bool, now time.Time)
 		if r.State.Terminal() || !gone[r.SegmentID] {
 			return r, false
 		}
-		r.State, r.NextAttemptAfter, r.UpdatedAt = StateDeadletter, time.Time{}, now
+		r.State, r.NextAttemptAfter, r.DeferredFrom, r.UpdatedAt = StateDeadletter, time.Time{}, time.Time{}, now
 		r.LastError = "segment missing from local store"
 		return r, true
 	})
 }
 
+// ReleaseDeferred ends every deferral (Defer) that is still standing:
+// each pending record with a DeferredFrom gets back the NextAttemptAfter
+// it had before it was deferred (UpdatedAt = now), keeping its state,
+// Attempts, BudgetBase and LastError. It returns the number of records
+// moved.
+//
+// A deferral is the verdict of a dial circuit, which lives in the memory
+// of the process that opened it: a new process starts with every circuit
+// closed and learns afresh whether a peer is reachable. Without this a
+// restart waited out the previous process's circuit (up to backoff.max,
+// 5 min by default) even when the peer answered at once. The records
+// were due when they were deferred, so they are due again now, in their
+// original order, and a peer still down opens its new circuit with one
+// dial round.
+func (l *Ledger) ReleaseDeferred(now time.Time) (int, error) {
+	return l.bulk("ReleaseDeferred", func(r Record) (Record, bool) {
+		if !r.State.pending() || r.DeferredFrom.IsZero() {
+			return r, false
+		}
+		r.NextAttemptAfter, r.DeferredFrom, r.UpdatedAt = r.DeferredFrom, time.Time{}, now
+		return r, true
+	})
+}
+
 // RescheduleReady moves Failed records whose NextAttemptAfter ≤ now back
-// to Scheduled (keeping NextAttemptAfter, so pending order is unchanged).
+// to Scheduled (keeping NextAttemptAfter, so pending order is unchanged;
+// a deferral that has run out ends).
 func (l *Ledger) RescheduleReady(now time.Time) (int, error) {
 	return l.bulk("RescheduleReady", func(r Record) (Record, bool) {
 		if r.State != StateFailed || r.NextAttemptAfter.After(now) {
 			return r, false
 		}
-		r.State, r.UpdatedAt = StateScheduled, now
+		r.State, r.DeferredFrom, r.UpdatedAt = StateScheduled, time.Time{}, now
 		return r, true
 	})
 }
@@ -83,10 +110,11 @@ func (l *Ledger) RescheduleReady(now time.Time) (int, error) {
 type RecoveryReport struct {
 	AbandonedInflight int // InflightToFailed
 	PrunedMissing     int // PruneMissing
+	Undeferred        int // ReleaseDeferred
 	Rescheduled       int // RescheduleReady
 }
 
-// Recover runs the three reconciliation steps in order.
+// Recover runs the four reconciliation steps in order.
 func (l *Ledger) Recover(now time.Time, p Policy, exists func(segmentID string) bool) (RecoveryReport, error) {
 	var rep RecoveryReport
 	var err error
@@ -96,15 +124,35 @@ func (l *Ledger) Recover(now time.Time, p Policy, exists func(segmentID string) 
 	if rep.PrunedMissing, err = l.PruneMissing(exists, now); err != nil {
 		return rep, err
 	}
+	if rep.Undeferred, err = l.ReleaseDeferred(now); err != nil {
+		return rep, err
+	}
 	rep.Rescheduled, err = l.RescheduleReady(now)
 	return rep, err
 }
 
+// errStop ends a read-only scan early.
+var errStop = errors.New("stop scan")
+
 // bulk rewrites, in one transaction, every record for which step returns
-// true, and returns how many it rewrote.
+// true, and returns how many it rewrote. A read transaction looks first:
+// when step selects nothing (the usual start) no write transaction is
+// committed, which would cost two fsyncs for nothing.
 func (l *Ledger) bulk(op string, step func(Record) (Record, bool)) (int, error) {
+	err := l.each(func(r Record) error {
+		if _, ok := step(r); ok {
+			return errStop
+		}
+		return nil
+	})
+	if err == nil {
+		return 0, nil
+	}
+	if !errors.Is(err, errStop) {
+		return 0, fmt.Errorf("%s: %w", op, err)
+	}
 	n := 0
-	err := l.update(func(b buckets) error {
+	err = l.update(func(b buckets) error {
 		type change struct{ old, new Record }
 		var changes []change
 		err := b.records.ForEach(func(k, v []byte) error {

@@ -126,17 +126,24 @@ func (cs *circuits) release(peer string, token uint64) {
 }
 
 // dialed records the outcome of a dial to peer at now. It reports whether
-// a successful dial closed a circuit that was open or half-open: the peer
-// is back after an outage.
+// a successful dial closed a circuit that was open or half-open, or is the
+// first dial to peer this process made: the peer is back after an outage,
+// or may be. A new process does not know the previous one's circuits:
+// records deferred under them are released at start (ledger.ReleaseDeferred),
+// but the back-off of the attempts that failed under them (the probes) is
+// the records' own, and only a successful dial says it need not be waited
+// out.
 func (cs *circuits) dialed(peer string, now time.Time, err error) (back bool) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	c := cs.m[peer]
 	if err == nil {
-		if c != nil {
-			back = c.failures > 0
-			c.failures, c.reopen, c.probing = 0, time.Time{}, false
+		if c == nil {
+			cs.m[peer] = &circuit{}
+			return true
 		}
+		back = c.failures > 0
+		c.failures, c.reopen, c.probing = 0, time.Time{}, false
 		return back
 	}
 	if c == nil {

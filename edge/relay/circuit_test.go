@@ -331,3 +331,78 @@ func waitCond(t *testing.T, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestRestartReleasesDeferrals: records deferred by one process's dial
+// circuit, and the back-off of the attempt that opened it, are not waited
+// out by the next process when the peer answers at once. The clock is
+// frozen before the old circuit's reopen time, so whatever is delivered
+// was due without it.
+func TestRestartReleasesDeferrals(t *testing.T) {
+	const segments = 6
+	f := newFixture(t, ack, ack)
+	dialer := newCountingDialer(t, newTransport(t, f.pkiDir, "a", "b"))
+	dialer.setDown("b", true)
+	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	cfg := Config{
+		Peers:       map[string]string{"b": f.b.addr()},
+		Condition:   ledger.AllPeers,
+		Policy:      ledger.Policy{MaxRetries: 10, Initial: 5 * time.Minute, Max: 5 * time.Minute},
+		Workers:     1,
+		DialTimeout: 2 * time.Second,
+		Now:         func() time.Time { return t0 },
+		Log:         quietLog(t),
+	}
+	first, err := New(cfg, f.a.led, f.a.store, dialer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for i := range segments {
+		id := fmt.Sprintf("s-%d", i)
+		ids = append(ids, id)
+		if err := first.Schedule(f.a.put(t, id, []byte(id))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- first.Run(ctx) }()
+	waitCond(t, "one failed dial, the rest deferred", func() bool {
+		due, err := f.a.led.Pending(t0, 0)
+		return err == nil && len(due) == 0 && dialer.count("b") == 1
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	reopen := t0.Add(5 * time.Minute)
+	for i, id := range ids {
+		r, err := f.a.led.Get(id, "b")
+		if err != nil || r.NextAttemptAfter.Before(reopen) || (i > 0) != !r.DeferredFrom.IsZero() {
+			t.Fatalf("%s before the restart: %+v (%v); want due at the circuit's reopen %v, deferred unless it was the dial", id, r, err, reopen)
+		}
+	}
+
+	dialer.setDown("b", false)
+	second, err := New(cfg, f.a.led, f.a.store, dialer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := second.Reconcile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Undeferred != segments-1 {
+		t.Fatalf("reconcile released %d deferrals, want %d: %+v", rep.Undeferred, segments-1, rep)
+	}
+	run(t, second)
+	for _, id := range ids {
+		r := f.a.waitRecord(t, id, "b", inState(ledger.StateAcked))
+		if want := map[bool]int{true: 2, false: 1}[id == "s-0"]; r.Attempts != want || r.BudgetUsed() != want {
+			t.Errorf("%s: %d attempts, want %d (a deferral costs none)", id, r.Attempts, want)
+		}
+	}
+	if n := dialer.count("b"); n != 2 {
+		t.Fatalf("%d dials, want 2 (one per process)", n)
+	}
+}
