@@ -138,6 +138,13 @@ func authorize(name string, roles Roles, c classified) *authError {
 		if !roles.Operate {
 			return forbidden("principal %q lacks the operate role (%s)", name, c.pattern)
 		}
+	case needOperateRead:
+		switch {
+		case !roles.Operate:
+			return forbidden("principal %q lacks the operate role (%s)", name, c.pattern)
+		case !roles.Read:
+			return forbidden("principal %q lacks the read role (%s answers rows' keys and values, which needs read as well as operate)", name, c.pattern)
+		}
 	}
 	return nil
 }

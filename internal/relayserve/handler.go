@@ -1,6 +1,7 @@
 package relayserve
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -44,22 +46,24 @@ type httpHandler struct {
 	log     *slog.Logger
 	ready   func() error
 	promh   http.Handler
-	cop     *http.CrossOriginProtection
 	backup  http.Handler
+	// enqueues serialises the enqueues of each source (see serialised).
+	enqueues sourceLocks
 }
 
 func newHTTPHandler(h *api.Handler, creds *credentials, maxBody int, m *metrics, log *slog.Logger, ready func() error) *httpHandler {
 	return &httpHandler{
 		api: h, creds: creds, routes: apiRoutes(), maxBody: maxBody, metrics: m, log: log, ready: ready,
 		promh: promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelError)}),
-		cop:   http.NewCrossOriginProtection(),
 	}
 }
 
-// statusWriter remembers the status written, for metrics and the log.
+// statusWriter remembers the status written, for metrics and the log,
+// and why a request was refused (the error body's code and message).
 type statusWriter struct {
 	http.ResponseWriter
-	status int
+	status        int
+	code, message string
 }
 
 // Unwrap lets http.ResponseController reach the connection (the backup
@@ -105,8 +109,15 @@ func (h *httpHandler) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	case w.status >= 400:
 		level = slog.LevelWarn
 	}
-	h.log.Log(r.Context(), level, "http request", "method", r.Method, "path", rawPath, "route", c.pattern,
-		"status", w.status, "caller", caller, "remote", r.RemoteAddr, "ms", elapsed.Milliseconds())
+	attrs := []any{"method", r.Method, "path", rawPath, "route", c.pattern,
+		"status", w.status, "caller", caller, "remote", r.RemoteAddr, "ms", elapsed.Milliseconds()}
+	if w.code != "" {
+		// Why it was refused, as the client was told: the messages name
+		// the credential's kind and what was wrong with it (unknown
+		// token, expired certificate, missing role), never a token.
+		attrs = append(attrs, "error", w.code, "reason", w.message)
+	}
+	h.log.Log(r.Context(), level, "http request", attrs...)
 }
 
 // serve answers one request and returns the caller's name for the log.
@@ -125,11 +136,15 @@ func (h *httpHandler) serve(w http.ResponseWriter, r *http.Request, rawPath stri
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 		return ""
 	}
-	// What a web page could make a browser send is refused: API clients
-	// send no Origin or Sec-Fetch-Site headers, browsers do, and a
-	// cross-origin POST with a text/plain body needs no CORS preflight.
-	if err := h.cop.Check(r); err != nil {
-		writeError(w, http.StatusForbidden, "forbidden", "cross-origin request refused: "+err.Error())
+	// What a web page could make a browser send is refused, whatever the
+	// method: API clients send no Origin or Sec-Fetch-Site headers,
+	// browsers do, and a cross-origin POST with a text/plain body needs
+	// no CORS preflight. A GET is refused too: with a client certificate
+	// in the browser (or anonymous access) a page could otherwise make it
+	// fetch a backup, whose answer the page cannot read but the request
+	// still costs the server a snapshot.
+	if why := crossOrigin(r); why != "" {
+		writeError(w, http.StatusForbidden, "forbidden", "cross-origin request refused: "+why)
 		return ""
 	}
 	name, roles, aerr := h.creds.auth.Load().authenticate(r)
@@ -145,7 +160,8 @@ func (h *httpHandler) serve(w http.ResponseWriter, r *http.Request, rawPath stri
 			c.need = needRead
 		}
 		if rawPath == PathBackup {
-			c.need = needOperate
+			// Every row and target value: operate, and read.
+			c.need = needOperateRead
 		}
 		aerr = authorize(name, roles, c)
 	}
@@ -196,9 +212,21 @@ func (h *httpHandler) serve(w http.ResponseWriter, r *http.Request, rawPath stri
 	for k, v := range r.Header {
 		headers[strings.ToLower(k)] = strings.Join(v, ",")
 	}
-	resp := h.api.Serve(r.Context(), api.Request{
-		Method: r.Method, Path: rawPath, Query: r.URL.RawQuery, Headers: headers, Body: body, Caller: name,
-	})
+	// The credential was judged above; the handler has no use for it, so
+	// nothing it logs or answers can carry it.
+	delete(headers, "authorization")
+	req := api.Request{Method: r.Method, Path: rawPath, Query: r.URL.RawQuery, Headers: headers, Body: body, Caller: name}
+	resp, err := h.serveAPI(r.Context(), c, req)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "unavailable", "the request ended while it waited for the enqueues before it to the same source; nothing was written")
+		return name
+	}
+	if resp.Status >= 400 {
+		var eb api.ErrorBody
+		if json.Unmarshal(resp.Body, &eb) == nil {
+			noteRefusal(w, eb.Error.Code, eb.Error.Message)
+		}
+	}
 	for k, v := range resp.Headers {
 		w.Header().Set(k, v)
 	}
@@ -207,6 +235,19 @@ func (h *httpHandler) serve(w http.ResponseWriter, r *http.Request, rawPath stri
 		h.log.Debug("http response not written", "path", rawPath, "err", err)
 	}
 	return name
+}
+
+// serveAPI runs the API handler; an enqueue first waits for its source's
+// turn (sourceLocks), which only the request's end cuts short.
+func (h *httpHandler) serveAPI(ctx context.Context, c classified, req api.Request) (api.Response, error) {
+	if c.need == needProduce {
+		unlock, err := h.enqueues.lock(ctx, c.source)
+		if err != nil {
+			return api.Response{}, err
+		}
+		defer unlock()
+	}
+	return h.api.Serve(ctx, req), nil
 }
 
 // writeShuttingDown answers a request whose body the drain cut short:
@@ -228,7 +269,40 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // writeError answers in the API's error format (api.ErrorBody), so a
 // client handles the server's own refusals like the handler's.
 func writeError(w http.ResponseWriter, status int, code, message string) {
+	noteRefusal(w, code, message)
 	writeJSON(w, status, api.ErrorBody{Error: api.ErrorDetail{Code: code, Message: message}})
+}
+
+// noteRefusal keeps an error answer's code and message for the request's
+// log line.
+func noteRefusal(w http.ResponseWriter, code, message string) {
+	if sw, ok := w.(*statusWriter); ok {
+		sw.code, sw.message = code, message
+	}
+}
+
+// crossOrigin says why a request looks sent by a web page of another
+// origin, or "" when it does not. The rule is Go's
+// http.CrossOriginProtection's, for every method (that one lets GET,
+// HEAD and OPTIONS through): a Sec-Fetch-Site other than same-origin or
+// none (a person typing the URL) is cross-origin; without that header (an
+// older browser), an Origin whose host is not the request's Host is.
+func crossOrigin(r *http.Request) string {
+	switch site := r.Header.Get("Sec-Fetch-Site"); site {
+	case "":
+	case "same-origin", "none":
+		return ""
+	default:
+		return fmt.Sprintf("Sec-Fetch-Site is %q", site)
+	}
+	origin := r.Header.Get("Origin")
+	if origin == "" {
+		return ""
+	}
+	if u, err := url.Parse(origin); err == nil && u.Host == r.Host {
+		return ""
+	}
+	return fmt.Sprintf("Origin %q is not this server (Host %q)", origin, r.Host)
 }
 
 // loopbackHostHeader reports whether a Host header names a loopback host.

@@ -17,6 +17,13 @@ const (
 	needProduce
 	needRead
 	needOperate
+	// needOperateRead: operate and read, for operator routes whose
+	// answers carry rows' keys and values (the archive's entries and
+	// export, the backup). Operating a target (quarantine, skip, requeue)
+	// does not show what its rows hold; these answers do, so a principal
+	// that may act on targets but not read data cannot read it here
+	// either.
+	needOperateRead
 )
 
 func (n need) String() string {
@@ -27,6 +34,8 @@ func (n need) String() string {
 		return "read"
 	case needOperate:
 		return "operate"
+	case needOperateRead:
+		return "operate and read"
 	}
 	return "authenticated"
 }
@@ -61,12 +70,22 @@ func apiRoutes() []apiRoute {
 		switch {
 		case r.Producer && !r.Operator:
 			n = needProduce
+		case r.Operator && !r.Producer && dataRoutes[r.Method+" "+r.Pattern]:
+			n = needOperateRead
 		case r.Operator && !r.Producer:
 			n = needOperate
 		}
 		out = append(out, apiRoute{Route: r, need: n})
 	}
 	return out
+}
+
+// dataRoutes are the operator routes whose answers carry rows' keys and
+// values (needOperateRead). The archive listing carries summaries only
+// (ids, seqs, counts, who, why).
+var dataRoutes = map[string]bool{
+	"GET /v1/sources/{source}/archive/{entry}": true,
+	"GET /v1/sources/{source}/archive/export":  true,
 }
 
 // classify matches the raw (escaped) path and method against the routes

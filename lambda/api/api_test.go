@@ -260,7 +260,8 @@ func TestRepoEvents(t *testing.T) {
 
 // TestCommitDeadline: the enqueue deadline keeps a margin before the
 // invocation's deadline, so a nearly timed-out invocation refuses to start
-// a commit and says so (503) instead of being killed mid-way.
+// a commit and says so (503 with Retry-After) instead of being killed
+// mid-way.
 func TestCommitDeadline(t *testing.T) {
 	h, st, _ := newHandler()
 	ctx, cancel := context.WithTimeout(t.Context(), time.Second) // < commitMargin
@@ -272,6 +273,10 @@ func TestCommitDeadline(t *testing.T) {
 	}
 	if resp.StatusCode != 503 || !strings.Contains(resp.Body, "deadline") {
 		t.Errorf("got %d %s, want 503 deadline", resp.StatusCode, resp.Body)
+	}
+	// A producer is told when to retry (with its Idempotency-Key).
+	if ra := resp.Headers["retry-after"]; ra != "1" {
+		t.Errorf("retry-after %q on a 503 unavailable, want 1", ra)
 	}
 	if len(st.Dump()) != 0 {
 		t.Error("rows written after the deadline")

@@ -189,6 +189,7 @@ func enqueueError(err error, res relaycore.CommitResult) error {
 		e = fail(413, "too_large", "%v", err)
 	case errors.Is(err, relaycore.ErrContention), errors.Is(err, relaycore.ErrDeadlineExceeded):
 		e = fail(503, "unavailable", "%v; rows with seq 0 in seqs were not committed and may be retried", err)
+		e.retryAfter = "1"
 	case errors.Is(err, relaycore.ErrCommitUnknown):
 		e = fail(500, "commit_unknown", "%v; rows with seq 0 in seqs may or may not have been committed (a retry with the same Idempotency-Key header commits them at most once)", err)
 	default:
