@@ -81,6 +81,7 @@ type Daemon struct {
 	met   *metrics
 	rpc   *rpc.Server
 
+	shed      shedLog  // connections the listener gave up before TLS finished
 	dbRepair  dbRepair // what openDB did at start
 	cleanStop bool     // the previous run stopped cleanly (CleanStopFile)
 	// newStore: there was no database before this start, so no previous
@@ -168,6 +169,11 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 		},
 		OnReject: func(remote net.Addr, err error) {
 			d.met.rejected.Inc()
+			if reason, ok := shedReason(err); ok {
+				d.met.shed.WithLabelValues(reason).Inc()
+				d.shed.note(d.log, remote, reason)
+				return
+			}
 			// A HELLO that breaks the protocol comes after TLS: from an
 			// authenticated node, so it counts like any protocol error.
 			if reason, ok := wire.ProtocolViolation(err); ok {

@@ -19,6 +19,7 @@ type metrics struct {
 	nacks          *prometheus.CounterVec
 	protocolErrors *prometheus.CounterVec
 	rejected       prometheus.Counter
+	shed           *prometheus.CounterVec
 	reloadErrors   prometheus.Counter
 	attempts       *prometheus.CounterVec
 	sentBytes      *prometheus.CounterVec
@@ -48,6 +49,9 @@ func newMetrics(d *Daemon) *metrics {
 		rejected: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "edged_inbound_connections_rejected_total", Help: "Inbound connections refused: during TLS or HELLO (bad certificate, unknown node), or over the per-peer connection limit.",
 		}),
+		shed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edged_inbound_handshakes_shed_total", Help: "Inbound connections closed before their TLS handshake finished, to keep unauthenticated ones from holding the handshake slots, by reason (address_limit: too many unfinished from one address; evicted: the oldest, given up for a newer one when all were taken). Counted in edged_inbound_connections_rejected_total too.",
+		}, []string{"reason"}),
 		reloadErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "edged_certificate_reload_errors_total", Help: "Certificate reloads that failed (the previous certificate stays in use).",
 		}),
@@ -86,7 +90,7 @@ func newMetrics(d *Daemon) *metrics {
 			Name: "edged_relay_throttled_seconds_total", Help: "Time outbound writes waited for relay.bandwidth tokens, by peer.",
 		}, []string{"peer"}),
 	}
-	m.reg.MustRegister(m.inbound, m.nacks, m.protocolErrors, m.rejected, m.reloadErrors, m.attempts, m.sentBytes, m.attemptSecs,
+	m.reg.MustRegister(m.inbound, m.nacks, m.protocolErrors, m.rejected, m.shed, m.reloadErrors, m.attempts, m.sentBytes, m.attemptSecs,
 		m.relayed, m.evicted, m.deferred, m.dials, m.removed, m.repairs, m.fullEvictions, m.throttled,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		storeCollector{d})

@@ -57,9 +57,22 @@ type Config struct {
 	// and outbound. Default 10s.
 	HandshakeTimeout time.Duration
 	// MaxPendingHandshakes bounds inbound connections being authenticated
-	// or waiting for Accept; further connections wait in the kernel's
-	// backlog. Default 64.
+	// or waiting for Accept. When all are taken, the oldest unfinished
+	// handshake that has run at least EvictAfter, from the address holding
+	// the most, is closed for the next connection; if none has, that
+	// connection waits (and further ones in the kernel's backlog). Default
+	// 64.
 	MaxPendingHandshakes int
+	// MaxPendingPerAddress bounds the unfinished inbound handshakes from
+	// one source address (IPv4 address, IPv6 /64); a further connection
+	// from it is closed at once. Unauthenticated connections from one host
+	// cannot take more than this from other hosts. Default 16.
+	MaxPendingPerAddress int
+	// EvictAfter is how long an inbound handshake runs before it may be
+	// given up for a newer connection when every slot is taken; a real
+	// peer's handshake (a few round trips) finishes well within it.
+	// Default HandshakeTimeout / 5 (2 s for 10 s).
+	EvictAfter time.Duration
 	// Wire configures every wire.Conn handed out. Wire.Version is the
 	// highest protocol version to negotiate (zero: wire.Version; 1 turns
 	// negotiation off, as in agents that predate it); each connection
@@ -97,6 +110,12 @@ func New(cfg Config) (*Transport, error) {
 	}
 	if cfg.MaxPendingHandshakes <= 0 {
 		cfg.MaxPendingHandshakes = 64
+	}
+	if cfg.MaxPendingPerAddress <= 0 {
+		cfg.MaxPendingPerAddress = 16
+	}
+	if cfg.EvictAfter <= 0 {
+		cfg.EvictAfter = cfg.HandshakeTimeout / 5
 	}
 	rl, err := NewReloader(cfg.NodeID, cfg.CertFile, cfg.KeyFile, cfg.CAFile, cfg.OnReloadError)
 	if err != nil {
@@ -263,13 +282,16 @@ func (t *Transport) handshake(ctx context.Context, tc *tls.Conn, wantPeer string
 }
 
 // Listener accepts authenticated connections. Handshakes run concurrently
-// in the background (at most Config.MaxPendingHandshakes), so a slow or
-// hostile client cannot hold up others.
+// in the background (at most Config.MaxPendingHandshakes, and
+// Config.MaxPendingPerAddress per source address: see admission), so a
+// slow or hostile client, or a flood of connections that never send a
+// byte, cannot hold up others.
 type Listener struct {
 	t      *Transport
 	ln     net.Listener
 	tlsCfg *tls.Config
 	ready  chan accepted
+	adm    *admission
 	ctx    context.Context // canceled by Close: aborts handshakes
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -293,7 +315,8 @@ func (t *Transport) Listen(addr string) (*Listener, error) {
 // Serve is Listen on an existing listener, which the Listener then owns.
 func (t *Transport) Serve(ln net.Listener) *Listener {
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &Listener{t: t, ln: ln, tlsCfg: t.serverConfig(), ready: make(chan accepted), ctx: ctx, cancel: cancel}
+	l := &Listener{t: t, ln: ln, tlsCfg: t.serverConfig(), ready: make(chan accepted), ctx: ctx, cancel: cancel,
+		adm: newAdmission(t.cfg.MaxPendingHandshakes, t.cfg.MaxPendingPerAddress, t.cfg.EvictAfter)}
 	l.wg.Add(1)
 	go l.loop()
 	return l
@@ -328,17 +351,10 @@ func (l *Listener) Close() error {
 
 func (l *Listener) loop() {
 	defer l.wg.Done()
-	slots := make(chan struct{}, l.t.cfg.MaxPendingHandshakes)
 	var backoff time.Duration
 	for {
-		select {
-		case slots <- struct{}{}:
-		case <-l.ctx.Done():
-			return
-		}
 		raw, err := l.ln.Accept()
 		if err != nil {
-			<-slots
 			if l.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return
 			}
@@ -353,23 +369,72 @@ func (l *Listener) loop() {
 			continue
 		}
 		backoff = 0
+		p, ok := l.admit(raw)
+		if !ok {
+			return
+		}
+		if p == nil {
+			continue
+		}
 		l.wg.Add(1)
 		go func() {
 			defer l.wg.Done()
-			defer func() { <-slots }()
-			l.serveConn(raw)
+			defer l.adm.release(p)
+			l.serveConn(raw, p)
 		}()
 	}
 }
 
-func (l *Listener) serveConn(raw net.Conn) {
+// admit waits until raw may run its handshake (see admission) and returns
+// its entry, or nil when raw was shed; ok is false when the listener is
+// closing (raw is closed then).
+func (l *Listener) admit(raw net.Conn) (p *pending, ok bool) {
+	for {
+		p, victim, wait, err := l.adm.admit(raw, time.Now())
+		if err != nil {
+			shed(raw)
+			l.reject(raw.RemoteAddr(), err)
+			return nil, true
+		}
+		if victim != nil {
+			shed(victim.conn)
+			l.reject(victim.conn.RemoteAddr(), ErrHandshakeEvicted)
+		}
+		if p != nil {
+			return p, true
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-l.adm.freed:
+		case <-t.C:
+		case <-l.ctx.Done():
+			t.Stop()
+			raw.Close()
+			return nil, false
+		}
+		t.Stop()
+	}
+}
+
+// Pending reports how many inbound connections are admitted now
+// (handshaking, or authenticated and waiting for Accept) and how many of
+// them are handshakes still unfinished.
+func (l *Listener) Pending() (admitted, handshaking int) { return l.adm.counts() }
+
+func (l *Listener) serveConn(raw net.Conn, p *pending) {
 	ctx, cancel := context.WithTimeout(l.ctx, l.t.cfg.HandshakeTimeout)
 	defer cancel()
 	tc := tls.Server(newBatchConn(raw), l.tlsCfg)
 	wc, peer, err := l.t.handshake(ctx, tc, "")
 	if err != nil {
 		tc.Close()
-		l.reject(raw.RemoteAddr(), err)
+		if !l.adm.evicted(p) { // an evicted one was reported when it was shed
+			l.reject(raw.RemoteAddr(), err)
+		}
+		return
+	}
+	if !l.adm.authenticated(p) {
+		tc.Close() // evicted as it finished; reported already
 		return
 	}
 	select {
