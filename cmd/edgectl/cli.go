@@ -181,7 +181,18 @@ func storageCmd(g *globals) *cobra.Command {
 					fmt.Fprintf(w, "no digest tag\t%s (indexed under their content's digest)\n", strings.Join(s.Unverified, " "))
 				}
 				for _, q := range s.Quarantined {
-					fmt.Fprintf(w, "quarantined\t%s -> %s: %s\n", q.Segment, filepath.Join(s.QuarantineDir, q.File), oneLine(q.Reason))
+					when := ""
+					if q.Found == "read" {
+						when = " (found on read)"
+					}
+					fmt.Fprintf(w, "quarantined\t%s -> %s: %s%s\n", q.Segment, filepath.Join(s.QuarantineDir, q.File), oneLine(q.Reason), when)
+				}
+				for _, x := range s.Wanted {
+					src := x.Source
+					if src == "" {
+						src = "local ingest"
+					}
+					fmt.Fprintf(w, "wanted back\t%s (%d bytes, from %s), lost %s\n", x.Segment, x.Size, src, x.Since.Format(time.RFC3339))
 				}
 			})
 		},

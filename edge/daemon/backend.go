@@ -113,8 +113,15 @@ func (b backend) Storage(context.Context) (rpc.Storage, error) {
 	ps := b.d.store.PackStats()
 	out.Packs = rpc.Packs{Packing: ps.Packing, MaxBytes: ps.MaxBytes, Files: ps.Files, Segments: ps.Records,
 		RecordBytes: ps.RecordBytes, DiskBytes: ps.DiskBytes}
-	for _, q := range rep.Quarantined {
-		out.Quarantined = append(out.Quarantined, rpc.Quarantined{Segment: q.ID, File: q.File, Reason: q.Reason})
+	for _, q := range b.d.store.Quarantined() {
+		out.Quarantined = append(out.Quarantined, rpc.Quarantined{Segment: q.ID, File: q.File, Reason: q.Reason, Found: q.Found})
+	}
+	wanted, err := b.d.store.Wanted()
+	if err != nil {
+		return rpc.Storage{}, err
+	}
+	for _, w := range wanted {
+		out.Wanted = append(out.Wanted, rpc.Wanted{Segment: w.ID, Size: w.Size, SHA256: w.SHA256, Source: w.Source, Since: w.Since})
 	}
 	return out, nil
 }

@@ -146,6 +146,10 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 		MaxSegmentBytes: int64(cfg.Storage.MaxSegmentBytes), Now: opt.Now, SyncDir: opt.SyncDir,
 		VerifyOnOpen: verifyOnOpen(cfg.Storage.VerifyOnStart, d.cleanStop), MakeRoom: d.makeRoomFunc(), WrapTemp: opt.WrapTemp,
 		FsyncEachFile: cfg.Storage.FsyncEachFile, PackMaxBytes: int64(cfg.Storage.PackMaxBytes),
+		// Set before any read or commit can call them (the store is not
+		// shared before New returns); d.met and d.ex exist by then.
+		OnQuarantine: func(q segstore.Quarantined) { d.onQuarantine(q) },
+		OnRefetched:  func(e segstore.Entry) { d.onRefetched(e) },
 	})
 	if err != nil {
 		return nil, err

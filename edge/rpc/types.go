@@ -119,8 +119,11 @@ type Storage struct {
 	// those among them whose file had no digest tag.
 	Rebuilt    []string `json:"rebuilt,omitempty"`
 	Unverified []string `json:"unverified,omitempty"`
-	// Quarantined are damaged segment files moved to QuarantineDir.
+	// Quarantined are damaged copies moved or copied to QuarantineDir,
+	// at start or since (found damaged on read); Wanted the segments lost
+	// so and not stored again yet.
 	Quarantined   []Quarantined `json:"quarantined,omitempty"`
+	Wanted        []Wanted      `json:"wanted,omitempty"`
 	QuarantineDir string        `json:"quarantine_dir"`
 	// Verified counts the stored segments whose content was hashed at
 	// start, segment files and pack records alike (see
@@ -148,11 +151,23 @@ type Packs struct {
 	DiskBytes   int64 `json:"disk_bytes"`
 }
 
-// Quarantined is one damaged segment file set aside at start.
+// Quarantined is one damaged copy set aside.
 type Quarantined struct {
 	Segment string `json:"segment"`
 	File    string `json:"file"` // name in QuarantineDir
 	Reason  string `json:"reason"`
+	// Found is "start" (the start-up check) or "read" (read to be sent).
+	Found string `json:"found,omitempty"`
+}
+
+// Wanted is a segment this node acknowledged once and lost (quarantined,
+// or its file gone): it asks its peers for a good copy (docs/edge.md).
+type Wanted struct {
+	Segment string    `json:"segment"`
+	Size    int64     `json:"size"`
+	SHA256  string    `json:"sha256"`
+	Source  string    `json:"source,omitempty"` // the peer it came from; empty for a local ingest
+	Since   time.Time `json:"since"`
 }
 
 // Record is one ledger record.

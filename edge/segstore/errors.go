@@ -42,3 +42,10 @@ var ErrSize = errors.New("segment size mismatch")
 // ErrReservationUsed means Write was called on a reservation that was
 // already written or released.
 var ErrReservationUsed = errors.New("reservation already used or released")
+
+// ErrDamaged means a stored segment's content no longer matches its index
+// entry (bit rot, a bad card, a file changed behind the store's back),
+// found while it was read: a Reader returns it instead of the last bytes
+// of the segment, so no caller sends a whole damaged copy, and the store
+// has quarantined the copy (see Reader).
+var ErrDamaged = errors.New("stored segment damaged")

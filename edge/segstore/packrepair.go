@@ -128,12 +128,22 @@ func (s *Store) checkRecord(f io.ReaderAt, e Entry, packSize int64) string {
 // the rest of the pack's dead space afterwards. Nothing is lost: a crash
 // before the entry is dropped quarantines it again at the next start.
 func (s *Store) quarantinePacked(id string, loc location, reason string) error {
+	q, err := s.quarantineRecord(id, loc, reason)
+	if err == nil {
+		q.Found = FoundAtStart
+		s.scan.Quarantined = append(s.scan.Quarantined, q)
+	}
+	return err
+}
+
+// quarantineRecord is quarantinePacked without the report.
+func (s *Store) quarantineRecord(id string, loc location, reason string) (Quarantined, error) {
 	src, err := os.Open(filepath.Join(s.packDir(), loc.pack))
 	if err != nil {
-		return fmt.Errorf("quarantine %s: %w", id, err)
+		return Quarantined{}, fmt.Errorf("quarantine %s: %w", id, err)
 	}
 	defer src.Close()
-	return s.quarantineWith(id, reason+fmt.Sprintf(" (record at %d of pack %s)", loc.off, loc.pack), func(dst *os.File) error {
+	return s.quarantineCopy(id, reason+fmt.Sprintf(" (record at %d of pack %s)", loc.off, loc.pack), func(dst *os.File) error {
 		_, err := io.Copy(dst, io.NewSectionReader(src, loc.off, loc.len))
 		return err
 	})

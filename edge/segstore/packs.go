@@ -289,6 +289,7 @@ type Reader struct {
 	*io.SectionReader
 	f       *os.File
 	release func()
+	v       *verifier // nil once a Seek left the start (verify.go)
 }
 
 // Close closes the reader.
@@ -320,7 +321,7 @@ func (s *Store) openPackedLocked(e Entry) (*Reader, error) {
 	hl := recordHeaderLen(e.ID, e.Source)
 	p.spans[i].readers++
 	loc := e.loc
-	return &Reader{SectionReader: io.NewSectionReader(f, loc.off+hl, e.Size), f: f, release: func() { s.unread(loc) }}, nil
+	return &Reader{SectionReader: io.NewSectionReader(f, loc.off+hl, e.Size), f: f, release: func() { s.unread(loc) }, v: newVerifier(s, e)}, nil
 }
 
 // unread is a Reader's Close of a packed record: the last reader of an

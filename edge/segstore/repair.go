@@ -33,12 +33,20 @@ const (
 	RebuiltFromContent = "content"
 )
 
-// Quarantined is a segment file moved to QuarantineDir.
+// Quarantined is a segment file moved, or a pack record copied, to
+// QuarantineDir.
 type Quarantined struct {
 	ID     string // segment id
 	File   string // name in QuarantineDir: <id>.<UTC time>
 	Reason string
+	Found  string // FoundAtStart or FoundOnRead
 }
+
+// When a damaged copy was found (Quarantined.Found).
+const (
+	FoundAtStart = "start" // the start-up check (Open)
+	FoundOnRead  = "read"  // a Reader, reading it to send or verify
+)
 
 // hashFile reads path and returns its size and SHA-256 (lower-case hex).
 func hashFile(path string) (int64, string, error) {
@@ -61,40 +69,61 @@ func hashAll(r io.Reader) (int64, string, error) {
 	return n, hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// quarantine moves segments/<id> into QuarantineDir under a name that
+// quarantine is quarantineFile at start-up: the move is reported in the
+// scan.
+func (s *Store) quarantine(id, reason string) error {
+	q, err := s.quarantineFile(id, reason)
+	if err == nil {
+		q.Found = FoundAtStart
+		s.scan.Quarantined = append(s.scan.Quarantined, q)
+	}
+	return err
+}
+
+// quarantineFile moves segments/<id> into QuarantineDir under a name that
 // says when, and makes the move durable (both directories fsynced) before
 // the caller drops the index entry: a crash in between leaves an entry
 // without its file, which the next start drops, never a damaged file under
 // its id. An existing name is never overwritten.
-func (s *Store) quarantine(id, reason string) error {
+func (s *Store) quarantineFile(id, reason string) (Quarantined, error) {
 	qdir, name, err := s.quarantineName(id)
 	if err != nil {
-		return err
+		return Quarantined{}, err
 	}
 	if err := os.Rename(filepath.Join(s.dir, id), filepath.Join(qdir, name)); err != nil {
-		return fmt.Errorf("quarantine %s: %w", id, err)
+		return Quarantined{}, fmt.Errorf("quarantine %s: %w", id, err)
 	}
 	if err := syncDir(qdir); err != nil {
-		return fmt.Errorf("quarantine %s: fsync %s: %w", id, qdir, err)
+		return Quarantined{}, fmt.Errorf("quarantine %s: fsync %s: %w", id, qdir, err)
 	}
 	if err := syncDir(s.dir); err != nil {
-		return fmt.Errorf("quarantine %s: fsync %s: %w", id, s.dir, err)
+		return Quarantined{}, fmt.Errorf("quarantine %s: fsync %s: %w", id, s.dir, err)
 	}
-	s.scan.Quarantined = append(s.scan.Quarantined, Quarantined{ID: id, File: name, Reason: reason})
-	return nil
+	return Quarantined{ID: id, File: name, Reason: reason}, nil
 }
 
 // quarantineWith is quarantine for bytes that are not a file of their
 // own (a pack record): fill writes them to a new file in QuarantineDir,
-// which is fsynced, and its directory, before it returns.
+// which is fsynced, and its directory, before it returns. The copy is
+// reported in the scan.
 func (s *Store) quarantineWith(id, reason string, fill func(*os.File) error) error {
+	q, err := s.quarantineCopy(id, reason, fill)
+	if err == nil {
+		q.Found = FoundAtStart
+		s.scan.Quarantined = append(s.scan.Quarantined, q)
+	}
+	return err
+}
+
+// quarantineCopy is quarantineWith without the report.
+func (s *Store) quarantineCopy(id, reason string, fill func(*os.File) error) (Quarantined, error) {
 	qdir, name, err := s.quarantineName(id)
 	if err != nil {
-		return err
+		return Quarantined{}, err
 	}
 	f, err := os.OpenFile(filepath.Join(qdir, name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		return fmt.Errorf("quarantine %s: %w", id, err)
+		return Quarantined{}, fmt.Errorf("quarantine %s: %w", id, err)
 	}
 	err = fill(f)
 	if err == nil {
@@ -107,10 +136,9 @@ func (s *Store) quarantineWith(id, reason string, fill func(*os.File) error) err
 		err = syncDir(qdir)
 	}
 	if err != nil {
-		return fmt.Errorf("quarantine %s: %w", id, err)
+		return Quarantined{}, fmt.Errorf("quarantine %s: %w", id, err)
 	}
-	s.scan.Quarantined = append(s.scan.Quarantined, Quarantined{ID: id, File: name, Reason: reason})
-	return nil
+	return Quarantined{ID: id, File: name, Reason: reason}, nil
 }
 
 // quarantineName creates QuarantineDir if needed and picks a name in it

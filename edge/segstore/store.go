@@ -64,6 +64,13 @@ type Options struct {
 	// file system can punch holes; 0 keeps a file per segment. Segments
 	// already in packs stay readable either way.
 	PackMaxBytes int64
+	// OnQuarantine, when set, hears of every stored copy a Reader found
+	// damaged and quarantined (verify.go), after the fact; it must not
+	// block. Copies quarantined by Open are in Recovered.
+	OnQuarantine func(Quarantined)
+	// OnRefetched, when set, hears of every segment committed that the
+	// store had lost and wanted back (Wanted), after its commit.
+	OnRefetched func(Entry)
 }
 
 // Entry is one index entry.
@@ -206,6 +213,12 @@ type Store struct {
 	nextPack uint64
 	staged   int64
 	writer   *packWriter
+
+	// live are the copies quarantined since Open (a Reader found them
+	// damaged); wanted the ids lost and wanted back (verify.go). Both
+	// under mu.
+	live   []Quarantined
+	wanted map[string]bool
 }
 
 // Open opens the store under dir (creating dir/segments), creates its
@@ -242,6 +255,9 @@ func Open(dir string, db *bolt.DB, opt Options) (*Store, error) {
 		return nil, fmt.Errorf("open segment store: %w", err)
 	}
 	if err := s.reconcile(fresh); err != nil {
+		return nil, fmt.Errorf("open segment store: %w", err)
+	}
+	if err := s.loadWanted(); err != nil {
 		return nil, fmt.Errorf("open segment store: %w", err)
 	}
 	return s, nil
@@ -322,7 +338,14 @@ func (s *Store) reconcile(fresh bool) error {
 		return err
 	}
 	drop = append(drop, dropPacked...)
+	dropped := map[string]bool{}
+	for _, id := range drop {
+		dropped[id] = true
+	}
 	if len(drop) > 0 {
+		// Each was acknowledged once and is lost now: it is wanted back
+		// (verify.go), in the transaction that drops it.
+		now := s.opt.Now()
 		err = s.db.Update(func(tx *bolt.Tx) error {
 			b := tx.Bucket(indexBucket)
 			for _, id := range drop {
@@ -330,17 +353,13 @@ func (s *Store) reconcile(fresh bool) error {
 					return err
 				}
 			}
-			return nil
+			return wantDropped(tx, entries, dropped, now)
 		})
 		if err != nil {
 			return err
 		}
 	}
 	s.scan.DroppedEntries = drop
-	dropped := map[string]bool{}
-	for _, id := range drop {
-		dropped[id] = true
-	}
 	var bytes, count int64
 	var livePacked []Entry
 	for _, e := range entries {
@@ -451,7 +470,9 @@ func (s *Store) Each(fn func(Entry) error) error {
 
 // Open opens a stored segment for reading. It stays readable after a
 // concurrent eviction (a file by POSIX unlink semantics, a pack record
-// because its punch waits for the reader); the caller closes it.
+// because its punch waits for the reader); the caller closes it. Reading
+// it verifies it: a copy whose content no longer matches its entry is
+// ErrDamaged at the end of the read, and quarantined (verify.go).
 func (s *Store) Open(id string) (*Reader, Entry, error) {
 	s.mu.Lock()
 	e, err := s.Stat(id) // under mu: see openPackedLocked
@@ -474,7 +495,7 @@ func (s *Store) Open(id string) (*Reader, Entry, error) {
 	}
 	// The whole file, not e.Size bytes of it: a file that grew is damage
 	// Verify must see.
-	return &Reader{SectionReader: io.NewSectionReader(f, 0, math.MaxInt64), f: f}, e, nil
+	return &Reader{SectionReader: io.NewSectionReader(f, 0, math.MaxInt64), f: f, v: newVerifier(s, e)}, e, nil
 }
 
 // Where returns the file that holds a stored segment's content and the

@@ -298,6 +298,7 @@ func (st *Staged) Commit() (Entry, error) {
 	if err != nil {
 		return Entry{}, fmt.Errorf("write segment %s: %w", r.id, s.diskFull(err, r.size))
 	}
+	s.refetched(e)
 	return e, nil
 }
 
@@ -422,12 +423,14 @@ func (s *Store) EvictIf(id string, gate func(tx *bolt.Tx) error) error {
 
 // Verify re-reads a stored segment and checks its size and digest against
 // the index (for operators and tests; the commit path verified it once).
+// Unlike a Reader's verification it only reports: nothing is quarantined.
 func (s *Store) Verify(id string) error {
 	f, e, err := s.Open(id)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
+	f.v = nil // reports, does not quarantine
 	n, got, err := hashAll(f)
 	if err != nil {
 		return fmt.Errorf("verify %s: %w", id, err)
