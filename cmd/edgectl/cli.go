@@ -105,7 +105,7 @@ func newRoot(stdout io.Writer) *cobra.Command {
 	root.PersistentFlags().StringVarP(&g.config, "config", "c", "", "edged config file to take rpc.listen from")
 	root.PersistentFlags().BoolVar(&g.json, "json", false, "print the RPC's JSON reply")
 	root.AddCommand(statusCmd(g), indexCmd(g), storageCmd(g), quotaCmd(g), ledgerCmd(g), deadletterCmd(g),
-		segmentCmd(g), assuranceCmd(g), pkiCmd(stdout))
+		segmentCmd(g), assuranceCmd(g), relayCmd(g), pkiCmd(stdout))
 	root.AddCommand(versionCmd(stdout))
 	return root
 }
@@ -320,6 +320,38 @@ func deadletterCmd(g *globals) *cobra.Command {
 		op("retry", "retried", "Schedule deadlettered records again with a fresh retry budget", (*rpc.Client).RetryDeadletter),
 		op("purge", "purged", "Delete deadlettered records (give up on them)", (*rpc.Client).PurgeDeadletter),
 	)
+	return cmd
+}
+
+func relayCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "relay", Short: "Act on outbound delivery"}
+	var peer string
+	resend := &cobra.Command{
+		Use:   "resend SEGMENT --peer P",
+		Short: "Send a stored segment to a peer again, although the ledger says the peer has it",
+		Long: "For a peer that lost its copy after acknowledging it (it found it damaged: its edgectl storage\n" +
+			"lists it as wanted back). The record is scheduled at once with a fresh retry budget; a peer\n" +
+			"that holds the segment after all acknowledges it again. Peers speaking wire version 3 ask for\n" +
+			"such a copy themselves; this is for older peers and for a peer this node cannot be asked by.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if peer == "" {
+				return errors.New("--peer is required: the peer to send the segment to")
+			}
+			req := rpc.ResendRequest{Segment: args[0], Peer: peer}
+			return call(g, cmd, func(c *rpc.Client, ctx context.Context) (rpc.Resent, error) {
+				return c.Resend(ctx, req)
+			}, func(w io.Writer, r rpc.Resent) {
+				if !r.Resent {
+					fmt.Fprintf(w, "%s to %s is being sent right now (attempt %d): nothing to do\n", r.Record.Segment, r.Record.Peer, r.Record.Attempts)
+					return
+				}
+				fmt.Fprintf(w, "%s to %s scheduled again (attempts so far %d, fresh retry budget)\n", r.Record.Segment, r.Record.Peer, r.Record.Attempts)
+			})
+		},
+	}
+	resend.Flags().StringVar(&peer, "peer", "", "the peer to send it to (in known_peers)")
+	cmd.AddCommand(resend)
 	return cmd
 }
 

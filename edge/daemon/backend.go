@@ -301,6 +301,28 @@ func pairs(recs []ledger.Record) []string {
 	return out
 }
 
+// Resend schedules a stored segment for a known peer again (the peer lost
+// its copy: it found it damaged), closing the peer's dial circuit so the
+// record goes out at once, as a deadletter retry does.
+func (b backend) Resend(_ context.Context, req rpc.ResendRequest) (rpc.Resent, error) {
+	d := b.d
+	if err := segstore.ValidID(req.Segment); err != nil {
+		return rpc.Resent{}, err
+	}
+	if _, err := d.store.Stat(req.Segment); err != nil {
+		return rpc.Resent{}, fmt.Errorf("resend %s: %w (only a stored segment can be sent)", req.Segment, err)
+	}
+	if p, known := d.cfg.Peer(req.Peer); !known || p.Address == "" {
+		return rpc.Resent{}, fmt.Errorf("resend %s: %w: peer %q is not in known_peers (accept_from peers are never dialled)", req.Segment, ledger.ErrNotFound, req.Peer)
+	}
+	r, resent, err := d.resend(req.Segment, req.Peer)
+	if err != nil {
+		return rpc.Resent{}, err
+	}
+	d.log.Info("relay resend by operator", "segment", req.Segment, "peer", req.Peer, "resent", resent)
+	return rpc.Resent{Record: record(r), Resent: resent}, nil
+}
+
 func (b backend) Ingest(_ context.Context, id string, size int64, sum string, body io.Reader) (rpc.Ingested, error) {
 	e, err := b.d.store.Write(id, size, sum, body, "")
 	dup := errors.Is(err, segstore.ErrAlreadyHave)

@@ -3,6 +3,7 @@ package daemon
 import (
 	"path/filepath"
 
+	"github.com/relay-dev/relay/edge/ledger"
 	"github.com/relay-dev/relay/edge/segstore"
 )
 
@@ -32,4 +33,19 @@ func (d *Daemon) onRefetched(e segstore.Entry) {
 	if len(recs) > 0 {
 		d.ex.Kick()
 	}
+}
+
+// resend makes the ledger send a stored segment to peer again, and the
+// workers go at once: the peer's dial circuit is closed (it just asked,
+// or an operator says it is back) so the record is not deferred.
+func (d *Daemon) resend(seg, peer string) (ledger.Record, bool, error) {
+	r, resent, err := d.led.Resend(seg, peer, d.opt.Now())
+	if err != nil {
+		return ledger.Record{}, false, err
+	}
+	if resent {
+		d.ex.ResetCircuits(peer)
+		d.ex.Kick()
+	}
+	return r, resent, nil
 }

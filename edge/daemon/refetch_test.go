@@ -1,14 +1,20 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"io"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/relay-dev/relay/edge/config"
 	"github.com/relay-dev/relay/edge/ledger"
+	"github.com/relay-dev/relay/edge/pki/pkitest"
+	"github.com/relay-dev/relay/edge/rpc"
 	"github.com/relay-dev/relay/edge/segstore"
+	"github.com/relay-dev/relay/edge/wire"
 )
 
 // TestDamagedAfterCleanStopCaughtOnSend: a segment whose content changed
@@ -73,4 +79,78 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// damageStored flips bytes of n's stored copy of id and reads it, as a
+// send would: the read finds the damage and quarantines it.
+func damageStored(t *testing.T, n *testNode, id string) {
+	t.Helper()
+	path, off, err := n.d.store.Where(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	overwrite(t, path, off+8, 4)
+	r, _, err := n.d.store.Open(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = io.Copy(io.Discard, r)
+	r.Close()
+	if !errors.Is(err, segstore.ErrDamaged) {
+		t.Fatalf("read of the damaged copy: %v", err)
+	}
+	if stored(n, id) {
+		t.Fatalf("%s: %s still indexed", n.id, id)
+	}
+}
+
+// TestOperatorResend: b acknowledged seg-1 and then lost it (damaged,
+// quarantined): a's record says acked, so nothing sent it again.
+// edgectl relay resend on a sends it again; b stores a good copy and no
+// longer wants it. Without a stored segment or a known peer the request
+// is refused (404), without both ids it is malformed (400).
+func TestOperatorResend(t *testing.T) {
+	dir := pkitest.New(t, "a", "b")
+	nodes := startCluster(t, dir, []string{"a", "b"}, func(c *config.Config) { c.Relay.MaxProtocolVersion = wire.Version2 })
+	a, b := nodes["a"], nodes["b"]
+	content := bytes.Repeat([]byte("resend me "), 700)
+	put(t, a, "seg-1", content)
+	waitUntil(t, "a's record acked", func() bool {
+		r, err := a.d.led.Get("seg-1", "b")
+		return err == nil && r.State == ledger.StateAcked
+	})
+	damageStored(t, b, "seg-1")
+	if w, _ := b.d.store.Wanted(); len(w) != 1 || w[0].Source != "a" {
+		t.Fatalf("b wants %+v", w)
+	}
+
+	ctx := context.Background()
+	for _, c := range []struct {
+		req    rpc.ResendRequest
+		status int
+	}{
+		{rpc.ResendRequest{Segment: "seg-1"}, 400},
+		{rpc.ResendRequest{Segment: "nope", Peer: "b"}, 404},
+		{rpc.ResendRequest{Segment: "seg-1", Peer: "zed"}, 404},
+	} {
+		var re *rpc.Error
+		if _, err := a.client.Resend(ctx, c.req); !errors.As(err, &re) || re.Status != c.status {
+			t.Errorf("Resend(%+v) = %v, want status %d", c.req, err, c.status)
+		}
+	}
+	got, err := a.client.Resend(ctx, rpc.ResendRequest{Segment: "seg-1", Peer: "b"})
+	if err != nil || !got.Resent || got.Record.Attempts != 1 {
+		t.Fatalf("Resend = %+v, %v", got, err)
+	}
+	waitUntil(t, "b stores seg-1 again", func() bool { return stored(b, "seg-1") })
+	if err := b.d.store.Verify("seg-1"); err != nil {
+		t.Fatal(err)
+	}
+	if w, _ := b.d.store.Wanted(); len(w) != 0 {
+		t.Fatalf("b still wants %+v", w)
+	}
+	waitUntil(t, "a's record acked again", func() bool {
+		r, err := a.d.led.Get("seg-1", "b")
+		return err == nil && r.State == ledger.StateAcked && r.Attempts == 2
+	})
 }

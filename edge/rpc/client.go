@@ -149,6 +149,11 @@ func (c *Client) PurgeDeadletter(ctx context.Context, sel Selector) (Deadlettere
 	return postJSON[Deadlettered](ctx, c, "/v1/deadletter/purge", sel)
 }
 
+// Resend is POST /v1/relay/resend.
+func (c *Client) Resend(ctx context.Context, req ResendRequest) (Resent, error) {
+	return postJSON[Resent](ctx, c, "/v1/relay/resend", req)
+}
+
 // PutSegment uploads size bytes from body as segment id; sha256hex is the
 // content's digest, which the daemon verifies before storing.
 func (c *Client) PutSegment(ctx context.Context, id string, size int64, sha256hex string, body io.Reader) (Ingested, error) {

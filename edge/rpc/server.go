@@ -40,6 +40,10 @@ type Backend interface {
 	Ingest(ctx context.Context, id string, size int64, sha256hex string, body io.Reader) (Ingested, error)
 	// IngestPath stores the file at path (read by the daemon).
 	IngestPath(ctx context.Context, path, id string) (Ingested, error)
+	// Resend makes the ledger send a stored segment to a known peer again,
+	// whatever its record says (ledger.Resend): the peer lost its copy.
+	// A segment not stored, or a peer not in known_peers, is ErrNotFound.
+	Resend(ctx context.Context, req ResendRequest) (Resent, error)
 	// Healthy is nil while the daemon is serving.
 	Healthy() error
 }
@@ -125,6 +129,19 @@ func NewServer(b Backend, g prometheus.Gatherer, log *slog.Logger, opt ServerOpt
 	})
 	mux.HandleFunc("POST /v1/deadletter/retry", post(s, b.RetryDeadletter))
 	mux.HandleFunc("POST /v1/deadletter/purge", post(s, b.PurgeDeadletter))
+	mux.HandleFunc("POST /v1/relay/resend", func(w http.ResponseWriter, r *http.Request) {
+		var req ResendRequest
+		if err := decodeJSON(s.paced(w, r, maxJSONBody), &req); err != nil {
+			s.reply(w, r, nil, err)
+			return
+		}
+		if req.Segment == "" || req.Peer == "" {
+			s.reply(w, r, nil, fmt.Errorf(`%w: "segment" and "peer" are both required`, ErrBadRequest))
+			return
+		}
+		v, err := b.Resend(r.Context(), req)
+		s.reply(w, r, v, err)
+	})
 	mux.HandleFunc("POST /v1/segments", s.ingest)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		if err := b.Healthy(); err != nil {

@@ -19,6 +19,7 @@
 //	POST /v1/deadletter/retry      {"segment":"S","peer":"P"} (either or both), or {"all":true};
 //	                               {} is refused (400); a peer or segment without ledger records is 404
 //	POST /v1/deadletter/purge      same body
+//	POST /v1/relay/resend          {"segment":"S","peer":"P"}: send S to P again (P lost its copy)
 //	POST /v1/segments?id=ID&sha256=HEX   body = segment bytes (Content-Length required)
 //	POST /v1/segments              {"path":"/file","id":"ID"}: the daemon reads the file,
 //	                               which must resolve to a regular file inside rpc.ingest_dirs (403 otherwise)
@@ -230,6 +231,21 @@ func (s Selector) Check() error {
 type Deadlettered struct {
 	Count   int      `json:"count"`
 	Records []Record `json:"records"`
+}
+
+// ResendRequest is the body of POST /v1/relay/resend: send Segment to
+// Peer again although the ledger may say Peer has it.
+type ResendRequest struct {
+	Segment string `json:"segment"`
+	Peer    string `json:"peer"`
+}
+
+// Resent is the reply of POST /v1/relay/resend: the record as it is now
+// (scheduled, due at once), and Resent false when it was being sent
+// already (inflight: that attempt delivers it).
+type Resent struct {
+	Record Record `json:"record"`
+	Resent bool   `json:"resent"`
 }
 
 // IngestFile is the JSON body of POST /v1/segments.
