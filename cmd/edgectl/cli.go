@@ -443,9 +443,9 @@ func assuranceCmd(g *globals) *cobra.Command {
 func pkiCmd(stdout io.Writer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "pki",
-		Short: "Create a development CA and node certificates",
-		Long: "A development PKI for trying edged out: keys are plain files and there is no revocation.\n" +
-			"Production fleets should issue node certificates from their own CA with the same identity URI\n" +
+		Short: "Create a development CA and node, server and client certificates",
+		Long: "A development PKI for trying edged and relay serve out: keys are plain files and there is no revocation.\n" +
+			"Production fleets should issue certificates from their own CA with the same identity URI\n" +
 			"(spiffe://relay/node/<node-id>).",
 	}
 	var force bool
@@ -461,13 +461,26 @@ func pkiCmd(stdout io.Writer) *cobra.Command {
 		},
 	}
 	initCmd.Flags().BoolVar(&force, "force", false, "overwrite existing files")
-	var dir string
+	var dir, usage string
 	var hosts []string
 	var validity time.Duration
 	issue := &cobra.Command{
-		Use: "issue NODE", Short: "Issue DIR/NODE.crt and DIR/NODE.key, signed by the CA in DIR", Args: cobra.ExactArgs(1),
+		Use: "issue NAME --usage node|server|client", Short: "Issue DIR/NAME.crt and DIR/NAME.key, signed by the CA in DIR", Args: cobra.ExactArgs(1),
+		Long: "Issue a certificate for one use, which --usage names (there is no default):\n" +
+			"  node    an edge agent's: edged both dials and accepts, so client and server auth\n" +
+			"  server  a listener's, such as relay serve's: server auth only, for the --host names\n" +
+			"  client  a caller's, such as a relay serve client's: client auth only, no host names\n" +
+			"A certificate valid for server auth lets whoever holds its key answer clients that trust the CA,\n" +
+			"so callers get client certificates that cannot serve.",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := pki.Issue(dir, args[0], pki.Options{Overwrite: force, Hosts: hosts, Validity: validity})
+			if usage == "" {
+				return errors.New("say what the certificate is for: --usage node (an edge agent: dials and accepts), server (a listener such as relay serve) or client (a caller of relay serve: client auth only); nothing was written")
+			}
+			u, err := pki.ParseUsage(usage)
+			if err != nil {
+				return err
+			}
+			p, err := pki.Issue(dir, args[0], pki.Options{Usage: u, Overwrite: force, Hosts: hosts, Validity: validity})
 			if err != nil {
 				return forceHint(err)
 			}
@@ -476,7 +489,8 @@ func pkiCmd(stdout io.Writer) *cobra.Command {
 		},
 	}
 	issue.Flags().StringVar(&dir, "dir", ".", "directory holding the CA (from pki init)")
-	issue.Flags().StringSliceVar(&hosts, "host", nil, "DNS name or IP for the certificate (informational; default localhost,127.0.0.1; the node id is always a DNS name too, the TLS server name clients send)")
+	issue.Flags().StringVar(&usage, "usage", "", "what the certificate is for: node, server or client (required)")
+	issue.Flags().StringSliceVar(&hosts, "host", nil, "DNS name or IP clients dial the certificate's holder by (node and server: default localhost,127.0.0.1, and the name is always a DNS name too, the TLS server name clients send; client: none)")
 	issue.Flags().DurationVar(&validity, "validity", 0, "certificate lifetime (default 1 year, capped at the CA's)")
 	issue.Flags().BoolVar(&force, "force", false, "overwrite existing files")
 	cmd.AddCommand(initCmd, issue)

@@ -39,7 +39,7 @@ func TestStorageLines(t *testing.T) {
 // that replaces it (it said "use overwrite", the library's option).
 func TestPKIExistsNamesForce(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "pki")
-	for _, args := range [][]string{{"pki", "init", dir}, {"pki", "issue", "a", "--dir", dir}} {
+	for _, args := range [][]string{{"pki", "init", dir}, {"pki", "issue", "a", "--usage", "node", "--dir", dir}} {
 		var out, errOut bytes.Buffer
 		if code := run(context.Background(), args, &out, &errOut); code != 0 {
 			t.Fatalf("first %v: exit %d: %s", args, code, errOut.String())

@@ -160,7 +160,7 @@ func newCluster(t *testing.T, ids ...string) *cluster {
 	pkiDir := filepath.Join(c.dir, "pki")
 	edgectl(t, "", "pki", "init", pkiDir)
 	for _, id := range ids {
-		edgectl(t, "", "pki", "issue", id, "--dir", pkiDir)
+		edgectl(t, "", "pki", "issue", id, "--usage", "node", "--dir", pkiDir)
 	}
 	for i, id := range ids {
 		n := &node{c: c, id: id, listen: freePort(t), rpc: freePort(t),

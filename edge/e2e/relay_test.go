@@ -221,11 +221,11 @@ func TestRefusedClients(t *testing.T) {
 	b.start()
 	pkiDir := filepath.Join(c.dir, "pki")
 	// mallory: same CA, not in b's known_peers.
-	edgectl(t, "", "pki", "issue", "mallory", "--dir", pkiDir)
+	edgectl(t, "", "pki", "issue", "mallory", "--usage", "node", "--dir", pkiDir)
 	// A second CA that also issues an "a".
 	otherDir := filepath.Join(c.dir, "other-pki")
 	edgectl(t, "", "pki", "init", otherDir)
-	edgectl(t, "", "pki", "issue", "a", "--dir", otherDir)
+	edgectl(t, "", "pki", "issue", "a", "--usage", "node", "--dir", otherDir)
 	ctx := context.Background()
 
 	if _, err := rawTransport(t, otherDir, "a").Dial(ctx, b.listen, "b"); err == nil {
@@ -274,7 +274,7 @@ func TestCheckConfigAndReload(t *testing.T) {
 	}
 	a.relay = ""
 	a.start()
-	edgectl(t, "", "pki", "issue", "a", "--dir", filepath.Join(c.dir, "pki"), "--force")
+	edgectl(t, "", "pki", "issue", "a", "--usage", "node", "--dir", filepath.Join(c.dir, "pki"), "--force")
 	a.signal(syscall.SIGHUP)
 	eventually(t, "reload logged", func() bool { return strings.Contains(a.log(), "certificates reloaded") })
 }

@@ -1,6 +1,8 @@
 // Package pki encodes edge node identity in X.509 certificates and issues a
-// development PKI: one CA and node certificates signed by it (what
-// `edgectl pki init` and `edgectl pki issue` run).
+// development PKI: one CA and certificates signed by it (what `edgectl pki
+// init` and `edgectl pki issue` run): node certificates for edge agents,
+// which both dial and accept, and server-only or client-only ones for
+// relay serve and its callers (Usage).
 //
 // A node's identity is exactly one URI SAN of the form
 //
@@ -109,8 +111,73 @@ func ServerName(id string) string {
 	return id
 }
 
-// Options tune InitCA and Issue. The zero value is usable.
+// Usage is what a certificate Issue writes may authenticate as. A
+// certificate valid for server auth lets whoever holds its key answer
+// clients that trust the CA for the names it carries, so only a party
+// that listens gets one: a client certificate that could also serve
+// would let any client pose as the server (for relay serve, on
+// localhost, and collect its callers' bearer tokens). There is no
+// default: each caller says which it issues.
+type Usage int
+
+const (
+	usageUnset Usage = iota
+	// UsageNode is an edge agent's certificate: edged both dials its
+	// peers and accepts them, so it is valid for client and server auth,
+	// with the node id and Options.Hosts (default localhost, 127.0.0.1)
+	// as SANs. Certificates issued before Usage existed are of this
+	// kind.
+	UsageNode
+	// UsageServer is a listener's certificate only (relay serve's): server
+	// auth, with the node id and Options.Hosts (default localhost,
+	// 127.0.0.1) as SANs.
+	UsageServer
+	// UsageClient is a caller's certificate only (a relay serve client's):
+	// client auth, and no DNS or IP SANs unless Options.Hosts names some
+	// (which cannot make it a server certificate: it is not valid for
+	// server auth).
+	UsageClient
+)
+
+// ParseUsage reads "node", "server" or "client".
+func ParseUsage(s string) (Usage, error) {
+	for _, u := range []Usage{UsageNode, UsageServer, UsageClient} {
+		if s == u.String() {
+			return u, nil
+		}
+	}
+	return usageUnset, fmt.Errorf("certificate usage %q: want node (an edge agent: dials and accepts), server (a listener such as relay serve) or client (a caller of relay serve)", s)
+}
+
+func (u Usage) String() string {
+	switch u {
+	case UsageNode:
+		return "node"
+	case UsageServer:
+		return "server"
+	case UsageClient:
+		return "client"
+	}
+	return fmt.Sprintf("Usage(%d)", int(u))
+}
+
+// extKeyUsage is the certificate's extended key usage.
+func (u Usage) extKeyUsage() []x509.ExtKeyUsage {
+	switch u {
+	case UsageServer:
+		return []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+	case UsageClient:
+		return []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	}
+	return []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
+}
+
+// Options tune InitCA and Issue. The zero value is usable for InitCA;
+// Issue needs Usage.
 type Options struct {
+	// Usage is what the certificate Issue writes is for (required by
+	// Issue; InitCA ignores it).
+	Usage Usage
 	// Overwrite replaces existing files; otherwise ErrExists.
 	Overwrite bool
 	// Validity of the certificate. Default: 10 years for a CA, 1 year for
@@ -119,8 +186,9 @@ type Options struct {
 	// Now is the issue time. Default: time.Now(). NotBefore is set five
 	// minutes earlier to tolerate clock skew between devices.
 	Now time.Time
-	// Hosts become DNS or IP SANs of a node certificate (informational).
-	// Default: "localhost" and "127.0.0.1".
+	// Hosts become DNS or IP SANs of the certificate: the names a server
+	// is dialled by. Default: "localhost" and "127.0.0.1" for UsageNode
+	// and UsageServer, none for UsageClient.
 	Hosts []string
 }
 
@@ -171,14 +239,20 @@ func InitCA(dir string, opt Options) (Paths, error) {
 }
 
 // Issue creates <dir>/<nodeID>.crt and <dir>/<nodeID>.key, signed by the
-// CA in dir. The certificate serves as both TLS server and client
-// certificate (one per node), carries the node identity URI, CommonName
-// nodeID and nodeID as a DNS SAN (ServerName), and the key (ECDSA P-256)
-// is written 0600.
+// CA in dir, for opt.Usage (required): an edge node's certificate serves
+// as both TLS server and client certificate, a server's and a client's as
+// one only. Each carries the node identity URI and CommonName nodeID; a
+// node's and a server's also nodeID as a DNS SAN (ServerName) and the
+// hosts. The key (ECDSA P-256) is written 0600.
 func Issue(dir, nodeID string, opt Options) (Paths, error) {
 	p := Paths{Cert: filepath.Join(dir, nodeID+".crt"), Key: filepath.Join(dir, nodeID+".key")}
 	if err := wire.CheckNodeID(nodeID); err != nil {
 		return p, fmt.Errorf("issue %s: %w", nodeID, err)
+	}
+	switch opt.Usage {
+	case UsageNode, UsageServer, UsageClient:
+	default:
+		return p, fmt.Errorf("issue %s: say what the certificate is for (Options.Usage): UsageNode, UsageServer or UsageClient", nodeID)
 	}
 	if nodeID == "ca" {
 		return p, fmt.Errorf("issue %s: node id %q collides with the CA's files", nodeID, nodeID)
@@ -200,14 +274,14 @@ func Issue(dir, nodeID string, opt Options) (Paths, error) {
 		NotBefore:   nb,
 		NotAfter:    na,
 		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		ExtKeyUsage: opt.Usage.extKeyUsage(),
 		URIs:        []*url.URL{NodeURI(nodeID)},
 	}
-	if ServerName(nodeID) != "" {
+	if ServerName(nodeID) != "" && opt.Usage != UsageClient {
 		tmpl.DNSNames = append(tmpl.DNSNames, nodeID)
 	}
 	hosts := opt.Hosts
-	if len(hosts) == 0 {
+	if len(hosts) == 0 && opt.Usage != UsageClient {
 		hosts = []string{"localhost", "127.0.0.1"}
 	}
 	for _, h := range hosts {

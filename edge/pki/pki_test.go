@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -59,7 +60,7 @@ func TestInitCAAndIssue(t *testing.T) {
 		t.Errorf("CA key is %T, want ECDSA P-256", caCert.PublicKey)
 	}
 
-	node, err := Issue(dir, "node-a", Options{})
+	node, err := Issue(dir, "node-a", Options{Usage: UsageNode})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +98,7 @@ func TestIssueHostsAndValidity(t *testing.T) {
 	if _, err := InitCA(dir, Options{Now: now, Validity: 48 * time.Hour}); err != nil {
 		t.Fatal(err)
 	}
-	p, err := Issue(dir, "n1", Options{Now: now, Hosts: []string{"10.1.2.3", "edge-1.lan"}})
+	p, err := Issue(dir, "n1", Options{Usage: UsageNode, Now: now, Hosts: []string{"10.1.2.3", "edge-1.lan"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,25 +128,25 @@ func TestRefusesOverwrite(t *testing.T) {
 	if after, _ := os.ReadFile(ca.Key); !bytes.Equal(before, after) {
 		t.Fatal("CA key changed by a refused InitCA")
 	}
-	n, err := Issue(dir, "n", Options{})
+	n, err := Issue(dir, "n", Options{Usage: UsageNode})
 	if err != nil {
 		t.Fatal(err)
 	}
 	certBefore, _ := os.ReadFile(n.Cert)
-	if _, err := Issue(dir, "n", Options{}); !errors.Is(err, ErrExists) {
+	if _, err := Issue(dir, "n", Options{Usage: UsageNode}); !errors.Is(err, ErrExists) {
 		t.Fatalf("second Issue = %v, want ErrExists", err)
 	}
 	// Only the key exists (e.g. cert deleted by hand): still refused, and
 	// the key is not replaced by one that no certificate matches.
 	os.Remove(n.Cert)
 	keyBefore, _ := os.ReadFile(n.Key)
-	if _, err := Issue(dir, "n", Options{}); !errors.Is(err, ErrExists) {
+	if _, err := Issue(dir, "n", Options{Usage: UsageNode}); !errors.Is(err, ErrExists) {
 		t.Fatalf("Issue over a lone key = %v, want ErrExists", err)
 	}
 	if k, _ := os.ReadFile(n.Key); !bytes.Equal(k, keyBefore) {
 		t.Fatal("lone key replaced")
 	}
-	if _, err := Issue(dir, "n", Options{Overwrite: true}); err != nil {
+	if _, err := Issue(dir, "n", Options{Usage: UsageNode, Overwrite: true}); err != nil {
 		t.Fatalf("Issue with Overwrite: %v", err)
 	}
 	if certAfter, _ := os.ReadFile(n.Cert); bytes.Equal(certAfter, certBefore) {
@@ -162,14 +163,14 @@ func TestRefusesOverwrite(t *testing.T) {
 
 func TestIssueRefusals(t *testing.T) {
 	dir := t.TempDir()
-	if _, err := Issue(dir, "n", Options{}); err == nil {
+	if _, err := Issue(dir, "n", Options{Usage: UsageNode}); err == nil {
 		t.Fatal("Issue without a CA succeeded")
 	}
 	if _, err := InitCA(dir, Options{}); err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range []string{"", "../evil", ".hidden", "a/b", "ca"} {
-		if _, err := Issue(dir, id, Options{}); err == nil {
+		if _, err := Issue(dir, id, Options{Usage: UsageNode}); err == nil {
 			t.Errorf("Issue(%q) succeeded", id)
 		}
 	}
@@ -180,7 +181,7 @@ func TestIssueRefusals(t *testing.T) {
 	}
 	k, _ := os.ReadFile(filepath.Join(other, CAKeyFile))
 	os.WriteFile(filepath.Join(dir, CAKeyFile), k, 0o600)
-	if _, err := Issue(dir, "n", Options{}); err == nil {
+	if _, err := Issue(dir, "n", Options{Usage: UsageNode}); err == nil {
 		t.Fatal("Issue with a mismatched CA key succeeded")
 	}
 }
@@ -239,7 +240,7 @@ func TestNodeIDServerName(t *testing.T) {
 		{"10.0.0.2", []string{"localhost"}}, // a client would match IP SANs
 		{"a..b", []string{"localhost"}},     // empty label: not a host name
 	} {
-		p, err := Issue(dir, tc.id, Options{})
+		p, err := Issue(dir, tc.id, Options{Usage: UsageNode})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -252,6 +253,116 @@ func TestNodeIDServerName(t *testing.T) {
 		}
 		if want := tc.dnsNames[0] == tc.id; (ServerName(tc.id) == tc.id) != want {
 			t.Errorf("ServerName(%q) = %q", tc.id, ServerName(tc.id))
+		}
+	}
+}
+
+// Each usage gets the extended key usage and SANs it needs and no more: a
+// client certificate is valid for client auth only and names no host; a
+// server certificate serves only; a node certificate does both. Issue
+// refuses to guess.
+func TestIssueUsages(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := InitCA(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(readCert(t, ca.Cert))
+	if _, err := Issue(dir, "unsaid", Options{}); err == nil || !strings.Contains(err.Error(), "Usage") {
+		t.Fatalf("Issue without a usage = %v, want a refusal naming Usage", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "unsaid.key")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a refused Issue wrote a key (%v)", err)
+	}
+	for _, tc := range []struct {
+		usage          Usage
+		opt            Options
+		server, client bool
+		dns            []string
+		ips            int
+	}{
+		{UsageNode, Options{}, true, true, []string{"n-node", "localhost"}, 1},
+		{UsageServer, Options{Hosts: []string{"relay.example", "10.0.0.5"}}, true, false, []string{"n-server", "relay.example"}, 1},
+		{UsageClient, Options{}, false, true, nil, 0},
+		{UsageClient, Options{Hosts: []string{"asked.example"}}, false, true, []string{"asked.example"}, 0},
+	} {
+		name := "n-" + tc.usage.String()
+		tc.opt.Usage, tc.opt.Overwrite = tc.usage, true
+		p, err := Issue(dir, name, tc.opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := readCert(t, p.Cert)
+		for _, u := range []struct {
+			eku  x509.ExtKeyUsage
+			want bool
+		}{{x509.ExtKeyUsageServerAuth, tc.server}, {x509.ExtKeyUsageClientAuth, tc.client}} {
+			_, err := c.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{u.eku}})
+			if (err == nil) != u.want {
+				t.Errorf("%s %v: verifies for %v: %v, want %v", tc.usage, tc.opt.Hosts, u.eku, err, u.want)
+			}
+		}
+		if !slices.Equal(c.DNSNames, tc.dns) || len(c.IPAddresses) != tc.ips {
+			t.Errorf("%s %v: SANs %v %v, want %v and %d IPs", tc.usage, tc.opt.Hosts, c.DNSNames, c.IPAddresses, tc.dns, tc.ips)
+		}
+		if id, err := NodeID(c); err != nil || id != name {
+			t.Errorf("%s: NodeID %q, %v", tc.usage, id, err)
+		}
+	}
+	for _, s := range []string{"node", "server", "client"} {
+		if u, err := ParseUsage(s); err != nil || u.String() != s {
+			t.Errorf("ParseUsage(%q) = %v, %v", s, u, err)
+		}
+	}
+	if _, err := ParseUsage("both"); err == nil {
+		t.Error(`ParseUsage("both") succeeded`)
+	}
+}
+
+// A client's certificate and key cannot pose as the server: a TLS server
+// on 127.0.0.1 presenting them fails the handshake of a client that
+// trusts the CA, where a server certificate's passes.
+func TestClientCertCannotServe(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := InitCA(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(readCert(t, ca.Cert))
+	for _, tc := range []struct {
+		usage Usage
+		ok    bool
+	}{{UsageClient, false}, {UsageServer, true}, {UsageNode, true}} {
+		name := "as-" + tc.usage.String()
+		p, err := Issue(dir, name, Options{Usage: tc.usage, Hosts: []string{"127.0.0.1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		kp, err := tls.LoadX509KeyPair(p.Cert, p.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{kp}, MinVersion: tls.VersionTLS13})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.(*tls.Conn).Handshake()
+			c.Close()
+		}()
+		conn, err := tls.Dial("tcp", ln.Addr().String(), &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS13})
+		if err == nil {
+			conn.Close()
+		}
+		ln.Close()
+		if (err == nil) != tc.ok {
+			t.Errorf("a server presenting a %s certificate: handshake error %v, want success %v", tc.usage, err, tc.ok)
 		}
 	}
 }

@@ -74,7 +74,7 @@ func TestReloadRotatesWithoutRestart(t *testing.T) {
 		t.Fatal("first handshake did not use the files' certificates")
 	}
 	for _, n := range []string{"a", "b"} {
-		if _, err := pki.Issue(dir, n, pki.Options{Overwrite: true}); err != nil {
+		if _, err := pki.Issue(dir, n, pki.Options{Usage: pki.UsageNode, Overwrite: true}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -162,7 +162,7 @@ func TestReloadBadFilesKeepOldMaterial(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, n := range []string{"a", "b"} {
-		if _, err := pki.Issue(dir, n, pki.Options{Overwrite: true}); err != nil {
+		if _, err := pki.Issue(dir, n, pki.Options{Usage: pki.UsageNode, Overwrite: true}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -2,8 +2,10 @@ package relayserve
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 )
 
@@ -34,6 +36,9 @@ func (c *credentials) reload(cfg Config) error {
 	var cert *tls.Certificate
 	if c.tls.Cert != "" && c.tls.Key != "" { // half a pair is a configuration error of its own
 		kp, cerr := tls.LoadX509KeyPair(c.tls.Cert, c.tls.Key)
+		if cerr == nil {
+			cerr = serverUsage(kp.Leaf)
+		}
 		if cerr != nil {
 			err = errors.Join(err, fmt.Errorf("tls.cert, tls.key: %w", cerr))
 		}
@@ -67,4 +72,18 @@ func (c *credentials) tlsConfig() *tls.Config {
 		tc.ClientAuth = tls.RequestClientCert
 	}
 	return tc
+}
+
+// serverUsage refuses a certificate that clients would refuse as a
+// server's (its extended key usage lacks server auth, like a client
+// certificate from `edgectl pki issue --usage client`), at the start or
+// reload rather than in every client's handshake.
+func serverUsage(leaf *x509.Certificate) error {
+	if leaf == nil || len(leaf.ExtKeyUsage) == 0 && len(leaf.UnknownExtKeyUsage) == 0 {
+		return nil
+	}
+	if slices.Contains(leaf.ExtKeyUsage, x509.ExtKeyUsageServerAuth) || slices.Contains(leaf.ExtKeyUsage, x509.ExtKeyUsageAny) {
+		return nil
+	}
+	return errors.New("the certificate is not valid for server auth (a client certificate?): issue the server its own, e.g. edgectl pki issue NAME --usage server --host NAMES")
 }

@@ -57,7 +57,11 @@ principals:
 func newFixture(t *testing.T, extra string) *fixture {
 	t.Helper()
 	f := &fixture{dir: t.TempDir(), tokens: map[string]string{}}
-	f.pki = pkitest.New(t, "server", "certproducer", "stranger")
+	f.pki = pkitest.New(t)
+	pkitest.Issue(t, f.pki, "server", pki.UsageServer)
+	for _, c := range []string{"certproducer", "stranger"} {
+		pkitest.Issue(t, f.pki, c, pki.UsageClient)
+	}
 	f.db = filepath.Join(f.dir, "relay.db")
 	var lines []string
 	for _, p := range []string{"producer", "reader", "operator", "roleless"} {
@@ -107,7 +111,7 @@ func (f *fixture) start(t *testing.T) *servetest.Proc {
 	return servetest.Start(t, relayBin, f.cfgPath)
 }
 
-// client trusts the fixture's CA and presents cert (a pkitest node) if
+// client trusts the fixture's CA and presents cert (a certificate in f.pki) if
 // not "".
 func (f *fixture) client(t *testing.T, p *servetest.Proc, cert string) *http.Client {
 	t.Helper()
@@ -429,7 +433,7 @@ func TestReloadTokens(t *testing.T) {
 	if err := os.WriteFile(tokensFile, []byte("producer "+strings.Fields(line)[1]+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pki.Issue(f.pki, "server", pki.Options{Overwrite: true}); err != nil {
+	if _, err := pki.Issue(f.pki, "server", pki.Options{Usage: pki.UsageServer, Overwrite: true}); err != nil {
 		t.Fatal(err)
 	}
 	p.Signal(t, syscall.SIGHUP)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -16,7 +17,9 @@ import (
 	"time"
 
 	"github.com/relay-dev/relay/edge/pki"
+	"github.com/relay-dev/relay/edge/pki/pkitest"
 	"github.com/relay-dev/relay/internal/relayserve"
+	"github.com/relay-dev/relay/internal/relayserve/servetest"
 	"github.com/relay-dev/relay/lambda/api"
 )
 
@@ -141,7 +144,7 @@ func TestDataRoutesNeedRead(t *testing.T) {
 // the token it sent.
 func TestRefusalLogSaysWhy(t *testing.T) {
 	f := newFixture(t, "")
-	if _, err := pki.Issue(f.pki, "expired", pki.Options{Now: time.Now().Add(-48 * time.Hour), Validity: time.Hour}); err != nil {
+	if _, err := pki.Issue(f.pki, "expired", pki.Options{Usage: pki.UsageClient, Now: time.Now().Add(-48 * time.Hour), Validity: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	p := f.start(t)
@@ -229,5 +232,29 @@ func TestConcurrentEnqueuesOneSource(t *testing.T) {
 	}
 	if code := p.Stop(t); code != 0 {
 		t.Fatalf("exit code %d", code)
+	}
+}
+
+// Certificates and their uses: a node certificate of an edge agent (valid
+// for client and server auth, as every certificate edgectl issued before
+// it asked for a usage) still authenticates a caller, and a server whose
+// tls.cert is a client certificate (not valid for server auth) is refused
+// by --check-config with what to do, not left to fail every handshake.
+func TestCertificateUsages(t *testing.T) {
+	f := newFixture(t, "  edge-node: {read: true}\n")
+	pkitest.Issue(t, f.pki, "edge-node", pki.UsageNode)
+	p := f.start(t)
+	if r := do(t, f.client(t, p, "edge-node"), "GET", p.URL+"/v1/sources/orders/state", "", nil); r.status != 200 {
+		t.Fatalf("a node certificate as a client: %d %s", r.status, r.body)
+	}
+	if code := p.Stop(t); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
+
+	cfg := strings.Replace(f.base, filepath.Join(f.pki, "server.crt"), filepath.Join(f.pki, "certproducer.crt"), 1)
+	cfg = strings.Replace(cfg, filepath.Join(f.pki, "server.key"), filepath.Join(f.pki, "certproducer.key"), 1)
+	out, err := exec.Command(relayBin, "serve", "--check-config", "--config", servetest.WriteConfig(t, cfg+principalsYAML)).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "not valid for server auth") || !strings.Contains(string(out), "--usage server") {
+		t.Fatalf("--check-config with a client certificate as tls.cert: %v\n%s", err, out)
 	}
 }

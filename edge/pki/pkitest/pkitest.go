@@ -8,8 +8,9 @@ import (
 	"github.com/relay-dev/relay/edge/pki"
 )
 
-// New creates a CA and a certificate for each node in t.TempDir() and
-// returns the directory (ca.crt, <node>.crt, <node>.key).
+// New creates a CA and a node certificate (pki.UsageNode: edge agents
+// both dial and accept) for each node in t.TempDir() and returns the
+// directory (ca.crt, <node>.crt, <node>.key).
 func New(t testing.TB, nodes ...string) string {
 	t.Helper()
 	dir := t.TempDir()
@@ -17,9 +18,15 @@ func New(t testing.TB, nodes ...string) string {
 		t.Fatal(err)
 	}
 	for _, n := range nodes {
-		if _, err := pki.Issue(dir, n, pki.Options{}); err != nil {
-			t.Fatal(err)
-		}
+		Issue(t, dir, n, pki.UsageNode)
 	}
 	return dir
+}
+
+// Issue adds a certificate for name with usage to the CA in dir.
+func Issue(t testing.TB, dir, name string, usage pki.Usage) {
+	t.Helper()
+	if _, err := pki.Issue(dir, name, pki.Options{Usage: usage}); err != nil {
+		t.Fatal(err)
+	}
 }
