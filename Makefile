@@ -20,12 +20,26 @@ PKGS     := ./...
 
 export PATH := $(BIN):$(PATH)
 
-.PHONY: all build test test-short run sim bench lint lint-template vuln tools clean
+.PHONY: all build install test test-short run sim bench lint lint-template vuln tools clean
 
 all: build
 
 build:
 	$(GO) build $(PKGS)
+
+## install: build relay, edged and edgectl for this machine and install them
+## into $(DESTDIR)$(PREFIX)/bin (default /usr/local/bin, where
+## deploy/relay.service and the docs expect them; `make install
+## PREFIX=$$HOME/.local` for ~/.local/bin without root). Stamped with the
+## commit as `make dist` does, so `relay version` names it.
+PREFIX   ?= /usr/local
+BINDIR   := $(DESTDIR)$(PREFIX)/bin
+INSTALL_CMDS := relay edged edgectl
+install:
+	mkdir -p $(BINDIR)
+	$(GO) build -trimpath -ldflags '-X github.com/relay-dev/relay/internal/buildversion.commit=$(DIST_COMMIT)' \
+		-o $(BINDIR)/ $(addprefix ./cmd/,$(INSTALL_CMDS))
+	@for c in $(INSTALL_CMDS); do echo "installed $(BINDIR)/$$c"; done
 
 ## tools: pinned helper binaries the tests use (Lambda Runtime Interface Emulator).
 tools: $(RIE)

@@ -1,8 +1,9 @@
 // Command relay is the local runner and operator CLI of the cloud relay:
 // `relay demo` runs the embedded relay on a realistic workload; `relay
 // status` inspects a source's outbox; `relay targets`, `relay target` and
-// `relay archive` see and fix stuck targets on a bbolt file or DynamoDB
-// tables (docs/operations.md). See `relay --help`.
+// `relay archive` see and fix stuck targets on a bbolt file, DynamoDB
+// tables or a running `relay serve` (--url; docs/operations.md); `relay
+// serve` is the self-hosted server (docs/serve.md). See `relay --help`.
 package main
 
 import (

@@ -1,7 +1,6 @@
 package relaycli
 
 import (
-	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -9,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/spf13/cobra"
 	berrors "go.etcd.io/bbolt/errors"
@@ -26,8 +24,8 @@ const BackupPath = "/v1/admin/backup"
 // file, or of a running server's files through its backup route.
 func backupCmd(stdout io.Writer) *cobra.Command {
 	var (
-		dbPath, url, tokenFile string
-		caFile, certFile, key  string
+		dbPath string
+		sf     serverFlags
 	)
 	c := &cobra.Command{
 		Use:   "backup (--db FILE OUT | --url URL OUTDIR)",
@@ -49,11 +47,12 @@ bbolt's consistency check and only then renamed into place.
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			out := args[0]
+			if err := sf.credentialsWithoutURL(); err != nil {
+				return err
+			}
 			switch {
-			case (dbPath == "") == (url == ""):
-				return errors.New("give one of --db FILE (a stopped relay's file) or --url URL (a running server)")
-			case dbPath != "" && (tokenFile != "" || caFile != "" || certFile != "" || key != ""):
-				return errors.New("--token-file, --ca, --cert and --key go with --url")
+			case (dbPath == "") == (sf.url == ""):
+				return usageErrorf("give one of --db FILE (a stopped relay's file) or --url URL (a running server)")
 			case dbPath != "":
 				// As cp does: into an existing directory, under the
 				// file's own name (the name a restore puts back).
@@ -62,76 +61,37 @@ bbolt's consistency check and only then renamed into place.
 				}
 				if err := relaybackup.WriteFile(out, func(w io.Writer) (int64, error) { return bolt.CopyFile(dbPath, w, 0) }); err != nil {
 					if errors.Is(err, bolt.ErrLocked) {
-						return fmt.Errorf("%w: a running relay serve holds it; back it up through the server: relay backup --url https://HOST:PORT --token-file FILE OUTDIR", err)
+						return &lockedError{fmt.Errorf("%w: a running relay serve holds it; back it up through the server: relay backup --url https://HOST:PORT --token-file FILE OUTDIR", err)}
 					}
 					return err
 				}
 				fmt.Fprintln(stdout, "relay backup: wrote", out)
 				return nil
 			}
-			client, req, err := backupRequest(url, tokenFile, caFile, certFile, key)
+			srv, err := sf.dial()
+			if err != nil {
+				return err
+			}
+			req, err := srv.newRequest(cmd.Context(), http.MethodGet, BackupPath, "", nil)
 			if err != nil {
 				return err
 			}
 			if st, err := os.Stat(out); err != nil || !st.IsDir() {
 				return fmt.Errorf("OUTDIR %s: not a directory (create it first)", out)
 			}
-			paths, err := relaybackup.Fetch(cmd.Context(), client, req, out)
+			paths, err := relaybackup.Fetch(cmd.Context(), srv.client, req, out)
 			for _, p := range paths {
 				fmt.Fprintln(stdout, "relay backup: wrote", p)
 			}
-			if _, ok := errors.AsType[x509.UnknownAuthorityError](err); ok && caFile == "" {
+			if _, ok := errors.AsType[x509.UnknownAuthorityError](err); ok && !srv.hasCA {
 				err = fmt.Errorf("%w: give --ca the CA certificate that signed the server's", err)
 			}
 			return err
 		},
 	}
-	f := c.Flags()
-	f.StringVar(&dbPath, "db", "", "bbolt file of a stopped relay")
-	f.StringVar(&url, "url", "", "base URL of a running relay serve (https://host:7480)")
-	f.StringVar(&tokenFile, "token-file", "", "file holding a bearer token of a principal with the operate role")
-	f.StringVar(&caFile, "ca", "", "CA certificate (PEM) that signed the server's certificate (default: the system's roots)")
-	f.StringVar(&certFile, "cert", "", "client certificate (PEM) of a principal with the operate role")
-	f.StringVar(&key, "key", "", "the client certificate's key (PEM)")
+	c.Flags().StringVar(&dbPath, "db", "", "bbolt file of a stopped relay")
+	sf.register(c, "operate")
 	return c
-}
-
-// backupRequest builds the client and the GET of the server's backup
-// route from the flags.
-func backupRequest(url, tokenFile, caFile, certFile, keyFile string) (*http.Client, *http.Request, error) {
-	req, err := http.NewRequest("GET", strings.TrimSuffix(url, "/")+BackupPath, nil)
-	if err != nil {
-		return nil, nil, fmt.Errorf("--url: %w", err)
-	}
-	if tokenFile != "" {
-		tok, err := os.ReadFile(tokenFile)
-		if err != nil {
-			return nil, nil, fmt.Errorf("--token-file: %w", err)
-		}
-		req.Header.Set("authorization", "Bearer "+strings.TrimSpace(string(tok)))
-	}
-	tc := &tls.Config{MinVersion: tls.VersionTLS13}
-	if caFile != "" {
-		pem, err := os.ReadFile(caFile)
-		if err != nil {
-			return nil, nil, fmt.Errorf("--ca: %w", err)
-		}
-		tc.RootCAs = x509.NewCertPool()
-		if !tc.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, nil, fmt.Errorf("--ca %s: no certificate", caFile)
-		}
-	}
-	if (certFile == "") != (keyFile == "") {
-		return nil, nil, errors.New("--cert and --key go together")
-	}
-	if certFile != "" {
-		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-		if err != nil {
-			return nil, nil, fmt.Errorf("--cert, --key: %w", err)
-		}
-		tc.Certificates = []tls.Certificate{cert}
-	}
-	return &http.Client{Transport: &http.Transport{TLSClientConfig: tc, Proxy: http.ProxyFromEnvironment}}, req, nil
 }
 
 // openBolt opens a relay's bbolt file for the commands that take --db.
@@ -141,8 +101,14 @@ func backupRequest(url, tokenFile, caFile, certFile, keyFile string) (*http.Clie
 func openBolt(path string) (*bolt.DB, error) {
 	db, err := bolt.Open(path, bolt.Options{})
 	if errors.Is(err, berrors.ErrTimeout) {
-		return nil, fmt.Errorf("%s is locked by another process, likely a running relay serve: stop it, or use its HTTP API "+
-			"(the state and target routes, the operator routes, relay backup --url; docs/serve.md)", path)
+		return nil, &lockedError{fmt.Errorf("%s is locked by another process, likely a running relay serve: stop it, or use its HTTP API "+
+			"(relay targets, target and archive take --url, as does relay backup; docs/operations.md)", path)}
 	}
 	return db, err
 }
+
+// lockedError: the bbolt file is held by another process (code "locked"
+// in a --json error: a script can go to the server with --url instead).
+type lockedError struct{ error }
+
+func (e *lockedError) Unwrap() error { return e.error }

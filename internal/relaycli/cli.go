@@ -37,7 +37,7 @@ func RunWithInput(ctx context.Context, args []string, stdin io.Reader, stdout, s
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetArgs(args)
-	root.SetFlagErrorFunc(singleDashHint)
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return &usageError{singleDashHint(cmd, err)} })
 	root.AddCommand(demoCmd(stdout, stderr), statusCmd(stdout), enqueueCmd(stdinOr(stdin), stdout), fireCmd(stdout))
 	root.AddCommand(targetsCmd(stdout), targetCmd(stdout), archiveCmd(stdout), serveCmd(stdout, stderr), backupCmd(stdout))
 	root.AddCommand(&cobra.Command{
@@ -49,11 +49,19 @@ func RunWithInput(ctx context.Context, args []string, stdin io.Reader, stdout, s
 			return err
 		},
 	})
-	if err := root.ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(stderr, "relay:", err)
-		return 1
+	wrapUsage(root)
+	cmd, err := root.ExecuteContextC(ctx)
+	if err == nil {
+		return 0
 	}
-	return 0
+	if strings.HasPrefix(err.Error(), "unknown command ") {
+		err = &usageError{err}
+	}
+	fmt.Fprintln(stderr, "relay:", err)
+	if _, done := errors.AsType[*reportedError](err); !done && wantsJSON(cmd, args) {
+		printError(stdout, err)
+	}
+	return 1
 }
 
 func demoCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -86,18 +94,18 @@ The store is chosen by --store:
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var level slog.Level
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
-				return fmt.Errorf("--log-level: %w", err)
+				return &usageError{fmt.Errorf("--log-level: %w", err)}
 			}
 			logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 			if store != "dynamo" {
 				for _, name := range []string{"endpoint", "table-prefix", "reuse-tables", "inject-throttle", "inject-drop"} {
 					if cmd.Flags().Changed(name) {
-						return fmt.Errorf("--%s needs --store dynamo", name)
+						return usageErrorf("--%s needs --store dynamo", name)
 					}
 				}
 			}
 			if store == "dynamo" && cmd.Flags().Changed("db") {
-				return errors.New("--db is a bbolt file: it needs --store bolt")
+				return usageErrorf("--db is a bbolt file: it needs --store bolt")
 			}
 			dyn.seed = cfg.Seed
 			stores, closeStores, err := openStores(cmd.Context(), store, dbPath, dyn)
@@ -118,11 +126,15 @@ The store is chosen by --store:
 				enc := json.NewEncoder(stdout)
 				enc.SetIndent("", "  ")
 				if jerr := enc.Encode(sum); jerr != nil && err == nil {
-					err = jerr
+					return jerr
 				}
-			} else {
-				printSummary(stdout, sum)
+				if err != nil {
+					// The summary's "error" says what failed.
+					return &reportedError{err}
+				}
+				return nil
 			}
+			printSummary(stdout, sum)
 			return err
 		},
 	}

@@ -63,6 +63,27 @@ func TestBadFlagsAreRefused(t *testing.T) {
 			t.Errorf("%v: no error message", args)
 		}
 	}
+	// A command asked for --json says what is wrong as JSON too; one
+	// without it prints nothing on stdout.
+	for _, args := range [][]string{
+		{"demo", "--json", "--log-level", "loud"},
+		{"demo", "--json", "--reuse-tables"},
+		{"demo", "--json", "--nope"},
+		{"targets", "list", "--json"},
+		{"targets", "show", "--json", "--source", "orders", "--db", "x.db"},
+	} {
+		out, _ := cli(t, 1, "", args...)
+		if e := jsonError(t, out); e.Code != codeUsage {
+			t.Errorf("%v: %+v", args, e)
+		}
+	}
+	if out, _ := cli(t, 1, "", "targets", "list"); out != "" {
+		t.Errorf("a failure without --json printed on stdout: %q", out)
+	}
+	out, _ := cli(t, 1, "", "targets", "list", "--json", "--source", "orders", "--db", filepath.Join(t.TempDir(), "missing.db"))
+	if e := jsonError(t, out); e.Code != codeFailed || !strings.Contains(e.Message, "missing.db") {
+		t.Errorf("missing --db file: %+v", e)
+	}
 }
 
 // The DynamoDB backend (real SDK over HTTP to an in-process endpoint) runs

@@ -3,7 +3,6 @@ package relaycli
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/url"
@@ -25,9 +24,10 @@ import (
 )
 
 // The operator commands (relay targets, relay target, relay archive) run
-// the HTTP API's handler in process (api.Handler.Serve with every route),
-// so they validate, refuse and answer exactly as the operator endpoint
-// does: --json prints the API's response body.
+// the HTTP API's handler in process (api.Handler.Serve with every route)
+// on a bbolt file or DynamoDB tables, or send the same requests to a
+// running relay serve (--url), so they validate, refuse and answer exactly
+// as the operator endpoint does: --json prints the API's response body.
 
 // opFlags are the flags every operator command shares.
 type opFlags struct {
@@ -36,6 +36,7 @@ type opFlags struct {
 	source, by, reason  string
 	asJSON              bool
 	skipFirst, skipLast uint64
+	server              serverFlags
 }
 
 func (f *opFlags) register(c *cobra.Command, withActor bool) {
@@ -45,25 +46,47 @@ func (f *opFlags) register(c *cobra.Command, withActor bool) {
 	fl.StringVar(&f.endpoint, "endpoint", "aws", `DynamoDB endpoint URL for --store dynamo ("aws" = the SDK default, with your AWS credentials)`)
 	fl.StringVar(&f.prefix, "table-prefix", "relay-", "DynamoDB table name prefix for --store dynamo: the tables are <prefix>source and <prefix>target (a stack's TablePrefix followed by -)")
 	fl.StringVar(&f.source, "source", "", "source id (required)")
-	fl.BoolVar(&f.asJSON, "json", false, "print the API's JSON answer")
+	fl.BoolVar(&f.asJSON, "json", false, "print the API's JSON answer (and a JSON error object when the command fails)")
 	if withActor {
-		fl.StringVar(&f.by, "by", "", "who does this, recorded with the action (default: the OS user)")
+		fl.StringVar(&f.by, "by", "", "who does this, recorded with the action (default: the OS user; with --url the server records the authenticated principal)")
 		fl.StringVar(&f.reason, "reason", "", "why, recorded with the action (at most 256 bytes)")
 	}
+	// relay serve's operator routes, the reads of targets and the
+	// archive included, need the operate role (docs/serve.md, Roles).
+	f.server.register(c, "operate")
 }
 
-// operator is an open store with the API handler over it.
+// operator is an open store with the API handler over it, or a running
+// server: serve answers one API request either way.
 type operator struct {
-	h     *api.Handler
-	by    string
+	serve func(context.Context, api.Request) (api.Response, error)
 	close func()
 }
 
-// open opens the stores named by the flags. Tables and files must exist:
-// an operator command never creates a relay.
-func (f *opFlags) open(ctx context.Context) (*operator, error) {
+// open opens the stores named by the flags, or dials the server of --url.
+// Tables and files must exist: an operator command never creates a relay.
+func (f *opFlags) open(cmd *cobra.Command) (*operator, error) {
+	ctx := cmd.Context()
 	if f.source == "" {
-		return nil, errors.New("--source is required")
+		return nil, usageErrorf("--source is required")
+	}
+	if err := f.server.credentialsWithoutURL(); err != nil {
+		return nil, err
+	}
+	if f.server.url != "" {
+		for _, name := range []string{"store", "db", "endpoint", "table-prefix", "by"} {
+			if fl := cmd.Flags().Lookup(name); fl != nil && fl.Changed {
+				if name == "by" {
+					return nil, usageErrorf("--by does not go with --url: the server records the principal that authenticated as the actor")
+				}
+				return nil, usageErrorf("--%s does not go with --url: the server at --url has its own store", name)
+			}
+		}
+		srv, err := f.server.dial()
+		if err != nil {
+			return nil, err
+		}
+		return &operator{serve: srv.serve, close: func() { srv.client.CloseIdleConnections() }}, nil
 	}
 	var (
 		src, dst relaycore.Store
@@ -71,6 +94,9 @@ func (f *opFlags) open(ctx context.Context) (*operator, error) {
 	)
 	switch f.store {
 	case "bolt":
+		if f.db == "" {
+			return nil, usageErrorf("--db is required (or --url for a running relay serve)")
+		}
 		if err := needExistingDB(f.db); err != nil {
 			return nil, err
 		}
@@ -81,7 +107,7 @@ func (f *opFlags) open(ctx context.Context) (*operator, error) {
 		src, dst, closeFn = db.Store("source"), db.Store("target"), func() { db.Close() }
 	case "dynamo":
 		if f.db != "" {
-			return nil, errors.New("--db needs --store bolt")
+			return nil, usageErrorf("--db needs --store bolt")
 		}
 		cfg, err := config.LoadDefaultConfig(ctx)
 		if err != nil {
@@ -89,7 +115,7 @@ func (f *opFlags) open(ctx context.Context) (*operator, error) {
 		}
 		if f.endpoint != "aws" {
 			if u, err := url.Parse(f.endpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				return nil, fmt.Errorf("--endpoint %q: want aws or an http(s) URL", f.endpoint)
+				return nil, usageErrorf("--endpoint %q: want aws or an http(s) URL", f.endpoint)
 			}
 		}
 		client := dynamodb.NewFromConfig(cfg, func(o *dynamodb.Options) {
@@ -105,7 +131,7 @@ func (f *opFlags) open(ctx context.Context) (*operator, error) {
 		src, dst = dynamo.New(client, f.prefix+"source", dynamo.Options{}), dynamo.New(client, f.prefix+"target", dynamo.Options{})
 		closeFn = func() {}
 	default:
-		return nil, fmt.Errorf("--store %q: want bolt or dynamo", f.store)
+		return nil, usageErrorf("--store %q: want bolt or dynamo", f.store)
 	}
 	by := f.by
 	if by == "" {
@@ -117,7 +143,11 @@ func (f *opFlags) open(ctx context.Context) (*operator, error) {
 	relay := &relaycore.RelayHandler{Source: src, Target: dst}
 	h := &api.Handler{Source: src, Relay: relay, Routes: api.RoutesAll,
 		Enqueue: relaycore.EnqueueConfig{TargetCaps: dst.Capabilities()}}
-	return &operator{h: h, by: by, close: closeFn}, nil
+	serve := func(ctx context.Context, r api.Request) (api.Response, error) {
+		r.Caller = by
+		return h.Serve(ctx, r), nil
+	}
+	return &operator{serve: serve, close: closeFn}, nil
 }
 
 func osUser() string {
@@ -139,12 +169,17 @@ type apiError struct {
 func (e *apiError) Error() string {
 	// The message names what the caller needs (the actual first seq of a
 	// skip conflict included).
-	return fmt.Sprintf("%s (%d %s)", e.body.Error.Message, e.status, e.body.Error.Code)
+	msg := fmt.Sprintf("%s (%d %s)", e.body.Error.Message, e.status, e.body.Error.Code)
+	if d := e.body.Error; d.Code == "skip_conflict" && d.ActualFirst != nil && *d.ActualFirst == 0 {
+		msg += "; nothing is held for this target, so there is nothing to skip yet: `relay targets show` lists its held rows " +
+			"(a quarantine or pause holds the target's undelivered rows once a fire has met them)"
+	}
+	return msg
 }
 
 // call serves one API request and decodes a 200 body into out.
 func (o *operator) call(ctx context.Context, method, path string, query url.Values, body any, out any) ([]byte, error) {
-	req := api.Request{Method: method, Path: path, Query: query.Encode(), Caller: o.by,
+	req := api.Request{Method: method, Path: path, Query: query.Encode(),
 		Headers: map[string]string{"content-type": "application/json"}}
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -153,7 +188,10 @@ func (o *operator) call(ctx context.Context, method, path string, query url.Valu
 		}
 		req.Body = b
 	}
-	resp := o.h.Serve(ctx, req)
+	resp, err := o.serve(ctx, req)
+	if err != nil {
+		return nil, err
+	}
 	if resp.Status != 200 {
 		e := &apiError{status: resp.Status}
 		if err := json.Unmarshal(resp.Body, &e.body); err != nil {
@@ -173,7 +211,7 @@ func (o *operator) call(ctx context.Context, method, path string, query url.Valu
 // stores named by f, serves the request and prints the answer, the API's
 // body with --json and otherwise what show makes of the decoded response.
 func operate[R any](cmd *cobra.Command, f *opFlags, stdout io.Writer, method, path string, query url.Values, body any, show func(R) error) error {
-	o, err := f.open(cmd.Context())
+	o, err := f.open(cmd)
 	if err != nil {
 		return err
 	}
@@ -414,7 +452,7 @@ func archiveCmd(stdout io.Writer) *cobra.Command {
 		Short: "Print the whole archive, rows included (values in base64), as one JSON document",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			o, err := ef.open(cmd.Context())
+			o, err := ef.open(cmd)
 			if err != nil {
 				return err
 			}

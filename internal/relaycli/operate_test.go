@@ -85,9 +85,15 @@ func TestOperatorCommandsOnBolt(t *testing.T) {
 		t.Errorf("targets show:\n%s", out)
 	}
 
-	_, errOut := cli(t, 1, "", "target", "skip", "--db", db, "--source", "orders", "t1", "--expect-first", "2", "--through", "2", "--reason", "poison")
-	if !strings.Contains(errOut, "skip_conflict") || !strings.Contains(errOut, "first undelivered held seq: 1") {
-		t.Errorf("stale skip: %s", errOut)
+	out, errOut := cli(t, 1, "", "target", "skip", "--db", db, "--source", "orders", "t1", "--expect-first", "2", "--through", "2", "--reason", "poison")
+	if !strings.Contains(errOut, "skip_conflict") || !strings.Contains(errOut, "first undelivered held seq: 1") || out != "" {
+		t.Errorf("stale skip: stdout %q, stderr %s", out, errOut)
+	}
+	// With --json a script reads the actual first held seq from stdout.
+	out, errOut = cli(t, 1, "", "target", "skip", "--db", db, "--source", "orders", "t1", "--expect-first", "2", "--through", "2", "--reason", "poison", "--json")
+	if e := jsonError(t, out); e.Code != "skip_conflict" || e.Status != 409 || e.ActualFirst == nil || *e.ActualFirst != 1 ||
+		!strings.Contains(errOut, "skip_conflict") || e.Message+"\n" != strings.TrimPrefix(errOut, "relay: ") {
+		t.Errorf("stale skip --json: %+v\nstderr: %s", e, errOut)
 	}
 	out, _ = cli(t, 0, "", "target", "skip", "--db", db, "--source", "orders", "t1", "--expect-first", "1", "--through", "1", "--reason", "poison", "--by", "alice")
 	if !strings.Contains(out, "skipped 1 rows (seqs 1..1) of t1 into archive entry 1") {

@@ -1,6 +1,7 @@
 package relaycli
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -84,22 +85,37 @@ creating the store (it checks that the store's directory exists).`,
 // tokenCmd mints a bearer token.
 func tokenCmd(stdout io.Writer) *cobra.Command {
 	var principal string
+	var asJSON bool
 	c := &cobra.Command{
 		Use:   "token --principal NAME",
 		Short: "Mint a bearer token: prints the token (give it to the client) and the tokens-file line (give it to the server)",
-		Args:  cobra.NoArgs,
+		Long: `token mints a bearer token for a principal of the server's configuration and
+prints it with the line the server's tokens file needs (auth.tokens_file; docs/serve.md,
+"Authentication"). The token is shown only here: the file keeps its SHA-256 digest.
+--json prints {"principal","token","tokens_file_line"} instead of two labelled lines.`,
+		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			if principal == "" {
-				return errors.New("--principal is required")
+				return usageErrorf("--principal is required")
 			}
 			token, line, err := relayserve.MintToken(principal)
 			if err != nil {
 				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(struct {
+					Principal string `json:"principal"`
+					Token     string `json:"token"`
+					Line      string `json:"tokens_file_line"`
+				}{principal, token, line})
 			}
 			_, err = fmt.Fprintf(stdout, "token: %s\ntokens_file line: %s\n", token, line)
 			return err
 		},
 	}
 	c.Flags().StringVar(&principal, "principal", "", "principal the token authenticates as (a key of principals in the server config)")
+	c.Flags().BoolVar(&asJSON, "json", false, `print {"principal","token","tokens_file_line"} as JSON (and a JSON error object when minting fails)`)
 	return c
 }
