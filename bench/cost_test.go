@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -38,7 +41,7 @@ var workloads = []workload{
 	{name: "backlog/batch400/targets4/random-bytes", rows: 4000, batchRows: 400, targets: 4, plan: "paid", payload: "random"},
 }
 
-func dynamoStores(b *testing.B) (*Meter, *Meter) {
+func dynamoStores(b testing.TB) (*Meter, *Meter) {
 	e := dynamotest.Start(b)
 	client := e.Client(nil)
 	ctx := context.Background()
@@ -121,13 +124,14 @@ func BenchmarkCost(b *testing.B) {
 // runRelay enqueues w's rows and fires alarms until the outbox is empty. It
 // returns write units spent on enqueue, target apply and source cleanup
 // (source writes by fires and alarms), read units, and rows delivered.
-func runRelay(b *testing.B, w workload, src, dst *Meter) (enq, apply, cleanup, rcu, delivered float64) {
+func runRelay(b testing.TB, w workload, src, dst *Meter) (enq, apply, cleanup, rcu, delivered float64) {
 	ctx := context.Background()
 	budget, err := relaycore.PlanBudget(w.plan)
 	if err != nil {
 		b.Fatal(err)
 	}
-	h := &relaycore.RelayHandler{Source: src, Target: dst, Budget: budget}
+	clock := &stepClock{t: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)}
+	h := &relaycore.RelayHandler{Source: src, Target: dst, Budget: budget, Clock: clock}
 	const source = relaycore.Partition("src-bench")
 	var rows int
 	alarm := func() bool {
@@ -142,7 +146,7 @@ func runRelay(b *testing.B, w workload, src, dst *Meter) (enq, apply, cleanup, r
 	}
 	for i := 0; i < w.rows; i += w.batchRows {
 		before := src.WriteUnits + src.IndexUnits
-		if _, err := relaycore.CommitRelayRows(ctx, src, relaycore.SystemClock{}, source, nil, time.Time{},
+		if _, err := relaycore.CommitRelayRows(ctx, src, clock, source, nil, time.Time{},
 			rowsFor(w, i, min(w.batchRows, w.rows-i)), relaycore.EnqueueConfig{}); err != nil {
 			b.Fatal(err)
 		}
@@ -160,6 +164,24 @@ func runRelay(b *testing.B, w workload, src, dst *Meter) (enq, apply, cleanup, r
 		b.Fatalf("delivered %d rows, want %d", rows, w.rows)
 	}
 	return enq, dst.WriteUnits, cleanup, src.ReadUnits + dst.ReadUnits, float64(rows)
+}
+
+// stepClock is the clock of a cost run: it starts at a fixed instant and
+// each reading is a millisecond after the last. Page headers carry commit
+// times and pages are compressed, so with the wall clock a run's units
+// could differ by a started KB from one run to the next; with this one the
+// figures are counts of a fixed sequence of calls, which
+// TestDocumentedCost compares with the docs.
+type stepClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *stepClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(time.Millisecond)
+	return c.t
 }
 
 // runNaive is the baseline outbox: each row is enqueued, applied and
@@ -297,4 +319,72 @@ func runRoundTrip(b *testing.B, w workload, src, dst *Meter, quarantine bool) ro
 	r.wcu = src.WriteUnits + src.IndexUnits + dst.WriteUnits
 	r.calls = src.Calls + dst.Calls
 	return r
+}
+
+// documentedCost names, for each workload whose cost the docs quote, the
+// row of docs/benchmarks.md's cost table that holds its figures and the
+// phrases (a format with its write units per row, %[1]s) that quote them
+// elsewhere. docs/benchmarks.md is where the figures live; the others
+// quote it.
+var documentedCost = []struct {
+	workload, tableRow string
+	quotes             map[string][]string // file -> phrases
+}{
+	{"backlog/batch100/targets4", "backlog, 100-row batches, 4 targets", map[string][]string{
+		"docs/benchmarks.md": {"So a delivered 200-byte row costs %[1]s write units end to end"},
+		"README.md":          {"a delivered row costs **%[1]s write units** end to end"},
+		"docs/engine.md":     {"**%[1]s** write units per delivered row for backlog/batch100/targets4"},
+	}},
+	{"backlog/batch100/targets4/random-bytes", "backlog, 100-row batches, 4 targets, random bytes", map[string][]string{
+		"docs/benchmarks.md": {"Incompressible values (%[1]s)"},
+		"docs/engine.md":     {"**%[1]s** for backlog/batch100/targets4/random-bytes", "stays near %[1]s with 100-row batches"},
+	}},
+}
+
+// TestDocumentedCost runs the cost workloads the docs quote and checks
+// that docs/benchmarks.md's table and every quote of it say what the
+// workload costs today. Capacity units are counts of a fixed sequence of
+// calls (stepClock), so a change to the engine that moves them fails here
+// until the docs say the new figures (`go test -run TestDocumentedCost -v
+// ./bench` prints them).
+func TestDocumentedCost(t *testing.T) {
+	read := func(path string) string {
+		b, err := os.ReadFile(filepath.Join("..", path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	bench := read("docs/benchmarks.md")
+	for _, d := range documentedCost {
+		w := workloadNamed(t, d.workload)
+		src, dst := dynamoStores(t)
+		enq, apply, cleanup, rcu, delivered := runRelay(t, w, src, dst)
+		wcu := fmt.Sprintf("%.2f", (enq+apply+cleanup)/delivered)
+		want := fmt.Sprintf("| %s | %.2f | %.2f | %.2f | **%s** | %.2f | %.2f |", d.tableRow, enq/delivered, apply/delivered,
+			cleanup/delivered, wcu, rcu/delivered, float64(src.Calls+dst.Calls)/delivered)
+		t.Logf("%s: %s", d.workload, want)
+		if !strings.Contains(bench, want+"\n") {
+			t.Errorf("docs/benchmarks.md's cost table has no row\n%s\nfor what %s costs today", want, d.workload)
+		}
+		for file, phrases := range d.quotes {
+			// Prose is wrapped anywhere: compare words.
+			doc := strings.Join(strings.Fields(read(file)), " ")
+			for _, p := range phrases {
+				if q := fmt.Sprintf(p, wcu); !strings.Contains(doc, q) {
+					t.Errorf("%s does not say %q (%s costs %s write units per row today)", file, q, d.workload, wcu)
+				}
+			}
+		}
+	}
+}
+
+func workloadNamed(t *testing.T, name string) workload {
+	for _, w := range workloads {
+		if w.name == name {
+			return w
+		}
+	}
+	t.Fatalf("no workload %s", name)
+	return workload{}
 }
