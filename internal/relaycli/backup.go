@@ -42,8 +42,9 @@ bbolt's consistency check and only then renamed into place.
                     one request, answered with snapshots of all its files taken at
                     one instant (relay.db, and targets.db when targets live in
                     their own file), written into the directory OUTDIR. Needs a
-                    principal with the operate role: --token-file (a file holding
-                    the bearer token) or --cert/--key; --ca trusts the server's CA.`,
+                    principal with the operate and read roles: --token-file (a
+                    file holding the bearer token) or --cert/--key; --ca trusts
+                    the server's CA.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			out := args[0]
@@ -90,7 +91,7 @@ bbolt's consistency check and only then renamed into place.
 		},
 	}
 	c.Flags().StringVar(&dbPath, "db", "", "bbolt file of a stopped relay")
-	sf.register(c, "operate")
+	sf.register(c)
 	return c
 }
 

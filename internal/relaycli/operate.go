@@ -51,9 +51,7 @@ func (f *opFlags) register(c *cobra.Command, withActor bool) {
 		fl.StringVar(&f.by, "by", "", "who does this, recorded with the action (default: the OS user; with --url the server records the authenticated principal)")
 		fl.StringVar(&f.reason, "reason", "", "why, recorded with the action (at most 256 bytes)")
 	}
-	// relay serve's operator routes, the reads of targets and the
-	// archive included, need the operate role (docs/serve.md, Roles).
-	f.server.register(c, "operate")
+	f.server.register(c)
 }
 
 // operator is an open store with the API handler over it, or a running
