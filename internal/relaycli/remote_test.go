@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/relay-dev/relay/edge/pki"
 	"github.com/relay-dev/relay/edge/pki/pkitest"
 	"github.com/relay-dev/relay/internal/relayserve"
 	"github.com/relay-dev/relay/lambda/api"
@@ -63,7 +64,10 @@ type remoteFixture struct {
 func startServe(t *testing.T) *remoteFixture {
 	t.Helper()
 	dir := t.TempDir()
-	pkiDir := pkitest.New(t, "server", "ops-cert")
+	// A server certificate and a client one, as docs/serve.md issues them.
+	pkiDir := pkitest.New(t)
+	pkitest.Issue(t, pkiDir, "server", pki.UsageServer)
+	pkitest.Issue(t, pkiDir, "ops-cert", pki.UsageClient)
 	f := &remoteFixture{db: filepath.Join(dir, "relay.db"), ca: filepath.Join(pkiDir, "ca.crt"),
 		tokens: map[string]string{}, certs: map[string][2]string{
 			"ops-cert": {filepath.Join(pkiDir, "ops-cert.crt"), filepath.Join(pkiDir, "ops-cert.key")},
