@@ -74,12 +74,14 @@ const (
 	DefaultProtocolVersion  = 2
 	DefaultPushMaxBytes     = wire.MaxPushSize // 64 KiB
 	DefaultDialTimeout      = 10 * time.Second
+	DefaultInboundMinRate   = 16 << 10 // 16 KiB/s
 	DefaultLedgerRetention  = 7 * 24 * time.Hour
 	DefaultQuotaBytes       = 1 << 30 // 1 GiB
 	DefaultQuotaSegments    = 10000
 	DefaultMaxSegmentBytes  = 64 << 20 // 64 MiB
 	DefaultPackMaxBytes     = 64 << 10 // 64 KiB
-	MaxPackMaxBytes         = 1 << 20  // 1 MiB: packed segments wait in memory for their commit
+	DefaultPeerReservePct   = 25
+	MaxPackMaxBytes         = 1 << 20 // 1 MiB: packed segments wait in memory for their commit
 	DefaultOnFull           = OnFullReject
 	DefaultVerifyOnStart    = VerifyUncleanStop
 )
@@ -182,8 +184,16 @@ type Relay struct {
 	// segment the peer already holds (from another node) instead of
 	// learning that from its answer. 0 offers every segment.
 	PushMaxBytes int64 `yaml:"push_max_bytes"`
-	// DialTimeout (dial_timeout, default 10s) bounds connect + TLS handshake.
+	// DialTimeout (dial_timeout, default 10s) bounds connect + TLS handshake,
+	// and an inbound connection's TLS handshake and HELLO.
 	DialTimeout time.Duration `yaml:"dial_timeout"`
+	// InboundMinRate (inbound_min_rate, default 16KiB, at least 1KiB) is
+	// the slowest a peer may send one SEGMENT to this node: reading it may
+	// take the idle timeout plus its size at this rate, after which the
+	// receive is given up (nothing stored) and its quota reservation freed.
+	// It must stay below what the slowest sender's link carries per
+	// connection, or that sender's large segments never arrive.
+	InboundMinRate Rate `yaml:"inbound_min_rate"`
 	// LedgerRetention (ledger_retention, default 168h) is how long the
 	// ledger records of a segment that is no longer stored are kept once
 	// all of them are acked. They stop a copy of the segment that comes
@@ -256,6 +266,13 @@ type Storage struct {
 	// blocks are freed at once); 0 keeps a file per segment. Creating a
 	// file is most of the cost of storing a small segment.
 	PackMaxBytes ByteSize `yaml:"pack_max_bytes"`
+	// PeerReservePercent (peer_reserve_percent, default 25, 1..100) bounds
+	// the share of quota_bytes (never below max_segment_bytes) and of
+	// quota_segments that one peer's unfinished segments (offers accepted,
+	// segments being received) may reserve at once, so that a peer whose
+	// transfers stall cannot keep the others out. An offer beyond it is
+	// refused with NACK quota.
+	PeerReservePercent int `yaml:"peer_reserve_percent"`
 }
 
 // RPC is the local operator interface.
@@ -287,15 +304,17 @@ func Default() *Config {
 			MaxProtocolVersion: DefaultProtocolVersion,
 			PushMaxBytes:       DefaultPushMaxBytes,
 			DialTimeout:        DefaultDialTimeout,
+			InboundMinRate:     DefaultInboundMinRate,
 			LedgerRetention:    DefaultLedgerRetention,
 		},
 		Storage: Storage{
-			QuotaBytes:      DefaultQuotaBytes,
-			QuotaSegments:   DefaultQuotaSegments,
-			MaxSegmentBytes: DefaultMaxSegmentBytes,
-			VerifyOnStart:   DefaultVerifyOnStart,
-			OnFull:          DefaultOnFull,
-			PackMaxBytes:    DefaultPackMaxBytes,
+			QuotaBytes:         DefaultQuotaBytes,
+			QuotaSegments:      DefaultQuotaSegments,
+			MaxSegmentBytes:    DefaultMaxSegmentBytes,
+			VerifyOnStart:      DefaultVerifyOnStart,
+			OnFull:             DefaultOnFull,
+			PackMaxBytes:       DefaultPackMaxBytes,
+			PeerReservePercent: DefaultPeerReservePct,
 		},
 		RPC: RPC{Listen: DefaultRPCListen},
 	}

@@ -52,6 +52,7 @@ relay:
   max_protocol_version: 1
   push_max_bytes: 4096
   dial_timeout: 2s
+  inbound_min_rate: 4KiB
   bandwidth: {total: 10MB, per_peer: 512KiB}
 storage:
   dir: /var/lib/edged
@@ -62,6 +63,7 @@ storage:
   on_full: evict_relayed_oldest
   fsync_each_file: true
   pack_max_bytes: 0
+  peer_reserve_percent: 50
 rpc:
   listen: unix:/run/edged/rpc.sock
 `
@@ -83,10 +85,10 @@ func TestParseFull(t *testing.T) {
 		Relay: Relay{
 			SuccessCondition: OnePeer, MaxRetries: 5,
 			Backoff:      Backoff{Initial: 250 * time.Millisecond, Max: time.Minute},
-			EvictOnRelay: true, Workers: 8, AckTimeout: 5 * time.Second, Window: 64, MaxProtocolVersion: 1, PushMaxBytes: 4096, DialTimeout: 2 * time.Second, LedgerRetention: DefaultLedgerRetention,
+			EvictOnRelay: true, Workers: 8, AckTimeout: 5 * time.Second, Window: 64, MaxProtocolVersion: 1, PushMaxBytes: 4096, DialTimeout: 2 * time.Second, InboundMinRate: 4 << 10, LedgerRetention: DefaultLedgerRetention,
 			Bandwidth: Bandwidth{Total: 10_000_000, PerPeer: 512 << 10},
 		},
-		Storage: Storage{Dir: "/var/lib/edged", QuotaBytes: 2 << 30, QuotaSegments: 500, MaxSegmentBytes: 16 << 20, OnFull: OnFullEvictRelayedOldest, VerifyOnStart: VerifyNever, FsyncEachFile: true, PackMaxBytes: 0},
+		Storage: Storage{Dir: "/var/lib/edged", QuotaBytes: 2 << 30, QuotaSegments: 500, MaxSegmentBytes: 16 << 20, OnFull: OnFullEvictRelayedOldest, VerifyOnStart: VerifyNever, FsyncEachFile: true, PackMaxBytes: 0, PeerReservePercent: 50},
 		RPC:     RPC{Listen: "unix:/run/edged/rpc.sock"},
 	}
 	for id, want := range map[string]bool{"edge-b": true, "edge-c": true, "sensor-1": true, "edge-a": false, "edge-d": false} {
@@ -172,6 +174,10 @@ func TestValidateRules(t *testing.T) {
 		{"push negative", "relay: {push_max_bytes: -1}", "relay.push_max_bytes", "out of range"},
 		{"pack too large", "storage: {pack_max_bytes: 2MiB}", "storage.pack_max_bytes", "out of range 0..1048576"},
 		{"pack negative", "storage: {pack_max_bytes: -1}", "storage.pack_max_bytes", "out of range"},
+		{"inbound rate too low", "relay: {inbound_min_rate: 512}", "relay.inbound_min_rate", "below the minimum of 1KiB"},
+		{"inbound rate zero", "relay: {inbound_min_rate: 0}", "relay.inbound_min_rate", "must be > 0"},
+		{"peer share zero", "storage: {peer_reserve_percent: 0}", "storage.peer_reserve_percent", "out of range 1..100"},
+		{"peer share above all", "storage: {peer_reserve_percent: 101}", "storage.peer_reserve_percent", "out of range 1..100"},
 		{"protocol version 3", "relay: {max_protocol_version: 3}", "relay.max_protocol_version", "out of range 1..2"},
 		{"protocol version 0", "relay: {max_protocol_version: 0}", "relay.max_protocol_version", "out of range"},
 		{"dial timeout negative", "relay: {dial_timeout: -5s}", "relay.dial_timeout", "must be > 0"},
@@ -417,29 +423,31 @@ func TestDefaultsDocumented(t *testing.T) {
 	}
 	d := Default()
 	want := map[string]string{
-		"listen":                     d.Listen,
-		"relay.success_condition":    d.Relay.SuccessCondition,
-		"relay.max_retries":          "10",
-		"relay.backoff.initial":      d.Relay.Backoff.Initial.String(),
-		"relay.backoff.max":          d.Relay.Backoff.Max.String(),
-		"relay.evict_on_relay":       "false",
-		"relay.workers":              "4",
-		"relay.ack_timeout":          d.Relay.AckTimeout.String(),
-		"relay.window":               "256",
-		"relay.max_protocol_version": "2",
-		"relay.push_max_bytes":       "65536",
-		"relay.dial_timeout":         d.Relay.DialTimeout.String(),
-		"relay.ledger_retention":     d.Relay.LedgerRetention.String(),
-		"relay.bandwidth.total":      d.Relay.Bandwidth.Total.String(),
-		"relay.bandwidth.per_peer":   d.Relay.Bandwidth.PerPeer.String(),
-		"storage.quota_bytes":        d.Storage.QuotaBytes.String(),
-		"storage.quota_segments":     "10000",
-		"storage.max_segment_bytes":  d.Storage.MaxSegmentBytes.String(),
-		"storage.verify_on_start":    d.Storage.VerifyOnStart,
-		"storage.on_full":            d.Storage.OnFull,
-		"storage.fsync_each_file":    "false",
-		"storage.pack_max_bytes":     d.Storage.PackMaxBytes.String(),
-		"rpc.listen":                 d.RPC.Listen,
+		"listen":                       d.Listen,
+		"relay.success_condition":      d.Relay.SuccessCondition,
+		"relay.max_retries":            "10",
+		"relay.backoff.initial":        d.Relay.Backoff.Initial.String(),
+		"relay.backoff.max":            d.Relay.Backoff.Max.String(),
+		"relay.evict_on_relay":         "false",
+		"relay.workers":                "4",
+		"relay.ack_timeout":            d.Relay.AckTimeout.String(),
+		"relay.window":                 "256",
+		"relay.max_protocol_version":   "2",
+		"relay.push_max_bytes":         "65536",
+		"relay.dial_timeout":           d.Relay.DialTimeout.String(),
+		"relay.inbound_min_rate":       ByteSize(d.Relay.InboundMinRate).String(),
+		"relay.ledger_retention":       d.Relay.LedgerRetention.String(),
+		"relay.bandwidth.total":        d.Relay.Bandwidth.Total.String(),
+		"relay.bandwidth.per_peer":     d.Relay.Bandwidth.PerPeer.String(),
+		"storage.quota_bytes":          d.Storage.QuotaBytes.String(),
+		"storage.quota_segments":       "10000",
+		"storage.max_segment_bytes":    d.Storage.MaxSegmentBytes.String(),
+		"storage.verify_on_start":      d.Storage.VerifyOnStart,
+		"storage.on_full":              d.Storage.OnFull,
+		"storage.fsync_each_file":      "false",
+		"storage.pack_max_bytes":       d.Storage.PackMaxBytes.String(),
+		"storage.peer_reserve_percent": "25",
+		"rpc.listen":                   d.RPC.Listen,
 	}
 	rows := map[string]string{}
 	for _, line := range strings.Split(string(doc), "\n") {

@@ -156,6 +156,9 @@ func (c *Config) validateRelay(ps *Problems) {
 			ps.add(b.key, fmt.Sprintf("%d bytes per second is below the minimum of %s", int64(b.v), ByteSize(MinBandwidth)))
 		}
 	}
+	if r.InboundMinRate < MinBandwidth {
+		ps.add("relay.inbound_min_rate", fmt.Sprintf("%d bytes per second is below the minimum of %s", int64(r.InboundMinRate), ByteSize(MinBandwidth)))
+	}
 	if r.LedgerRetention < MinLedgerRetention {
 		ps.add("relay.ledger_retention", fmt.Sprintf("%s is below %s: the records must outlive resends of an evicted segment", r.LedgerRetention, MinLedgerRetention))
 	}
@@ -177,6 +180,9 @@ func (c *Config) validateStorage(ps *Problems) {
 	}
 	if s.OnFull != OnFullReject && s.OnFull != OnFullEvictRelayedOldest {
 		ps.add("storage.on_full", fmt.Sprintf("%q is not one of %s, %s", s.OnFull, OnFullReject, OnFullEvictRelayedOldest))
+	}
+	if s.PeerReservePercent < 1 || s.PeerReservePercent > 100 {
+		ps.add("storage.peer_reserve_percent", fmt.Sprintf("%d is out of range 1..100", s.PeerReservePercent))
 	}
 	if s.PackMaxBytes < 0 || s.PackMaxBytes > MaxPackMaxBytes {
 		ps.add("storage.pack_max_bytes", fmt.Sprintf("%d is out of range 0..%d", s.PackMaxBytes, int64(MaxPackMaxBytes)))

@@ -123,5 +123,8 @@ func checkConfig(cfg *config.Config, path string, stdout io.Writer) int {
 	s := cfg.Storage
 	fmt.Fprintf(stdout, "storage: dir=%s quota_bytes=%s quota_segments=%d max_segment_bytes=%s on_full=%s verify_on_start=%s\n",
 		s.Dir, s.QuotaBytes, s.QuotaSegments, s.MaxSegmentBytes, s.OnFull, s.VerifyOnStart)
+	shareBytes, shareSegs := peerShare(cfg)
+	fmt.Fprintf(stdout, "inbound: idle_timeout=%s min_rate=%s handshake_timeout=%s peer_reserve=%s or %d segments (%d%%)\n",
+		idleTimeout(cfg, 0), r.InboundMinRate, r.DialTimeout, config.ByteSize(shareBytes), shareSegs, s.PeerReservePercent)
 	return 0
 }

@@ -62,6 +62,10 @@ type Options struct {
 	// config.MaxWorkers: an edged sender holds at most relay.workers
 	// connections to a peer, so only a misbehaving peer reaches it.
 	MaxConnsPerPeer int
+	// IdleTimeout, if set, replaces max(1 min, relay.ack_timeout) as the
+	// relay connections' idle timeout (see idleTimeout): tests make a
+	// stalled peer time out in milliseconds with it.
+	IdleTimeout time.Duration
 	// WrapTemp wraps the writer of every segment's temp file
 	// (segstore.Options.WrapTemp): tests make the real store's writes
 	// fail, as a full disk would, with it. nil in production.
@@ -141,11 +145,13 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 	if d.led, err = ledger.Open(d.db); err != nil {
 		return nil, err
 	}
+	shareBytes, shareSegs := peerShare(cfg)
 	d.store, err = segstore.Open(cfg.Storage.Dir, d.db, segstore.Options{
 		QuotaBytes: int64(cfg.Storage.QuotaBytes), QuotaSegments: cfg.Storage.QuotaSegments,
 		MaxSegmentBytes: int64(cfg.Storage.MaxSegmentBytes), Now: opt.Now, SyncDir: opt.SyncDir,
 		VerifyOnOpen: verifyOnOpen(cfg.Storage.VerifyOnStart, d.cleanStop), MakeRoom: d.makeRoomFunc(), WrapTemp: opt.WrapTemp,
 		FsyncEachFile: cfg.Storage.FsyncEachFile, PackMaxBytes: int64(cfg.Storage.PackMaxBytes),
+		SourceReserveBytes: shareBytes, SourceReserveSegments: shareSegs,
 		// Set before any read or commit can call them (the store is not
 		// shared before New returns); d.met and d.ex exist by then.
 		OnQuarantine: func(q segstore.Quarantined) { d.onQuarantine(q) },
@@ -165,7 +171,7 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 		AllowPeer:        cfg.Accepts, // known_peers and inbound-only accept_from
 		WrapConn:         d.bandwidth().Wrap,
 		HandshakeTimeout: cfg.Relay.DialTimeout,
-		Wire: wire.Options{MaxSegmentSize: int64(cfg.Storage.MaxSegmentBytes), IdleTimeout: idleTimeout(cfg),
+		Wire: wire.Options{MaxSegmentSize: int64(cfg.Storage.MaxSegmentBytes), IdleTimeout: idleTimeout(cfg, opt.IdleTimeout),
 			Version: cfg.Relay.MaxProtocolVersion, Window: cfg.Relay.Window},
 		OnReloadError: func(err error) {
 			d.met.reloadErrors.Inc()
@@ -215,12 +221,26 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 }
 
 // idleTimeout bounds each read and write on a relay connection, including
-// a receiver's wait for the next OFFER. It is at least the ACK timeout, so
-// a sender's wait for an ACK is governed by ack_timeout, and longer than
-// the sender's connection-pool idle limit (30s), so a receiver does not
-// close connections the sender is about to reuse.
-func idleTimeout(cfg *config.Config) time.Duration {
+// a receiver's wait for the next OFFER and for each read of a SEGMENT. It
+// is at least the ACK timeout, so a sender's wait for an ACK is governed
+// by ack_timeout, and longer than the sender's connection-pool idle limit
+// (30s), so a receiver does not close connections the sender is about to
+// reuse. override (Options.IdleTimeout) replaces it when set.
+func idleTimeout(cfg *config.Config, override time.Duration) time.Duration {
+	if override > 0 {
+		return override
+	}
 	return max(time.Minute, cfg.Relay.AckTimeout)
+}
+
+// peerShare is what one peer's unfinished segments may reserve at once
+// (storage.peer_reserve_percent): that share of quota_bytes, but never
+// less than max_segment_bytes (the largest segment must still fit), and
+// of quota_segments, at least one.
+func peerShare(cfg *config.Config) (bytes, segments int64) {
+	s := cfg.Storage
+	pct := int64(s.PeerReservePercent)
+	return max(int64(s.QuotaBytes)*pct/100, int64(s.MaxSegmentBytes)), max(s.QuotaSegments*pct/100, 1)
 }
 
 func policy(cfg *config.Config) ledger.Policy {

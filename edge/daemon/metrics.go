@@ -38,7 +38,7 @@ func newMetrics(d *Daemon) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		inbound: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "edged_inbound_segments_total", Help: "Offers received, by result (stored, duplicate, refused, aborted: the sender went away mid-segment).",
+			Name: "edged_inbound_segments_total", Help: "Offers received, by result (stored, duplicate, refused, aborted: the sender went away or stalled mid-segment).",
 		}, []string{"result"}),
 		protocolErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "edged_inbound_protocol_errors_total", Help: "Protocol violations by authenticated peers, by reason (unknown_type, too_large, unexpected_frame, size_mismatch, bad_message, version); each closes the connection.",

@@ -51,7 +51,7 @@ func (d *Daemon) servePipelined(ctx context.Context, c *wire.Conn, log *slog.Log
 		o := req.Offer
 		slog := log.With("segment", o.SegmentID, "bytes", o.Size)
 		if !req.Segment {
-			if !d.answerOffer(ctx, c, slog, o, reserved) {
+			if !d.answerOffer(ctx, c, slog, peer, o, reserved) {
 				return
 			}
 			continue
@@ -59,7 +59,7 @@ func (d *Daemon) servePipelined(ctx context.Context, c *wire.Conn, log *slog.Log
 		var res *segstore.Reservation
 		if req.Pushed {
 			var ok bool
-			if res, ok = d.reservePushed(ctx, c, slog, o); res == nil {
+			if res, ok = d.reservePushed(ctx, c, slog, peer, o); res == nil {
 				if !ok {
 					return
 				}
@@ -75,7 +75,10 @@ func (d *Daemon) servePipelined(ctx context.Context, c *wire.Conn, log *slog.Log
 				// Read it into memory and leave the file to the commit
 				// goroutine (below).
 				buf := make([]byte, o.Size)
-				if rerr := c.RecvPayload(ctx, o, func(r io.Reader) error { _, err := io.ReadFull(r, buf); return err }); rerr != nil {
+				sctx, cancel := d.segmentContext(ctx, o.Size)
+				rerr := c.RecvPayload(sctx, o, func(r io.Reader) error { _, err := io.ReadFull(r, buf); return err })
+				cancel()
+				if rerr != nil {
 					<-small
 					res.Release()
 					d.segmentFailed(ctx, c, slog, o, rerr)
@@ -98,13 +101,14 @@ func (d *Daemon) servePipelined(ctx context.Context, c *wire.Conn, log *slog.Log
 		}
 		var staged *segstore.Staged
 		inStep := false // the whole frame was read although Receive failed
-		rerr := c.RecvPayload(ctx, o, func(r io.Reader) error {
+		sctx, cancel := d.segmentContext(ctx, o.Size)
+		rerr := c.RecvPayload(sctx, o, func(r io.Reader) error {
 			var err error
 			staged, err = res.Receive(r, peer)
 			switch {
 			case errors.Is(err, segstore.ErrChecksum):
 				inStep = true // it read the whole frame before comparing
-			case err != nil && o.Size <= discardLimit && ctx.Err() == nil && !wire.PeerAborted(err):
+			case err != nil && o.Size <= discardLimit && sctx.Err() == nil && !wire.PeerAborted(err) && !timedOut(err):
 				// A local failure (the disk refused a write) in the middle
 				// of the frame: read the rest and drop it, so that the
 				// NACK reaches the sender and the window goes on, rather
@@ -115,6 +119,7 @@ func (d *Daemon) servePipelined(ctx context.Context, c *wire.Conn, log *slog.Log
 			}
 			return err
 		})
+		cancel()
 		if rerr != nil {
 			if inStep {
 				// The whole frame was read: the connection stays in step.
@@ -149,9 +154,7 @@ const (
 // went away, or a local failure (or a stop) left the rest of the frame
 // unread, in which case the peer is told and the connection closed.
 func (d *Daemon) segmentFailed(ctx context.Context, c *wire.Conn, log *slog.Logger, o wire.Offer, err error) {
-	if ctx.Err() == nil && wire.PeerAborted(err) {
-		d.met.inbound.WithLabelValues("aborted").Inc()
-		log.Warn("peer aborted the segment; nothing stored", "err", err)
+	if d.peerGone(ctx, log, err) {
 		return
 	}
 	d.refusePipelined(ctx, c, log, o, nackCode(err), err)
@@ -180,8 +183,8 @@ func (d *Daemon) commitAndAck(ctx context.Context, c *wire.Conn, log *slog.Logge
 // the segment is already held with this digest, NACK when the store
 // refuses it, ACCEPT otherwise (holding the reservation until its SEGMENT
 // arrives). It reports whether the connection is still usable.
-func (d *Daemon) answerOffer(ctx context.Context, c *wire.Conn, log *slog.Logger, o wire.Offer, reserved map[string]*segstore.Reservation) bool {
-	res, err := d.store.Reserve(o.SegmentID, o.Size, o.SHA256)
+func (d *Daemon) answerOffer(ctx context.Context, c *wire.Conn, log *slog.Logger, peer string, o wire.Offer, reserved map[string]*segstore.Reservation) bool {
+	res, err := d.store.ReserveFrom(peer, o.SegmentID, o.Size, o.SHA256)
 	if err != nil {
 		return d.decline(ctx, c, log, o, err)
 	}
@@ -198,12 +201,14 @@ func (d *Daemon) answerOffer(ctx context.Context, c *wire.Conn, log *slog.Logger
 // it, the bytes are read and dropped and the answer is ACK or NACK, as
 // for an OFFER (nil reservation); ok reports whether the connection is
 // still usable.
-func (d *Daemon) reservePushed(ctx context.Context, c *wire.Conn, log *slog.Logger, o wire.Offer) (res *segstore.Reservation, ok bool) {
-	res, err := d.store.Reserve(o.SegmentID, o.Size, o.SHA256)
+func (d *Daemon) reservePushed(ctx context.Context, c *wire.Conn, log *slog.Logger, peer string, o wire.Offer) (res *segstore.Reservation, ok bool) {
+	res, err := d.store.ReserveFrom(peer, o.SegmentID, o.Size, o.SHA256)
 	if err == nil {
 		return res, true
 	}
-	if rerr := c.RecvPayload(ctx, o, func(r io.Reader) error { _, err := io.Copy(io.Discard, r); return err }); rerr != nil {
+	sctx, cancel := d.segmentContext(ctx, o.Size)
+	defer cancel()
+	if rerr := c.RecvPayload(sctx, o, func(r io.Reader) error { _, err := io.Copy(io.Discard, r); return err }); rerr != nil {
 		d.segmentFailed(ctx, c, log, o, rerr)
 		return nil, false
 	}

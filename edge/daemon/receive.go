@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"sync"
+	"time"
 
 	"github.com/relay-dev/relay/edge/segstore"
 	"github.com/relay-dev/relay/edge/wire"
@@ -95,7 +97,7 @@ func (d *Daemon) handleRelayConn(ctx context.Context, c *wire.Conn, peer string)
 // receive runs one exchange and reports whether the connection is still
 // in step for the next one.
 func (d *Daemon) receive(ctx context.Context, c *wire.Conn, log *slog.Logger, peer string, o wire.Offer) bool {
-	res, err := d.store.Reserve(o.SegmentID, o.Size, o.SHA256)
+	res, err := d.store.ReserveFrom(peer, o.SegmentID, o.Size, o.SHA256)
 	if errors.Is(err, segstore.ErrAlreadyHave) {
 		// Idempotent: the sender's earlier ACK was lost or late.
 		if err := c.DiscardSegment(ctx, o); err != nil {
@@ -115,7 +117,9 @@ func (d *Daemon) receive(ctx context.Context, c *wire.Conn, log *slog.Logger, pe
 	// verifies its digest while writing (hashing on another goroutine):
 	// each byte is hashed once.
 	var staged *segstore.Staged
-	rerr := c.RecvSegmentPayload(ctx, o, func(r io.Reader) error {
+	sctx, cancel := d.segmentContext(ctx, o.Size)
+	defer cancel()
+	rerr := c.RecvSegmentPayload(sctx, o, func(r io.Reader) error {
 		var err error
 		staged, err = res.Receive(r, peer)
 		return err
@@ -125,12 +129,8 @@ func (d *Daemon) receive(ctx context.Context, c *wire.Conn, log *slog.Logger, pe
 		// The store read the whole frame before comparing digests: the
 		// connection stays in step.
 		return d.refuse(ctx, c, log, o, wire.NackChecksum, rerr, true)
-	case rerr != nil && ctx.Err() == nil && wire.PeerAborted(rerr):
-		// The sender went away mid-segment (crashed, killed, network
-		// cut): its failure, not ours, and nobody is left to NACK. The
-		// store removed the partial file when Receive saw the error.
-		d.met.inbound.WithLabelValues("aborted").Inc()
-		log.Warn("peer aborted the segment; nothing stored", "err", rerr)
+	case rerr != nil && d.peerGone(ctx, log, rerr):
+		// The store removed the partial file when Receive saw the error.
 		return false
 	case rerr != nil:
 		if reason, ok := wire.ProtocolViolation(rerr); ok {
@@ -161,6 +161,49 @@ func (d *Daemon) receive(ctx context.Context, c *wire.Conn, log *slog.Logger, pe
 	d.met.inbound.WithLabelValues("stored").Inc()
 	log.Debug("segment stored")
 	return c.SendAck(ctx, o.SegmentID) == nil
+}
+
+// segmentContext bounds the reading of one SEGMENT payload of size
+// bytes: the idle timeout plus its size at relay.inbound_min_rate. The
+// idle timeout alone is renewed by every byte, so a peer sending one
+// byte a minute could hold the segment's quota reservation for as long
+// as it liked (issue 20: one byte every 40 s kept 64 MiB reserved for
+// over 4 minutes).
+func (d *Daemon) segmentContext(ctx context.Context, size int64) (context.Context, context.CancelFunc) {
+	atRate := time.Duration(size) * time.Second / time.Duration(d.cfg.Relay.InboundMinRate)
+	return context.WithTimeout(ctx, idleTimeout(d.cfg, d.opt.IdleTimeout)+atRate)
+}
+
+// peerGone reports, and counts as aborted, a SEGMENT the peer stopped
+// sending: it went away (crashed, killed, network cut: wire.PeerAborted)
+// or stalled, sending nothing within the idle timeout or too little
+// within the segment's deadline (segmentContext). Either is the sender's
+// failure, not this node's, so it is never NACKed internal; nothing is
+// sent (a peer that went away is not listening, and the stream is out of
+// step either way) and the connection is closed. It is false while this
+// daemon is stopping: that is nobody's failure.
+func (d *Daemon) peerGone(ctx context.Context, log *slog.Logger, err error) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	switch {
+	case wire.PeerAborted(err):
+		log.Warn("peer aborted the segment; nothing stored", "err", err)
+	case timedOut(err):
+		log.Warn("peer stalled the segment (no byte within the idle timeout, or slower than relay.inbound_min_rate); nothing stored",
+			"err", err)
+	default:
+		return false
+	}
+	d.met.inbound.WithLabelValues("aborted").Inc()
+	return true
+}
+
+// timedOut reports a read that ran into its deadline: the connection's
+// idle timeout (os.ErrDeadlineExceeded) or the segment's own
+// (context.DeadlineExceeded).
+func timedOut(err error) bool {
+	return errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // refuse answers NACK. When the SEGMENT frame was not consumed yet, a
@@ -223,7 +266,9 @@ func (d *Daemon) nack(ctx context.Context, c *wire.Conn, log *slog.Logger, n wir
 // nackCode maps a store error to the NACK code of docs/wire.md.
 func nackCode(err error) wire.NackCode {
 	switch {
-	case errors.Is(err, segstore.ErrQuota):
+	case errors.Is(err, segstore.ErrQuota), errors.Is(err, segstore.ErrSourceShare):
+		// The sender's own unfinished segments hold its share: as for a
+		// full store, it is told to retry later.
 		return wire.NackQuota
 	case errors.Is(err, segstore.ErrTooLarge):
 		return wire.NackTooLarge

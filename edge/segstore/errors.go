@@ -27,6 +27,14 @@ var ErrTooLarge = errors.New("segment exceeds max segment size")
 // written. (NACK quota.)
 var ErrQuota = errors.New("storage quota exceeded")
 
+// ErrSourceShare means the source (the peer offering the segment) holds
+// Options.SourceReserveBytes or SourceReserveSegments in reservations
+// already: its unfinished segments may not take more of the quota, so
+// they cannot keep other peers out. It is not ErrQuota: MakeRoom is not
+// asked to evict anything for it. Nothing was written; retrying once the
+// source's segments finished is safe. (NACK quota.)
+var ErrSourceShare = errors.New("source's share of the quota for unfinished segments is taken")
+
 // ErrBusy means the id is being written or evicted by another goroutine
 // right now. Nothing was written; retrying later is safe. (NACK internal.)
 var ErrBusy = errors.New("segment busy")

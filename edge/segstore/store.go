@@ -59,6 +59,13 @@ type Options struct {
 	// (ENOSPC after n bytes) around the real file with it. nil in
 	// production.
 	WrapTemp func(id string, w io.Writer) io.Writer
+	// SourceReserveBytes and SourceReserveSegments, when > 0, bound what
+	// the reservations of one source (ReserveFrom) may hold at once: a
+	// peer whose offers stall cannot take the whole quota from the others
+	// (issue 20: 15 stalled 64 MiB offers held 960 MiB of 1 GiB). A
+	// reservation beyond them is ErrSourceShare. Reserve, with no source,
+	// is bound by the quota alone.
+	SourceReserveBytes, SourceReserveSegments int64
 	// PackMaxBytes > 0 stores segments of at most this size as records
 	// of shared pack files instead of a file each (packs.go), where the
 	// file system can punch holes; 0 keeps a file per segment. Segments
@@ -195,7 +202,8 @@ type Store struct {
 	count    int64
 	resBytes int64
 	resCount int64
-	busy     map[string]bool // ids being written or evicted
+	bySource map[string]reserved // ReserveFrom's reservations per source
+	busy     map[string]bool     // ids being written or evicted
 
 	group groupCommitter // see group.go
 	// fsSync flushes the store's file system (syncfs); nil when every file
@@ -233,7 +241,7 @@ func Open(dir string, db *bolt.DB, opt Options) (*Store, error) {
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
-	s := &Store{dir: filepath.Join(dir, "segments"), db: db, opt: opt, busy: map[string]bool{}, writeBehind: writeBehindWindow,
+	s := &Store{dir: filepath.Join(dir, "segments"), db: db, opt: opt, busy: map[string]bool{}, bySource: map[string]reserved{}, writeBehind: writeBehindWindow,
 		packs: map[string]*pack{}, nextPack: 1}
 	for _, d := range []string{s.dir, s.packDir()} {
 		if err := CreateDir(d, 0o700, opt.SyncDir); err != nil {

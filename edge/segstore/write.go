@@ -23,8 +23,12 @@ type Reservation struct {
 	id     string
 	size   int64
 	digest string
-	used   bool // Write or Release has run; guarded by s.mu
+	source string // ReserveFrom's source; "" for Reserve
+	used   bool   // Write or Release has run; guarded by s.mu
 }
+
+// reserved is what one source's reservations hold.
+type reserved struct{ bytes, count int64 }
 
 // Reserve admits an offer: it validates id, size and digest, and checks,
 // in this order: already stored (ErrAlreadyHave when size and digest
@@ -35,15 +39,25 @@ type Reservation struct {
 // Write or Release. A segment that is already stored is recognised even
 // when the quota is full, so a sender whose ACK was lost is re-ACKed.
 func (s *Store) Reserve(id string, size int64, sha256hex string) (*Reservation, error) {
-	r, err := s.reserve(id, size, sha256hex)
+	return s.ReserveFrom("", id, size, sha256hex)
+}
+
+// ReserveFrom is Reserve for a segment offered by source (a peer's node
+// id), whose reservations together are bounded by
+// Options.SourceReserveBytes and SourceReserveSegments: checked after the
+// maximum segment size and before the quota, so that a source over its
+// share (ErrSourceShare) never makes MakeRoom evict anything. "" is no
+// source (Reserve).
+func (s *Store) ReserveFrom(source, id string, size int64, sha256hex string) (*Reservation, error) {
+	r, err := s.reserve(source, id, size, sha256hex)
 	if errors.Is(err, ErrQuota) && s.opt.MakeRoom != nil {
 		s.makeRoom(size)
-		r, err = s.reserve(id, size, sha256hex)
+		r, err = s.reserve(source, id, size, sha256hex)
 	}
 	return r, err
 }
 
-func (s *Store) reserve(id string, size int64, sha256hex string) (*Reservation, error) {
+func (s *Store) reserve(source, id string, size int64, sha256hex string) (*Reservation, error) {
 	if err := ValidID(id); err != nil {
 		return nil, err
 	}
@@ -71,13 +85,38 @@ func (s *Store) reserve(id string, size int64, sha256hex string) (*Reservation, 
 	case !errors.Is(err, ErrNotFound):
 		return nil, fmt.Errorf("reserve %s: %w", id, err)
 	}
+	if size <= s.opt.MaxSegmentBytes {
+		if err := s.shareLocked(source, size); err != nil {
+			return nil, fmt.Errorf("reserve %s: %w", id, err)
+		}
+	}
 	if err := s.allowLocked(size); err != nil {
 		return nil, fmt.Errorf("reserve %s: %w", id, err)
 	}
 	s.busy[id] = true
 	s.resBytes += size
 	s.resCount++
-	return &Reservation{s: s, id: id, size: size, digest: digest}, nil
+	if source != "" {
+		h := s.bySource[source]
+		s.bySource[source] = reserved{bytes: h.bytes + size, count: h.count + 1}
+	}
+	return &Reservation{s: s, id: id, size: size, digest: digest, source: source}, nil
+}
+
+// shareLocked checks a reservation of size bytes against source's share
+// (Options.SourceReserveBytes, SourceReserveSegments).
+func (s *Store) shareLocked(source string, size int64) error {
+	if source == "" {
+		return nil
+	}
+	h := s.bySource[source]
+	switch {
+	case s.opt.SourceReserveBytes > 0 && h.bytes+size > s.opt.SourceReserveBytes:
+		return fmt.Errorf("%w: %s holds %d bytes in unfinished segments, + %d > %d", ErrSourceShare, source, h.bytes, size, s.opt.SourceReserveBytes)
+	case s.opt.SourceReserveSegments > 0 && h.count+1 > s.opt.SourceReserveSegments:
+		return fmt.Errorf("%w: %s holds %d unfinished segments, limit %d", ErrSourceShare, source, h.count, s.opt.SourceReserveSegments)
+	}
+	return nil
 }
 
 // Release gives back the reservation's space and id. Idempotent, and a
@@ -98,6 +137,13 @@ func (r *Reservation) Release() {
 func (s *Store) unreserveLocked(r *Reservation, committed bool) {
 	s.resBytes -= r.size
 	s.resCount--
+	if r.source != "" {
+		if h := s.bySource[r.source]; h.count <= 1 {
+			delete(s.bySource, r.source)
+		} else {
+			s.bySource[r.source] = reserved{bytes: h.bytes - r.size, count: h.count - 1}
+		}
+	}
 	delete(s.busy, r.id)
 	if committed {
 		s.bytes += r.size
