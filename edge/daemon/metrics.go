@@ -135,13 +135,15 @@ var (
 		"Disk space the pack files take (allocated blocks); compare with edged_storage_pack_record_bytes.", nil, nil)
 	descPackRecords = prometheus.NewDesc("edged_storage_pack_record_bytes", "Bytes of the packed segments' records, headers and padding included.", nil, nil)
 	descRecords     = prometheus.NewDesc("edged_ledger_records", "Ledger records by state.", []string{"state"}, nil)
-	descCircuit     = prometheus.NewDesc("edged_peer_circuit_state",
+	descHandshakes  = prometheus.NewDesc("edged_inbound_handshakes",
+		"Inbound connections whose TLS handshake and HELLO have not finished (at most 64; see edged_inbound_handshakes_shed_total).", nil, nil)
+	descCircuit = prometheus.NewDesc("edged_peer_circuit_state",
 		"Dial circuit per peer: 1 for its current state (closed, open, half_open), 0 for the others.", []string{"peer", "state"}, nil)
 )
 
 func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descStoredBytes, descStoredSegs, descReserved, descQuotaBytes, descQuotaSegs,
-		descPackFiles, descPackSegs, descPackDisk, descPackRecords, descRecords, descCircuit} {
+		descPackFiles, descPackSegs, descPackDisk, descPackRecords, descRecords, descHandshakes, descCircuit} {
 		ch <- d
 	}
 }
@@ -158,6 +160,10 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descPackSegs, prometheus.GaugeValue, float64(ps.Records))
 	ch <- prometheus.MustNewConstMetric(descPackDisk, prometheus.GaugeValue, float64(ps.DiskBytes))
 	ch <- prometheus.MustNewConstMetric(descPackRecords, prometheus.GaugeValue, float64(ps.RecordBytes))
+	if ln := c.d.relayLn; ln != nil { // set by Listen, before the RPC serves
+		_, handshaking := ln.Pending()
+		ch <- prometheus.MustNewConstMetric(descHandshakes, prometheus.GaugeValue, float64(handshaking))
+	}
 	for _, circ := range c.d.ex.Circuits() {
 		for _, s := range relay.CircuitStates() {
 			v := 0.0

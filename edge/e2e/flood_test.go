@@ -100,6 +100,9 @@ func TestSilentFloodPeerStillDelivers(t *testing.T) {
 	if shed == 0 {
 		t.Errorf("b shed no connection for its address limit:\n%s", grepLines(b.log(), "shed"))
 	}
+	if h := floodMetric(t, b, "edged_inbound_handshakes"); h > 64 {
+		t.Errorf("b reports %d handshakes in progress, above its 64 slots", h)
+	}
 	t.Logf("flood: %d connections; b shed %d at the address limit, %d evicted", flood.dials.Load(), shed,
 		floodMetric(t, b, `edged_inbound_handshakes_shed_total{reason="evicted"}`))
 }
