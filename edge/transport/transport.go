@@ -13,6 +13,10 @@
 //     handshake. Outbound, Dial refuses a peer id AllowPeer rejects and a
 //     server whose certificate names any node other than the one dialled.
 //   - The HELLO's node id must equal the certificate's.
+//   - Inbound connections that have not finished TLS and HELLO are
+//     admitted so that unauthenticated ones cannot keep configured peers
+//     out: a cap per source address, and the address holding the most
+//     gives up a slot when all are taken (admission, in admit.go).
 package transport
 
 import (
