@@ -47,8 +47,17 @@ type httpHandler struct {
 	ready   func() error
 	promh   http.Handler
 	backup  http.Handler
-	// enqueues serialises the enqueues of each source (see serialised).
+	// enqueues serialises the enqueues of each source (sourceLocks).
 	enqueues sourceLocks
+	// slots bound the requests served at once (nil: unbounded) to
+	// limits.max_connections, whichever protocol carries them: an HTTP/1.1
+	// connection carries one at a time, an HTTP/2 connection up to
+	// maxStreamsPerConn, and each request may buffer up to
+	// limits.max_body_bytes. The health probes take none.
+	slots chan struct{}
+	// authenticated, when set, marks the request's connection as having
+	// carried an authenticated request (limitListener).
+	authenticated func(*http.Request)
 }
 
 func newHTTPHandler(h *api.Handler, creds *credentials, maxBody int, m *metrics, log *slog.Logger, ready func() error) *httpHandler {
@@ -136,6 +145,17 @@ func (h *httpHandler) serve(w http.ResponseWriter, r *http.Request, rawPath stri
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 		return ""
 	}
+	if h.slots != nil {
+		select {
+		case h.slots <- struct{}{}:
+			defer func() { <-h.slots }()
+		default:
+			w.Header().Set("Retry-After", "1")
+			writeError(w, http.StatusServiceUnavailable, "unavailable", fmt.Sprintf(
+				"%d requests are being served, the limit (limits.max_connections); nothing was done: retry after the Retry-After seconds", cap(h.slots)))
+			return ""
+		}
+	}
 	// What a web page could make a browser send is refused, whatever the
 	// method: API clients send no Origin or Sec-Fetch-Site headers,
 	// browsers do, and a cross-origin POST with a text/plain body needs
@@ -153,6 +173,9 @@ func (h *httpHandler) serve(w http.ResponseWriter, r *http.Request, rawPath stri
 		// same-origin to the browser and needs no credentials here, but
 		// its requests name the page's host.
 		aerr = forbidden("anonymous requests must name a loopback host, not Host %q", r.Host)
+	}
+	if aerr == nil && name != AnonymousPrincipal && h.authenticated != nil {
+		h.authenticated(r)
 	}
 	if aerr == nil {
 		if rawPath == PathMetrics {
@@ -218,6 +241,7 @@ func (h *httpHandler) serve(w http.ResponseWriter, r *http.Request, rawPath stri
 	req := api.Request{Method: r.Method, Path: rawPath, Query: r.URL.RawQuery, Headers: headers, Body: body, Caller: name}
 	resp, err := h.serveAPI(r.Context(), c, req)
 	if err != nil {
+		w.Header().Set("Retry-After", "1")
 		writeError(w, http.StatusServiceUnavailable, "unavailable", "the request ended while it waited for the enqueues before it to the same source; nothing was written")
 		return name
 	}

@@ -3,10 +3,13 @@ package relayserve_test
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -256,5 +259,177 @@ func TestCertificateUsages(t *testing.T) {
 	out, err := exec.Command(relayBin, "serve", "--check-config", "--config", servetest.WriteConfig(t, cfg+principalsYAML)).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "not valid for server auth") || !strings.Contains(string(out), "--usage server") {
 		t.Fatalf("--check-config with a client certificate as tls.cert: %v\n%s", err, out)
+	}
+}
+
+// withLimits is the fixture's configuration with more limits keys.
+func (f *fixture) withLimits(t *testing.T, limits string) {
+	t.Helper()
+	cfg := strings.Replace(f.base, "limits:\n  max_body_bytes: 65536\n", "limits:\n  max_body_bytes: 65536\n"+limits, 1)
+	if cfg == f.base {
+		t.Fatal("the fixture's limits are not where withLimits looks")
+	}
+	f.rewrite(t, cfg+principalsYAML)
+}
+
+// reused reports whether a request over c reused a connection.
+func reused(t *testing.T, c *http.Client, url, token string) bool {
+	t.Helper()
+	var info httptrace.GotConnInfo
+	req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
+		GotConn: func(i httptrace.GotConnInfo) { info = i },
+	}), "GET", url, nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("%s: %d", url, resp.StatusCode)
+	}
+	return info.Reused
+}
+
+// Idle keep-alive connections cannot hold every slot: with
+// max_connections 3 taken by idle connections (and idle_timeout far
+// away), a new client is served at once, because the server closes idle
+// connections to make room, those that never carried an authenticated
+// request first. Before, the new request waited for idle_timeout.
+func TestIdleConnectionsDoNotHoldSlots(t *testing.T) {
+	f := newFixture(t, "")
+	f.withLimits(t, "  max_connections: 3\n  idle_timeout: 10m\n")
+	p := f.start(t)
+	var probes []*http.Client
+	for range 2 { // unauthenticated, as a health probe or an attacker
+		c := f.client(t, p, "")
+		if r := do(t, c, "GET", p.URL+"/healthz", "", nil); r.status != 200 {
+			t.Fatalf("healthz: %d", r.status)
+		}
+		probes = append(probes, c)
+	}
+	authed := f.client(t, p, "")
+	if reused(t, authed, p.URL+"/v1/sources/orders/state", f.tokens["reader"]) {
+		t.Fatal("a new client reused a connection")
+	}
+	// Every slot is taken by an idle connection.
+	late := f.client(t, p, "")
+	if r := do(t, late, "GET", p.URL+"/v1/sources/orders/state", f.tokens["reader"], nil); r.status != 200 {
+		t.Fatalf("a request at max_connections: %d %s", r.status, r.body)
+	}
+	// The unauthenticated idle connections made room; the authenticated
+	// one is still open.
+	if !reused(t, authed, p.URL+"/v1/sources/orders/state", f.tokens["reader"]) {
+		t.Error("the idle connection that carried an authenticated request was closed while unauthenticated ones were idle")
+	}
+	waitMetrics(t, late, p.URL, f.tokens["reader"], "relay_http_idle_connections_closed_total 2")
+	for _, c := range probes {
+		c.CloseIdleConnections()
+	}
+	if code := p.Stop(t); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
+}
+
+// HTTP/2 does not multiply max_connections: with max_connections 3,
+// three requests in flight on one HTTP/2 connection take every slot, and
+// a fourth (on any connection) is answered 503 unavailable with
+// Retry-After, nothing done, until one of them ends. Before, 301 were in
+// flight at once, 300 on one connection.
+func TestHTTP2RequestsInFlightBounded(t *testing.T) {
+	f := newFixture(t, "")
+	f.withLimits(t, "  max_connections: 3\n")
+	p := f.start(t)
+	tc := servetest.ClientTLS(t, filepath.Join(f.pki, "ca.crt"), "", "")
+	c := &http.Client{Timeout: servetest.StartTimeout, Transport: &http.Transport{
+		TLSClientConfig: tc, ForceAttemptHTTP2: true, ExpectContinueTimeout: servetest.StartTimeout,
+	}}
+	defer c.CloseIdleConnections()
+	type flight struct {
+		body *io.PipeWriter
+		done chan result
+	}
+	var flights []flight
+	for i := range 3 {
+		pr, pw := io.Pipe()
+		got100 := make(chan struct{})
+		req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
+			Got100Continue: func() { close(got100) },
+		}), "POST", p.URL+"/v1/sources/orders/rows", pr)
+		req.ContentLength = -1
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Expect", "100-continue")
+		req.Header.Set("Authorization", "Bearer "+f.tokens["producer"])
+		fl := flight{pw, make(chan result, 1)}
+		go func() {
+			resp, err := c.Do(req)
+			if err != nil {
+				fl.done <- result{status: -1, body: []byte(err.Error())}
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			if resp.ProtoMajor != 2 {
+				b = append(b, fmt.Sprintf(" (over %s, want HTTP/2)", resp.Proto)...)
+				resp.StatusCode = -2
+			}
+			fl.done <- result{status: resp.StatusCode, body: b}
+		}()
+		// The server asks for the body once the handler reads it: the
+		// request holds its slot from then until it is answered.
+		select {
+		case <-got100:
+		case r := <-fl.done:
+			t.Fatalf("request %d ended before its body was asked for: %d %s", i, r.status, r.body)
+		}
+		flights = append(flights, fl)
+	}
+	r := do(t, c, "GET", p.URL+"/v1/sources/orders/state", f.tokens["reader"], nil)
+	if r.status != 503 || r.errCode(t) != "unavailable" || r.header.Get("Retry-After") == "" {
+		t.Fatalf("a fourth request in flight: %d %s (Retry-After %q); want 503 unavailable with Retry-After", r.status, r.body, r.header.Get("Retry-After"))
+	}
+	for i, fl := range flights {
+		fl.body.Write(rowsBody(fmt.Sprintf("t%d", i), "k", "v"))
+		fl.body.Close()
+		if r := <-fl.done; r.status != 200 {
+			t.Fatalf("request %d: %d %s", i, r.status, r.body)
+		}
+	}
+	if r := do(t, c, "GET", p.URL+"/v1/sources/orders/state", f.tokens["reader"], nil); r.status != 200 {
+		t.Fatalf("a request once the others ended: %d %s", r.status, r.body)
+	}
+	if code := p.Stop(t); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
+}
+
+// Failed TLS handshakes, which anyone who can connect causes, are counted
+// and summarised in the log instead of one WARN line each.
+func TestFailedHandshakesSummarised(t *testing.T) {
+	f := newFixture(t, "")
+	p := f.start(t)
+	old := servetest.ClientTLS(t, filepath.Join(f.pki, "ca.crt"), "", "")
+	old.MinVersion, old.MaxVersion = tls.VersionTLS12, tls.VersionTLS12
+	const n = 100
+	for range n {
+		if conn, err := tls.Dial("tcp", p.Addr, old); err == nil {
+			conn.Close()
+			t.Fatal("a TLS 1.2 handshake succeeded")
+		}
+	}
+	c := f.client(t, p, "")
+	waitMetrics(t, c, p.URL, f.tokens["reader"], fmt.Sprintf("relay_tls_handshake_errors_total %d", n))
+	if code := p.Stop(t); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
+	log := p.Log()
+	if strings.Contains(log, "TLS handshake error") {
+		t.Error("a failed handshake has a log line of its own")
+	}
+	// One line for the first; a second only if the test ran past a
+	// minute.
+	if lines := logLines(t, log, "relay serve: TLS handshakes failed"); len(lines) == 0 || len(lines) > 2 {
+		t.Errorf("%d summary lines for %d failed handshakes, want 1 (2 past a minute)", len(lines), n)
 	}
 }

@@ -16,7 +16,7 @@ func TestLimitListener(t *testing.T) {
 		t.Fatal(err)
 	}
 	const n = 2
-	l := newLimitListener(inner, n)
+	l := newLimitListener(inner, n, nil)
 	var open, peak atomic.Int32
 	accepted := make(chan net.Conn)
 	acceptErr := make(chan error, 1)
@@ -54,8 +54,11 @@ func TestLimitListener(t *testing.T) {
 	if p := peak.Load(); p > n {
 		t.Fatalf("%d connections open at once, limit %d", p, n)
 	}
-	if len(l.sem) != n {
-		t.Fatalf("%d slots held, want %d", len(l.sem), n)
+	l.mu.Lock()
+	held := l.open
+	l.mu.Unlock()
+	if held != n {
+		t.Fatalf("%d slots held, want %d", held, n)
 	}
 	l.Close()
 	if err := <-acceptErr; !errors.Is(err, net.ErrClosed) {

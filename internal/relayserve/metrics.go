@@ -21,6 +21,11 @@ type metrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	inFlight prometheus.Gauge
+	// idleClosed counts idle connections closed to make room at
+	// limits.max_connections; handshakeErrors counts failed TLS
+	// handshakes (logged in summary, see errorlog.go).
+	idleClosed      prometheus.Counter
+	handshakeErrors prometheus.Counter
 
 	alarms          *prometheus.CounterVec
 	rowsDelivered   *prometheus.CounterVec
@@ -49,6 +54,13 @@ func newMetrics(source relaycore.Store) *metrics {
 	}, []string{"route", "method"})
 	m.inFlight = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "relay_http_requests_in_flight", Help: "HTTP requests being served.",
+	})
+	m.idleClosed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "relay_http_idle_connections_closed_total",
+		Help: "Idle connections closed to make room for a new one at limits.max_connections (those that never carried an authenticated request first).",
+	})
+	m.handshakeErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "relay_tls_handshake_errors_total", Help: "TLS handshakes that failed (the log has one summary line per minute at most).",
 	})
 	m.alarms = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "relay_alarms_total",
@@ -79,7 +91,7 @@ func newMetrics(source relaycore.Store) *metrics {
 		"Now minus the commit time of the source's oldest undelivered row, held rows included; 0 when its outbox is empty. Read after each alarm, aged at scrape time.",
 		[]string{"source"}, nil)}
 	for _, c := range []prometheus.Collector{
-		m.requests, m.duration, m.inFlight, m.alarms, m.rowsDelivered, m.autoQuarantined,
+		m.requests, m.duration, m.inFlight, m.idleClosed, m.handshakeErrors, m.alarms, m.rowsDelivered, m.autoQuarantined,
 		m.blocked, m.quarantined, m.paused, m.held, m.sweeps, m.sweepErrors, m.sweepOverdue, m.age,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	} {

@@ -199,7 +199,7 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 		ln.Close()
 		return fmt.Errorf("listen %s bound %s, not a loopback address: anonymous access and plain HTTP are loopback only", cfg.Listen, ln.Addr())
 	}
-	lim := newLimitListener(ln, cfg.Limits.MaxConnections)
+	lim := newLimitListener(ln, cfg.Limits.MaxConnections, m.idleClosed.Inc)
 	// Requests run on a context a drain does not cancel (in-flight
 	// requests finish); past the drain deadline it is cancelled, so store
 	// calls stop before the file closes.
@@ -208,6 +208,12 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 	l := cfg.Limits
 	hh := newHTTPHandler(h, creds, l.MaxBodyBytes, m, log, ready)
 	hh.readTimeout = l.ReadTimeout
+	hh.slots = make(chan struct{}, l.MaxConnections)
+	hh.authenticated = func(r *http.Request) {
+		if c, ok := r.Context().Value(connKey{}).(net.Conn); ok {
+			lim.authenticated(c)
+		}
+	}
 	backupFiles := []relaybackup.File{{Name: "relay.db", DB: db}}
 	if len(dbs) > 1 {
 		backupFiles = append(backupFiles, relaybackup.File{Name: "targets.db", DB: dbs[1]})
@@ -222,7 +228,15 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 		IdleTimeout:       l.IdleTimeout,
 		MaxHeaderBytes:    l.MaxHeaderBytes,
 		BaseContext:       func(net.Listener) context.Context { return reqCtx },
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, connKey{}, c)
+		},
+		ConnState: lim.trackState,
+		// An HTTP/2 connection carries up to this many requests at once;
+		// all connections together carry at most max_connections
+		// (hh.slots), so HTTP/2 cannot multiply what HTTP/1.1 allows.
+		HTTP2:    &http.HTTP2Config{MaxConcurrentStreams: min(maxStreamsPerConn, l.MaxConnections)},
+		ErrorLog: newServerErrorLog(log, m.handshakeErrors.Inc, time.Now),
 	}
 
 	clockCtx, stopClock := context.WithCancel(context.WithoutCancel(ctx))
@@ -322,6 +336,13 @@ wait:
 	}
 	return runErr
 }
+
+// maxStreamsPerConn bounds the streams (requests at once) of one HTTP/2
+// connection: the default would be 250.
+const maxStreamsPerConn = 32
+
+// connKey is the request context's key of the connection it came on.
+type connKey struct{}
 
 // detachedAlarmer runs alarms on its own context rather than the clock's,
 // so stopping the clock lets running fires finish; it counts them for
