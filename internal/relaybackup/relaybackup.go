@@ -166,10 +166,15 @@ func Fetch(ctx context.Context, client *http.Client, req *http.Request, dir stri
 	return out, nil
 }
 
+// ErrHeld: the file a backup would replace is open in a running process
+// (a relay serve's live file, say), so WriteFile leaves it alone.
+var ErrHeld = errors.New("the file is held open by a running process (a relay serve's live file?)")
+
 // WriteFile writes a bbolt file at path through write: into a temporary
 // file in the same directory, synced, checked with bolt.CheckFile, then
-// renamed over path and the directory synced. On any error path is left
-// as it was and the temporary file is removed.
+// renamed over path and the directory synced. A path that a process holds
+// open (its bbolt lock) is not replaced: ErrHeld. On any error path is
+// left as it was and the temporary file is removed.
 func WriteFile(path string, write func(io.Writer) (int64, error)) (err error) {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
@@ -193,6 +198,18 @@ func WriteFile(path string, write func(io.Writer) (int64, error)) (err error) {
 	}
 	if err = bolt.CheckFile(tmp); err != nil {
 		return fmt.Errorf("write %s: the copy fails the check: %w", path, err)
+	}
+	// A backup written into a running relay's own directory would
+	// replace its live file: the process would go on writing to the
+	// unlinked one, and its next start would open the snapshot and lose
+	// everything since. (Checked just before the rename: a process that
+	// opens the file in between is not caught.)
+	held, err := heldOpen(path)
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if held {
+		return fmt.Errorf("write %s: %w: not replaced; write the backup somewhere else", path, ErrHeld)
 	}
 	if err = os.Rename(tmp, path); err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -85,5 +86,48 @@ func TestBackupURLNamesCAFlag(t *testing.T) {
 	}
 	if !strings.Contains(errb.String(), "give --ca the CA certificate") {
 		t.Fatalf("stderr: %s", errb.String())
+	}
+}
+
+// A backup never replaces a file a process holds open: written into a
+// running relay's own directory, it would swap the live file for the
+// snapshot under the process (which goes on writing to the unlinked
+// file). The held file stays as it was and nothing is left beside it.
+func TestBackupDoesNotReplaceAHeldFile(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "relay.db")
+	db, err := bolt.Open(src, bolt.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Store("source").Apply(context.Background(), "orders", relaycore.Batch{Writes: []relaycore.Write{{Key: "k", Value: []byte("backup")}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	live := t.TempDir()
+	held, err := bolt.Open(filepath.Join(live, "relay.db"), bolt.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	if err := held.Store("source").Apply(context.Background(), "orders", relaycore.Batch{Writes: []relaycore.Write{{Key: "k", Value: []byte("live")}}}); err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.Stat(filepath.Join(live, "relay.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, errOut := cli(t, 1, "", "backup", "--db", src, live)
+	if !strings.Contains(errOut, "held open by a running process") {
+		t.Fatalf("stderr %s", errOut)
+	}
+	after, err := os.Stat(filepath.Join(live, "relay.db"))
+	if err != nil || !os.SameFile(before, after) {
+		t.Fatalf("the live file was replaced (%v)", err)
+	}
+	if ents, _ := os.ReadDir(live); len(ents) != 1 {
+		t.Fatalf("left beside the live file: %v", ents)
 	}
 }

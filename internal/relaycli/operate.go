@@ -169,8 +169,7 @@ func (e *apiError) Error() string {
 	// skip conflict included).
 	msg := fmt.Sprintf("%s (%d %s)", e.body.Error.Message, e.status, e.body.Error.Code)
 	if d := e.body.Error; d.Code == "skip_conflict" && d.ActualFirst != nil && *d.ActualFirst == 0 {
-		msg += "; nothing is held for this target, so there is nothing to skip yet: `relay targets show` lists its held rows " +
-			"(a quarantine or pause holds the target's undelivered rows once a fire has met them)"
+		msg += "; nothing is held for this target, so there is nothing to skip: `relay targets show` lists what is held"
 	}
 	return msg
 }

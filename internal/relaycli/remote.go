@@ -67,6 +67,13 @@ func (s *serverFlags) dial() (*server, error) {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
 		return nil, usageErrorf("--url %q: want the server's base URL, https://HOST:PORT", s.url)
 	}
+	if (s.certFile == "") != (s.keyFile == "") {
+		return nil, usageErrorf("--cert and --key go together")
+	}
+	if s.certFile != "" && s.tokenFile != "" {
+		// The server refuses a request with both (401).
+		return nil, usageErrorf("give one credential: --token-file or --cert/--key")
+	}
 	srv := &server{base: strings.TrimSuffix(s.url, "/"), hasCA: s.caFile != ""}
 	if s.tokenFile != "" {
 		tok, err := os.ReadFile(s.tokenFile)
@@ -88,9 +95,6 @@ func (s *serverFlags) dial() (*server, error) {
 		if !tc.RootCAs.AppendCertsFromPEM(pem) {
 			return nil, fmt.Errorf("--ca %s: no certificate", s.caFile)
 		}
-	}
-	if (s.certFile == "") != (s.keyFile == "") {
-		return nil, usageErrorf("--cert and --key go together")
 	}
 	if s.certFile != "" {
 		cert, err := tls.LoadX509KeyPair(s.certFile, s.keyFile)

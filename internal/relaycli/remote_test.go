@@ -288,6 +288,7 @@ func TestOperatorURLRefusals(t *testing.T) {
 		{[]string{"targets", "list", "--source", "orders", "--token-file", "tok"}, codeUsage, "go with --url"},
 		{[]string{"targets", "list", "--source", "orders", "--url", "127.0.0.1:7480"}, codeUsage, "want the server's base URL"},
 		{[]string{"targets", "list", "--source", "orders", "--url", f.url, "--cert", "c.crt"}, codeUsage, "--cert and --key go together"},
+		{[]string{"targets", "list", "--source", "orders", "--url", f.url, "--cert", "c.crt", "--key", "c.key", "--token-file", "tok"}, codeUsage, "give one credential"},
 		{[]string{"targets", "list", "--url", f.url}, codeUsage, "--source is required"},
 		{[]string{"targets", "show", "--source", "orders", "--url", f.url}, codeUsage, "accepts 1 arg"},
 		{[]string{"targets", "list", "--source", "orders", "--bogus"}, codeUsage, "unknown flag"},
