@@ -91,6 +91,9 @@ type Daemon struct {
 	// newStore: there was no database before this start, so no previous
 	// run to have stopped cleanly or not (previousStop).
 	newStore bool
+	// refetchKick starts a round of asking peers for lost segments
+	// (refetch.go).
+	refetchKick chan struct{}
 
 	relayLn *transport.Listener
 	rpcLn   net.Listener
@@ -118,7 +121,7 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	d := &Daemon{cfg: cfg, opt: opt, log: opt.Log.With("node", cfg.NodeID)}
+	d := &Daemon{cfg: cfg, opt: opt, log: opt.Log.With("node", cfg.NodeID), refetchKick: make(chan struct{}, 1)}
 	if err := segstore.CreateDir(cfg.Storage.Dir, 0o700, opt.SyncDir); err != nil {
 		return nil, fmt.Errorf("storage dir: %w", err)
 	}
@@ -325,10 +328,14 @@ func (d *Daemon) Serve(ctx context.Context) error {
 	var wg sync.WaitGroup
 	rpcErr := make(chan error, 1)
 	exErr := make(chan error, 1)
-	wg.Add(3)
+	wg.Add(4)
 	go func() {
 		defer wg.Done()
 		d.acceptLoop(runCtx)
+	}()
+	go func() {
+		defer wg.Done()
+		d.refetchLoop(runCtx)
 	}()
 	go func() {
 		defer wg.Done()

@@ -48,6 +48,13 @@ func (d *Daemon) servePipelined(ctx context.Context, c *wire.Conn, log *slog.Log
 			}
 			continue
 		}
+		if req.Want != nil {
+			if err := c.SendHolds(ctx, d.grant(log, peer, req.Want)); err != nil {
+				log.Debug("holds not sent", "err", err)
+				return
+			}
+			continue
+		}
 		o := req.Offer
 		slog := log.With("segment", o.SegmentID, "bytes", o.Size)
 		if !req.Segment {

@@ -67,7 +67,7 @@ func TestProtocolErrorsCounted(t *testing.T) {
 		send   func(c *wire.Conn) error
 	}{
 		{wire.ReasonUnknownType, func(c *wire.Conn) error {
-			_, err := c.NetConn().Write(header(0x0a, 0))
+			_, err := c.NetConn().Write(header(wire.TypeWant+1, 0)) // the first type byte not defined
 			return err
 		}},
 		{wire.ReasonTooLarge, func(c *wire.Conn) error {

@@ -146,11 +146,45 @@ func TestOperatorResend(t *testing.T) {
 	if err := b.d.store.Verify("seg-1"); err != nil {
 		t.Fatal(err)
 	}
-	if w, _ := b.d.store.Wanted(); len(w) != 0 {
-		t.Fatalf("b still wants %+v", w)
-	}
+	// The want ends right after the commit that indexes the copy.
+	waitUntil(t, "b no longer wants seg-1", func() bool {
+		w, err := b.d.store.Wanted()
+		return err == nil && len(w) == 0
+	})
 	waitUntil(t, "a's record acked again", func() bool {
 		r, err := a.d.led.Get("seg-1", "b")
 		return err == nil && r.State == ledger.StateAcked && r.Attempts == 2
 	})
+}
+
+// TestLostSegmentRefetched: a node that loses a segment it acknowledged
+// gets a good copy back by itself (wire version 3, WANT): b, which got
+// seg-1 from a, asks a, its source; then a, which loses its own copy,
+// asks b, which a had delivered it to (b's record for a is created, since
+// a was the source). Each copy that comes back verifies and ends the
+// want; a's record for b stays acked.
+func TestLostSegmentRefetched(t *testing.T) {
+	dir := pkitest.New(t, "a", "b")
+	nodes := startCluster(t, dir, []string{"a", "b"}, nil)
+	a, b := nodes["a"], nodes["b"]
+	content := bytes.Repeat([]byte("lost and found "), 900)
+	put(t, a, "seg-1", content)
+	waitUntil(t, "a's record acked", func() bool {
+		r, err := a.d.led.Get("seg-1", "b")
+		return err == nil && r.State == ledger.StateAcked
+	})
+	for _, lost := range []*testNode{b, a} {
+		damageStored(t, lost, "seg-1")
+		waitUntil(t, lost.id+" stores seg-1 again", func() bool { return stored(lost, "seg-1") })
+		if err := lost.d.store.Verify("seg-1"); err != nil {
+			t.Fatal(err)
+		}
+		waitUntil(t, lost.id+" no longer wants seg-1", func() bool {
+			w, err := lost.d.store.Wanted()
+			return err == nil && len(w) == 0
+		})
+	}
+	if e, err := a.d.store.Stat("seg-1"); err != nil || e.SHA256 != digest(content) {
+		t.Fatalf("a's seg-1: %+v, %v", e, err)
+	}
 }

@@ -102,7 +102,7 @@ func newV2Peer(t testing.TB, dir string, window, total int) *v2Peer {
 }
 
 func (p *v2Peer) serve(ctx context.Context, t testing.TB, c *wire.Conn) {
-	if c.Version() != wire.Version2 {
+	if c.Version() < wire.Version2 {
 		t.Errorf("peer connection runs version %d", c.Version())
 		return
 	}

@@ -89,7 +89,7 @@ func BenchmarkSegment64MiB(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if sc.Version() != wire.Version2 {
+	if sc.Version() != wire.Version {
 		b.Fatalf("negotiated version %d", sc.Version())
 	}
 

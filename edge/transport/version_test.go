@@ -15,7 +15,10 @@ import (
 // reproduces), and the HELLOs agree with it.
 func TestVersionNegotiation(t *testing.T) {
 	for _, tc := range []struct{ client, server, want int }{
-		{0, 0, wire.Version2},
+		{0, 0, wire.Version},
+		{3, 3, wire.Version3},
+		{3, 2, wire.Version2},
+		{2, 3, wire.Version2},
 		{2, 2, wire.Version2},
 		{1, 2, wire.Version1},
 		{2, 1, wire.Version1},

@@ -275,7 +275,7 @@ func TestConnReceiveErrors(t *testing.T) {
 		{"nack for another segment", nack(Nack{SegmentID: "s2", Code: NackQuota}), func(ctx context.Context, c *Conn) error { return c.RecvAck(ctx, "s1") }, ErrAckMismatch, false},
 		{"malformed ack", ack("../x"), func(ctx context.Context, c *Conn) error { return c.RecvAck(ctx, "s1") }, ErrBadMessage, false},
 		{"offer where ack due", AppendFrame(nil, TypeOffer, []byte("{}")), func(ctx context.Context, c *Conn) error { return c.RecvAck(ctx, "s1") }, ErrUnexpectedFrame, true},
-		{"unknown frame type", []byte{0x0a, 0, 0, 0, 0}, func(ctx context.Context, c *Conn) error { return c.RecvAck(ctx, "s1") }, ErrUnknownType, true},
+		{"unknown frame type", []byte{0x0b, 0, 0, 0, 0}, func(ctx context.Context, c *Conn) error { return c.RecvAck(ctx, "s1") }, ErrUnknownType, true},
 		{"oversized control frame", []byte{0x04, 0, 1, 0, 0}, func(ctx context.Context, c *Conn) error { return c.RecvAck(ctx, "s1") }, ErrFrameTooLarge, true},
 		{"bad offer json", AppendFrame(nil, TypeOffer, []byte(`{"segment_id":"s1"}`)), func(ctx context.Context, c *Conn) error { _, err := c.RecvOffer(ctx); return err }, ErrBadMessage, false},
 		{"hello version above the negotiated one", AppendFrame(nil, TypeHello, []byte(`{"version":2,"node_id":"n","window":8}`)), func(ctx context.Context, c *Conn) error { _, err := c.RecvHello(ctx); return err }, ErrVersion, false},

@@ -11,8 +11,8 @@
 // segment bytes and are always streamed (WriteSegment, PayloadReader), never
 // held in memory.
 //
-// The protocol version is negotiated in the TLS handshake (ALPN "relay/2";
-// none means version 1), and HELLO repeats it. In version 1 one connection
+// The protocol version is negotiated in the TLS handshake (ALPN "relay/3",
+// "relay/2"; none means version 1), and HELLO repeats it. In version 1 one connection
 // carries, after one HELLO each way, any number of exchanges in sequence:
 //
 //	sender:   OFFER, SEGMENT            (back to back)
@@ -24,7 +24,8 @@
 // ACCEPT, ACK (already held: nothing is sent) or NACK before any byte of
 // it moves, SEGMENTs follow in ACCEPT order, and the final ACK or NACK of
 // each comes in any order, matched by segment id (Conn.DeliverWindow,
-// Conn.RecvRequest).
+// Conn.RecvRequest). Version 3 adds WANT (Conn.Want): a node asks for
+// segments it acknowledged and then lost, answered by HOLDS.
 //
 // Conn wraps a net.Conn with one method per step. Its methods take a
 // context whose deadline and cancellation are applied to the underlying

@@ -23,7 +23,7 @@ func TestClassifyErrors(t *testing.T) {
 		reason  string
 		aborted bool
 	}{
-		{"unknown type", read([]byte{0x0a, 0, 0, 0, 0}), ReasonUnknownType, false},
+		{"unknown type", read([]byte{0x0b, 0, 0, 0, 0}), ReasonUnknownType, false},
 		{"too large", read([]byte{byte(TypeOffer), 0, 1, 0, 0}), ReasonTooLarge, false},
 		{"truncated payload", read([]byte{byte(TypeOffer), 0, 0, 0, 9, '{'}), "", true},
 		{"truncated header", read([]byte{byte(TypeOffer), 0}), "", true},

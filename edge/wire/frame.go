@@ -19,8 +19,12 @@ const (
 	// any segment byte moves, small segments pushed with their bytes
 	// unasked (PUSH), and replies matched by segment id.
 	Version2 = 2
+	// Version3 is version 2 and WANT: a node that lost segments it had
+	// acknowledged (it found its copies damaged) asks a peer that holds
+	// them to send them again.
+	Version3 = 3
 	// Version is the highest version spoken here.
-	Version = Version2
+	Version = Version3
 )
 
 // ALPNProtocols returns the TLS application protocol names that offer
@@ -92,6 +96,13 @@ const (
 	// reads the SEGMENT even when it declines the segment (ACK when held,
 	// NACK when refused), so the stream stays in step.
 	TypePush Type = 0x09
+	// TypeWant (version 3 only): JSON {"segments":[<offer>,...]}, at most
+	// MaxQuerySegments offers, from the dialling side while no offer is
+	// unanswered. The sender lost these segments after acknowledging them
+	// and asks to be sent them again; the reply is a HOLDS naming those
+	// the receiver holds with exactly that size and digest and has
+	// scheduled to send back.
+	TypeWant Type = 0x0A
 )
 
 func (t Type) String() string {
@@ -114,14 +125,16 @@ func (t Type) String() string {
 		return "HOLDS"
 	case TypePush:
 		return "PUSH"
+	case TypeWant:
+		return "WANT"
 	}
 	return fmt.Sprintf("type(0x%02x)", uint8(t))
 }
 
 // Known reports whether t is one of the defined frame types (ACCEPT,
-// QUERY, HOLDS and PUSH are defined for version 2 connections only; on a
-// version 1 connection they are unexpected frames).
-func (t Type) Known() bool { return t >= TypeHello && t <= TypePush }
+// QUERY, HOLDS and PUSH are defined from version 2, WANT from version 3;
+// on an older connection they are unexpected frames).
+func (t Type) Known() bool { return t >= TypeHello && t <= TypeWant }
 
 const (
 	// HeaderLen is the size of a frame header: type and length.
@@ -134,7 +147,7 @@ const (
 	// below it.
 	MaxControlPayload = 16 << 10
 
-	// MaxQueryPayload bounds QUERY and HOLDS payloads: MaxQuerySegments
+	// MaxQueryPayload bounds QUERY, WANT and HOLDS payloads: MaxQuerySegments
 	// offers of the longest ids fit.
 	MaxQueryPayload = 1 << 20
 

@@ -42,7 +42,7 @@ func TestReadFrame(t *testing.T) {
 		{name: "truncated payload", in: frame(0x04, 5, "ab"), limit: 16, err: io.ErrUnexpectedEOF},
 		{name: "header only", in: frame(0x02, 5, ""), limit: 16, err: io.ErrUnexpectedEOF},
 		{name: "unknown type zero", in: frame(0x00, 1, "x"), limit: 16, err: ErrUnknownType, readMost: HeaderLen},
-		{name: "unknown type 10", in: frame(0x0a, 1, "x"), limit: 16, err: ErrUnknownType, readMost: HeaderLen},
+		{name: "unknown type 11", in: frame(0x0b, 1, "x"), limit: 16, err: ErrUnknownType, readMost: HeaderLen},
 		{name: "unknown type ff", in: frame(0xff, 1, "x"), limit: 16, err: ErrUnknownType, readMost: HeaderLen},
 		// The length is checked before the payload is touched: a 4 GiB
 		// claim with no payload behind it must fail without reading.

@@ -34,6 +34,8 @@ func goldenFrames(t testing.TB) map[string][]byte {
 		"hello-v2.frame":        frame(TypeHello, must(EncodeHello(Hello{Version: Version2, NodeID: "node-a", Window: 256}))),
 		"accept.frame":          frame(TypeAccept, []byte("seg-0001")),
 		"query.frame":           frame(TypeQuery, must(EncodeSegments([]Offer{{SegmentID: "seg-0001", Size: 5, SHA256: helloSum}, {SegmentID: "empty.bin", Size: 0, SHA256: digest}}))),
+		"want.frame":            frame(TypeWant, must(EncodeSegments([]Offer{{SegmentID: "seg-0001", Size: 5, SHA256: helloSum}}))),
+		"hello-v3.frame":        frame(TypeHello, must(EncodeHello(Hello{Version: Version3, NodeID: "node-a", Window: 256}))),
 		"holds.frame":           frame(TypeHolds, must(EncodeSegments([]Offer{{SegmentID: "seg-0001", Size: 5, SHA256: helloSum}}))),
 		"offer.frame":           frame(TypeOffer, must(EncodeOffer(Offer{SegmentID: "seg-0001", Size: 5, SHA256: helloSum}))),
 		"offer-empty.frame":     frame(TypeOffer, must(EncodeOffer(Offer{SegmentID: "empty.bin", Size: 0, SHA256: digest}))),

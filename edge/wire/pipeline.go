@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"sync"
 	"time"
 )
@@ -29,6 +30,10 @@ type Request struct {
 	// Query, when not nil, is a QUERY: answer it with SendHolds before
 	// the next RecvRequest.
 	Query []Offer
+	// Want, when not nil, is a WANT (version 3): the peer lost these
+	// segments and asks for them again. Answer it with SendHolds, naming
+	// those this side holds and will send, before the next RecvRequest.
+	Want []Offer
 }
 
 // RecvRequest reads the next frame on a version 2 connection. For an
@@ -77,30 +82,37 @@ func (c *Conn) RecvRequest(ctx context.Context) (Request, error) {
 			c.payload = &payloadReader{r: r, left: int64(sh.Length)}
 			req = Request{Offer: o, Segment: true, Pushed: true}
 			return true, nil
-		case TypeQuery:
+		case TypeQuery, TypeWant:
+			if h.Type == TypeWant && c.opt.Version < Version3 {
+				return false, fmt.Errorf("%w: WANT on a version %d connection", ErrUnexpectedFrame, c.opt.Version)
+			}
 			if h.Length > MaxQueryPayload {
-				return false, fmt.Errorf("read QUERY frame: %w: %d bytes, limit %d", ErrFrameTooLarge, h.Length, MaxQueryPayload)
+				return false, fmt.Errorf("read %s frame: %w: %d bytes, limit %d", h.Type, ErrFrameTooLarge, h.Length, MaxQueryPayload)
 			}
 			c.mu.Lock()
 			open := len(c.open)
 			c.mu.Unlock()
 			if open > 0 {
-				return false, fmt.Errorf("%w: QUERY with %d offers unanswered", ErrUnexpectedFrame, open)
+				return false, fmt.Errorf("%w: %s with %d offers unanswered", ErrUnexpectedFrame, h.Type, open)
 			}
 			p := make([]byte, h.Length)
 			if _, err := io.ReadFull(r, p); err != nil {
 				if errors.Is(err, io.EOF) {
 					err = io.ErrUnexpectedEOF
 				}
-				return false, fmt.Errorf("read QUERY frame payload: %w", err)
+				return false, fmt.Errorf("read %s frame payload: %w", h.Type, err)
 			}
 			list, err := DecodeSegments(p)
 			if err != nil {
 				return true, err
 			}
-			req.Query = list
-			if req.Query == nil {
-				req.Query = []Offer{}
+			if list == nil {
+				list = []Offer{}
+			}
+			if h.Type == TypeWant {
+				req.Want = list
+			} else {
+				req.Query = list
 			}
 			return true, nil
 		case TypeSegment:
@@ -214,8 +226,28 @@ func (c *Conn) Query(ctx context.Context, list []Offer) (held []Offer, mismatche
 	if c.opt.Version < Version2 {
 		return nil, 0, fmt.Errorf("query: %w: version %d connection", ErrVersion, c.opt.Version)
 	}
+	return c.ask(ctx, TypeQuery, list)
+}
+
+// Want asks the peer to send list again: this side acknowledged these
+// segments once and lost them (found them damaged). No offer may be
+// unanswered on the connection. It returns the entries the peer's HOLDS
+// names with exactly the same id, size and digest: those it holds and
+// has scheduled to send back, as ordinary offers on its own connections.
+// An entry named with another size or digest is left out and counted in
+// mismatched; naming a segment that was not wanted is ErrAckMismatch.
+// Version 3 only (ErrVersion).
+func (c *Conn) Want(ctx context.Context, list []Offer) (granted []Offer, mismatched int, err error) {
+	if c.opt.Version < Version3 {
+		return nil, 0, fmt.Errorf("want: %w: version %d connection", ErrVersion, c.opt.Version)
+	}
+	return c.ask(ctx, TypeWant, list)
+}
+
+// ask sends a QUERY or WANT and matches the HOLDS that answers it.
+func (c *Conn) ask(ctx context.Context, t Type, list []Offer) (held []Offer, mismatched int, err error) {
 	p, err := EncodeSegments(list)
-	if err := c.sendControl(ctx, "send query", TypeQuery, p, err); err != nil {
+	if err := c.sendControl(ctx, "send "+strings.ToLower(t.String()), t, p, err); err != nil {
 		return nil, 0, err
 	}
 	var reply []Offer
@@ -241,7 +273,7 @@ func (c *Conn) Query(ctx context.Context, list []Offer) (held []Offer, mismatche
 		q, ok := queried[o.SegmentID]
 		switch {
 		case !ok:
-			return nil, 0, fmt.Errorf("%w: HOLDS names %q, which was not queried", ErrAckMismatch, o.SegmentID)
+			return nil, 0, fmt.Errorf("%w: HOLDS names %q, which was not asked for", ErrAckMismatch, o.SegmentID)
 		case q != o:
 			mismatched++
 		default:
