@@ -48,7 +48,7 @@ func (f *opFlags) register(c *cobra.Command, withActor bool) {
 	fl.StringVar(&f.source, "source", "", "source id (required)")
 	fl.BoolVar(&f.asJSON, "json", false, "print the API's JSON answer (and a JSON error object when the command fails)")
 	if withActor {
-		fl.StringVar(&f.by, "by", "", "who does this, recorded with the action (default: the OS user; with --url the server records the authenticated principal)")
+		fl.StringVar(&f.by, "by", "", "who does this, recorded with the action (default: the OS user; not with --url: the server records the principal that authenticated)")
 		fl.StringVar(&f.reason, "reason", "", "why, recorded with the action (at most 256 bytes)")
 	}
 	f.server.register(c)
@@ -249,8 +249,15 @@ func msTime(ms int64) string {
 	return time.UnixMilli(ms).UTC().Format(time.RFC3339)
 }
 
+// operatorLong is the common help of the operator command groups.
+const operatorLong = `The operator commands work on an embedded relay's bbolt file (--db FILE), on a
+stack's DynamoDB tables (--store dynamo --table-prefix P) or on a running relay serve
+(--url URL with --token-file or --cert/--key, and --ca), through the same API handler,
+so they answer alike. --json prints the API's answer, and a JSON error object when the
+command fails. The runbook: docs/operations.md.`
+
 func targetsCmd(stdout io.Writer) *cobra.Command {
-	c := &cobra.Command{Use: "targets", Short: "See a source's targets: their state, pending and held rows, last error"}
+	c := &cobra.Command{Use: "targets", Short: "See a source's targets: their state, pending and held rows, last error", Long: operatorLong}
 	var f opFlags
 	var state, after string
 	var all bool
@@ -353,7 +360,7 @@ func printStatus(w io.Writer, t relaycore.TargetStatus) {
 }
 
 func targetCmd(stdout io.Writer) *cobra.Command {
-	c := &cobra.Command{Use: "target", Short: "Act on one target: quarantine, release, pause, resume, skip"}
+	c := &cobra.Command{Use: "target", Short: "Act on one target: quarantine, release, pause, resume, skip", Long: operatorLong}
 	for _, a := range []struct{ name, short string }{
 		{"quarantine", "Hold the target's rows, existing and new, in order until released"},
 		{"release", "Redrive a quarantined target's held rows, oldest first"},
@@ -403,7 +410,7 @@ skip is refused and nothing changes.`,
 }
 
 func archiveCmd(stdout io.Writer) *cobra.Command {
-	c := &cobra.Command{Use: "archive", Short: "The dead-row archive: skipped rows with who, why and when"}
+	c := &cobra.Command{Use: "archive", Short: "The dead-row archive: skipped rows with who, why and when", Long: operatorLong}
 	var lf opFlags
 	var after uint64
 	var limit int
