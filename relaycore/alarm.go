@@ -22,7 +22,12 @@ func (h *RelayHandler) Alarm(ctx context.Context, source Partition) (AlarmResult
 			return ar, err
 		}
 		if fr.Busy {
-			ar.Busy = true
+			// The holder re-arms the alarm when it ends; one that crashed
+			// cannot, so wake the source when its claim lapses.
+			ar.Busy, ar.BusyRetryMS = true, fr.BusyRetryMS
+			if fr.BusyRetryMS > 0 {
+				h.kick(ctx, source, fr.BusyRetryMS)
+			}
 			return ar, nil
 		}
 		last = fr

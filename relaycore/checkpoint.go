@@ -18,6 +18,9 @@ func (h *RelayHandler) fireOnce(ctx context.Context, source Partition, token str
 	start, busy, err := h.claim(ctx, source, token, now, false)
 	if err != nil || busy {
 		res.Busy = busy
+		if busy {
+			res.BusyRetryMS = busyRetryMS(start.rs.Claim, now)
+		}
 		return res, false, err
 	}
 	res.NewCycle = start.rs.newCycle
@@ -304,6 +307,7 @@ func (f *fireRun) checkpoint(token string, keep bool) (FireResult, bool, error) 
 	if found {
 		if other, derr := decodeRS(raw); derr == nil && other.Claim != nil && other.Claim.Owner != token && other.Claim.UntilMS > unixMS(h.clock().Now()) {
 			res.Busy = true // another fire took over; our deliveries are idempotent
+			res.BusyRetryMS = busyRetryMS(other.Claim, unixMS(h.clock().Now()))
 			return *res, false, nil
 		}
 	}

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strings"
+	"time"
 )
 
 type claimedRS struct {
@@ -39,7 +41,8 @@ func readOSHold(ctx context.Context, st Store, source Partition) (OutboxState, h
 // claim reads rs, os and q and takes the source's fire claim, starting a
 // new cycle when rs is absent or completed (unless keepCycle: an operator
 // action claims without touching the cycle). busy reports another live
-// claim.
+// claim; the claimed value's rs then holds the claim met (nil when the
+// claim was lost to races).
 func (h *RelayHandler) claim(ctx context.Context, source Partition, token string, now int64, keepCycle bool) (claimed, bool, error) {
 	for attempt := 0; attempt < 4; attempt++ {
 		raw, found, err := h.Source.Get(ctx, source, KeyRS)
@@ -53,7 +56,7 @@ func (h *RelayHandler) claim(ctx context.Context, source Partition, token string
 			}
 		}
 		if c := rs.Claim; c != nil && c.Owner != token && c.UntilMS > now {
-			return claimed{}, true, nil
+			return claimed{rs: claimedRS{RelayState: rs}}, true, nil
 		}
 		os, q, err := readOSHold(ctx, h.Source, source)
 		if err != nil {
@@ -89,4 +92,59 @@ func (h *RelayHandler) claim(ctx context.Context, source Partition, token string
 		return claimed{}, false, fmt.Errorf("claim %s: %w", source, err)
 	}
 	return claimed{}, true, nil
+}
+
+// opTokenPrefix starts an operator action's claim token.
+const opTokenPrefix = "op-"
+
+// opBusyRetry is how soon an alarm that met an operator action's claim is
+// tried again: an action holds the claim for a few store calls, its
+// ClaimTTL only bounds one that crashed.
+const opBusyRetry = time.Second
+
+// busyRetryMS is when an alarm that met claim c at now should try again:
+// when c lapses (a crashed holder's claim lapses then, and a live holder's
+// alarm has re-armed by then), or after opBusyRetry for an operator's. 0:
+// no claim was met (the claim was lost to races with live fires, which
+// re-arm the alarm themselves).
+func busyRetryMS(c *Claim, now int64) int64 {
+	if c == nil {
+		return 0
+	}
+	if strings.HasPrefix(c.Owner, opTokenPrefix) {
+		return min(c.UntilMS, now+opBusyRetry.Milliseconds())
+	}
+	return c.UntilMS
+}
+
+// releaseTimeout bounds releaseClaim, which runs even when the failed
+// call's context was cancelled.
+const releaseTimeout = 2 * time.Second
+
+// releaseClaim gives up token's claim on source, if rs still holds it: the
+// way out of a fire or an operator action that failed, so that the source
+// is not refused as busy for ClaimTTL with nothing running. It is guarded
+// on rs as read, so it never releases another holder's claim, and it keeps
+// everything else in rs (a cycle the claim started goes on). Best effort:
+// when it fails too (the store is down, the process dies) the claim lapses
+// after ClaimTTL as before. It runs without the caller's cancellation (a
+// cancelled fire releases too), within releaseTimeout.
+func (h *RelayHandler) releaseClaim(ctx context.Context, source Partition, token string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	raw, found, err := h.Source.Get(ctx, source, KeyRS)
+	if err == nil && found {
+		var rs RelayState
+		if rs, err = decodeRS(raw); err == nil {
+			if rs.Claim == nil || rs.Claim.Owner != token {
+				return // released by the failed call after all, or taken over
+			}
+			rs.Version++
+			rs.Claim = nil
+			err = h.Source.Apply(ctx, source, Batch{Preconditions: []Precondition{{Key: KeyRS, Value: raw}}, Writes: []Write{{Key: KeyRS, Value: encodeJSON(rs)}}})
+		}
+	}
+	if _, lost := FailedPrecondition(err); err != nil && !lost {
+		loggerOr(h.Logger).Warn("relay claim release failed; the claim lapses after its ttl", "source", string(source), "err", err)
+	}
 }

@@ -16,8 +16,9 @@ type SystemClock struct{}
 // Now implements Clock.
 func (SystemClock) Now() time.Time { return time.Now() }
 
-// Kicker is the fast-path alarm: after rows commit (or a fire re-arms), the
-// engine asks it to wake the source's fire at dueMS (unix milliseconds).
+// Kicker is the fast-path alarm: after rows commit (or a fire re-arms, or an
+// alarm meets another holder's claim and wants to try again when it lapses),
+// the engine asks it to wake the source's fire at dueMS (unix milliseconds).
 // It is best effort: the durable alarm record written in the same batch as
 // the rows is what guarantees the wake-up, and a sweeper fires overdue alarm
 // records. Implementations should make duplicate kicks for one

@@ -91,6 +91,10 @@ type FireResult struct {
 	// Busy means another live fire holds the source's claim (or took it
 	// over mid-fire); this fire stopped without a checkpoint.
 	Busy bool
+	// BusyRetryMS (when Busy) is when the source is worth trying again:
+	// when the claim met lapses, or in a moment when an operator action
+	// holds it (0: not known).
+	BusyRetryMS int64
 	// NewCycle means this fire started a scan cycle.
 	NewCycle bool
 
@@ -138,8 +142,13 @@ type FireResult struct {
 // AlarmResult counts one alarm's fires and what it did with the alarm.
 type AlarmResult struct {
 	Fires int
-	// Busy: another fire held the claim; the alarm record was left as is.
+	// Busy: another fire held the claim; the alarm record was left as is,
+	// and the Kicker was asked to wake the source again at BusyRetryMS
+	// (when the claim met lapses; see FireResult.BusyRetryMS), so a claim
+	// left by a fire that crashed delays the source by ClaimTTL, not by a
+	// sweep.
 	Busy          bool
+	BusyRetryMS   int64
 	RowsInspected int
 	RowsDelivered int
 	RowsCleaned   int
@@ -268,7 +277,8 @@ func (tw *targetWork) firstUndelivered() (Row, *Page, bool) {
 const maxFireAttempts = 3
 
 // fire runs one fire under token. keep asks it to keep the claim for the
-// next fire of the same alarm when it continues.
+// next fire of the same alarm when it continues. A fire that fails releases
+// its claim on the way out (releaseClaim).
 func (h *RelayHandler) fire(ctx context.Context, source Partition, token string, keep bool) (FireResult, error) {
 	var total FireResult
 	spent := fireSpend{calls: map[Partition]int{}}
@@ -279,10 +289,15 @@ func (h *RelayHandler) fire(ctx context.Context, source Partition, token string,
 		res.TargetCalls += total.TargetCalls
 		res.TargetReads += total.TargetReads
 		res.RowsInspected += total.RowsInspected
-		if err != nil || !retry {
+		if err != nil {
+			h.releaseClaim(ctx, source, token)
 			return res, err
 		}
+		if !retry {
+			return res, nil
+		}
 		if attempt+1 >= maxFireAttempts {
+			h.releaseClaim(ctx, source, token)
 			return res, fmt.Errorf("fire %s: checkpoint: %w", source, ErrContention)
 		}
 		total = res

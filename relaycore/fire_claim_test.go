@@ -37,11 +37,18 @@ func TestFireStepsAsideForLiveClaim(t *testing.T) {
 		t.Fatalf("overlapping fire did not step aside: %+v", overlap)
 	}
 
-	// A fire that dies before its checkpoint leaves its claim.
+	// A fire that dies before its checkpoint leaves its claim: here every
+	// write of rs after the claim's fails, the checkpoint and the release
+	// of the claim on the way out alike, as if the process had died.
 	e.enqueue(put("t", "k", "w"))
+	claimed := false
 	e.srcF.set(func(c call) error {
-		if c.Op == "apply" && len(c.Batch.Writes) > 1 && c.Batch.Writes[0].Key == relaycore.KeyRS {
-			return errInjected // the checkpoint: surely not applied
+		if c.Op == "apply" && c.Batch.Writes[0].Key == relaycore.KeyRS {
+			if !claimed {
+				claimed = true
+				return nil
+			}
+			return errInjected // surely not applied
 		}
 		return nil
 	}, nil)

@@ -1,6 +1,7 @@
 package relaycore
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -64,23 +65,60 @@ type opRun struct {
 }
 
 // operate takes the claim, runs fn, and commits fn's writes with the claim
-// released, all guarded on rs as claimed.
+// released, all guarded on rs as claimed. A commit that loses one of fn's
+// own preconditions (an enqueue re-armed the alarm meanwhile) runs fn again
+// under the same claim, a few times; an action that fails in the end
+// releases its claim on the way out (releaseClaim), so a failed action
+// leaves the source free for the next fire or action.
 func (h *RelayHandler) operate(ctx context.Context, source Partition, fn func(o *opRun) error) error {
 	now := unixMS(h.clock().Now())
-	token := "op-" + newNonce()
+	token := opTokenPrefix + newNonce()
 	start, busy, err := h.claim(ctx, source, token, now, true)
 	if err != nil {
+		h.releaseClaim(ctx, source, token) // an ambiguous claim write may have landed
 		return err
 	}
 	if busy {
 		return fmt.Errorf("%s: %w", source, ErrSourceBusy)
 	}
-	o := &opRun{h: h, ctx: ctx, source: source, now: now, start: start, q: start.q}
-	ferr := fn(o)
+	for attempt := 0; ; attempt++ {
+		o, ferr, err := h.operateOnce(ctx, source, start, now, fn)
+		i, lost := FailedPrecondition(err)
+		if ferr == nil && lost && i > 0 && attempt < 3 {
+			continue // fn's precondition, not our claim: read again
+		}
+		if ferr != nil || err != nil {
+			h.releaseClaim(ctx, source, token)
+		}
+		switch {
+		case ferr != nil:
+			return ferr
+		case lost && i > 0:
+			return fmt.Errorf("%s: %w", source, ErrContention)
+		case lost:
+			// Our claim lapsed and a fire took over: nothing was written.
+			return fmt.Errorf("%s: claim lapsed: %w", source, ErrSourceBusy)
+		case err != nil:
+			return fmt.Errorf("%s: %w", source, err)
+		}
+		if o.kick {
+			h.kick(ctx, source, now)
+		}
+		return nil
+	}
+}
+
+// operateOnce runs fn under the claim start and commits: fn's writes when
+// it succeeded, the release of the claim alone when it failed (ferr). err
+// is the commit's.
+func (h *RelayHandler) operateOnce(ctx context.Context, source Partition, start claimed, now int64, fn func(o *opRun) error) (o *opRun, ferr, err error) {
+	o = &opRun{h: h, ctx: ctx, source: source, now: now, start: start, q: start.q}
+	ferr = fn(o)
 	next := start.rs.RelayState
 	next.Version++
 	next.Claim = nil
-	writes := []Write{{Key: KeyRS, Value: encodeJSON(next)}}
+	nextRaw := encodeJSON(next)
+	writes := []Write{{Key: KeyRS, Value: nextRaw}}
 	pre := []Precondition{{Key: KeyRS, Value: start.rsRaw}}
 	if ferr == nil {
 		writes = append(writes, o.writes...)
@@ -91,23 +129,13 @@ func (h *RelayHandler) operate(ctx context.Context, source Partition, fn func(o 
 		}
 	}
 	err = h.Source.Apply(ctx, source, Batch{Preconditions: pre, Writes: writes})
-	if ferr != nil {
-		return ferr // the claim is released (or lapses)
-	}
-	if err != nil {
-		if i, ok := FailedPrecondition(err); ok && i > 0 {
-			return fmt.Errorf("%s: %w", source, ErrContention)
+	if MayBeApplied(err) {
+		// rs tells: only this batch writes the released rs.
+		if cur, ok, rerr := h.Source.Get(ctx, source, KeyRS); rerr == nil && ok && bytes.Equal(cur, nextRaw) {
+			err = nil
 		}
-		if _, ok := FailedPrecondition(err); ok {
-			// Our claim lapsed and a fire took over: nothing was written.
-			return fmt.Errorf("%s: claim lapsed: %w", source, ErrSourceBusy)
-		}
-		return fmt.Errorf("%s: %w", source, err)
 	}
-	if o.kick {
-		h.kick(ctx, source, now)
-	}
-	return nil
+	return o, ferr, err
 }
 
 // loadTarget reads target's records; ErrUnknownTarget when it has none.

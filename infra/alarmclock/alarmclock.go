@@ -8,7 +8,10 @@
 // but it would only waste a claim). Every SweepInterval, Run also lists the
 // store's overdue durable alarm records through relaycore.DueIndex and
 // fires them, so a kick lost before the process restarted is healed the
-// same way the sweep function heals a lost schedule in the cloud.
+// same way the sweep function heals a lost schedule in the cloud. An alarm
+// that meets another holder's claim (one left by a process killed
+// mid-fire) kicks the clock for the moment that claim lapses, so such a
+// source waits out the claim, not the sweep.
 package alarmclock
 
 import (

@@ -2,8 +2,10 @@ package alarmclock_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -180,5 +182,48 @@ func TestObserveSweep(t *testing.T) {
 				t.Fatalf("SweepErrors = %d", got)
 			}
 		})
+	}
+}
+
+// A source whose claim was left by a process that died (kill -9 mid-fire)
+// is delivered when that claim lapses, not at the next sweep: the alarm
+// that met the claim asks the clock to run it again at the claim's expiry.
+// The sweep here never comes (an hour), so without that the rows would
+// wait.
+func TestBusyAlarmRetriedWhenClaimLapses(t *testing.T) {
+	src, dst := mem.New(relaycore.Capabilities{}), mem.New(relaycore.Capabilities{})
+	dead := relaycore.RelayState{Version: 1, Claim: &relaycore.Claim{Owner: "dead", UntilMS: time.Now().Add(300 * time.Millisecond).UnixMilli()}}
+	raw, err := json.Marshal(dead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Apply(context.Background(), "a", relaycore.Batch{Writes: []relaycore.Write{{Key: relaycore.KeyRS, Value: raw}}}); err != nil {
+		t.Fatal(err)
+	}
+	h := &relaycore.RelayHandler{Source: src, Target: dst}
+	var busy atomic.Int64
+	observed := make(chan struct{}, 1024)
+	c := alarmclock.New(alarmclock.Config{
+		Handler:       h,
+		Index:         src,
+		SweepInterval: time.Hour,
+		Observe: func(_ relaycore.Partition, res relaycore.AlarmResult, _ error) {
+			if res.Busy {
+				busy.Add(1)
+			}
+			select {
+			case observed <- struct{}{}:
+			default:
+			}
+		},
+	})
+	h.Kicker = c
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go c.Run(ctx)
+	enqueue(t, src, c, "a", 5)
+	waitDrained(t, c, src, []relaycore.Partition{"a"}, observed)
+	if busy.Load() == 0 {
+		t.Fatal("no alarm met the dead claim")
 	}
 }

@@ -37,7 +37,12 @@
 // engine's fire claim (a guarded write of rs) lets one invocation work and
 // makes the others step aside as Busy without calling any target, and every
 // target batch is guarded by the target's watermark, so no row is applied
-// twice.
+// twice. A busy alarm asks the Kicker (a Scheduler kick) to wake the source
+// when the claim it met lapses: an invocation cut off by its timeout cannot
+// re-arm, and its claim then delays the source by about ClaimTTL instead of
+// until the sweep. A live holder re-arms anyway, so that kick costs one
+// invocation that usually finds little to do; kicks for one claim collapse
+// (one schedule name per due second).
 package fire
 
 import (
