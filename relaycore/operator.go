@@ -140,10 +140,14 @@ func (h *RelayHandler) operateOnce(ctx context.Context, source Partition, start 
 
 // loadTarget reads target's records; ErrUnknownTarget when it has none.
 func (o *opRun) loadTarget(t Partition) (targetEnq, targetRec, bool, error) {
+	return loadTarget(o.ctx, o.h.Source, o.source, t)
+}
+
+func loadTarget(ctx context.Context, st Store, source, t Partition) (targetEnq, targetRec, bool, error) {
 	prefix := TargetPrefix + targetHex(t) + "/"
-	items, err := scanItems(o.ctx, o.h.Source, o.source, prefix, prefixEnd(prefix))
+	items, err := scanItems(ctx, st, source, prefix, prefixEnd(prefix))
 	if err != nil {
-		return targetEnq{}, targetRec{}, false, fmt.Errorf("%s/%q: %w", o.source, t, err)
+		return targetEnq{}, targetRec{}, false, fmt.Errorf("%s/%q: %w", source, t, err)
 	}
 	var e targetEnq
 	r := targetRec{Target: t, State: StateActive}
@@ -162,7 +166,7 @@ func (o *opRun) loadTarget(t Partition) (targetEnq, targetRec, bool, error) {
 		}
 	}
 	if len(items) == 0 {
-		return e, r, false, fmt.Errorf("%s/%q: %w", o.source, t, ErrUnknownTarget)
+		return e, r, false, fmt.Errorf("%s/%q: %w", source, t, ErrUnknownTarget)
 	}
 	return e, r, found, nil
 }
@@ -221,7 +225,9 @@ func (o *opRun) note(r *targetRec, action string, a Actor) {
 }
 
 // setTargetState is quarantine and pause: rows, existing and new, are held
-// in order from the next fire on; nothing is tried until release/resume.
+// in order (what the outbox holds of them now at once, as far as the batch
+// has room; the rest from the next fire on); nothing is tried until
+// release/resume.
 func (h *RelayHandler) setTargetState(ctx context.Context, source, target Partition, state TargetState, action string, from []TargetState, a Actor) (TargetStatus, error) {
 	if err := a.validate(false); err != nil {
 		return TargetStatus{}, err
@@ -238,12 +244,71 @@ func (h *RelayHandler) setTargetState(ctx context.Context, source, target Partit
 		before := r
 		r.setState(state, o.now)
 		r.FailedRounds, r.FailedAttempts = 0, 0
+		if err := o.holdOutbox(e, &r); err != nil {
+			return err
+		}
 		o.note(&r, action, a)
 		o.putRec(before, r)
 		out = statusOf(target, e, r)
 		return nil
 	})
 	return out, err
+}
+
+// holdOutbox moves r's target's pages still in the outbox aside into its
+// held pages, oldest first, in the action's batch, so that a quarantine or
+// pause holds the rows at once (its status shows them held, and a skip
+// right after it finds them) instead of from the next fire that meets
+// them. The target's pages are found through e's runs (a run's seqs are
+// all the target's, so any page keyed within one is its own), without
+// scanning the outbox. It moves only a prefix of the target's outbox rows,
+// so held rows stay older than anything the target still has in the
+// outbox: nothing when e dropped older runs and the pages found do not
+// account for all of its outbox rows (e.n − done − held), and no more than
+// fits the batch and a fire's inspection budget; the fires move the rest,
+// as before.
+func (o *opRun) holdOutbox(e targetEnq, r *targetRec) error {
+	st, caps := o.h.Source, o.h.Source.Capabilities()
+	var pages []Page
+	var raws [][]byte
+	found := uint64(0)
+	for _, run := range e.Runs {
+		items, err := scanItems(o.ctx, st, o.source, PageKey(uint64(run[0])), PageKey(uint64(run[1])+1))
+		if err != nil {
+			return fmt.Errorf("%s/%q: read outbox pages: %w", o.source, r.Target, err)
+		}
+		for _, it := range items {
+			p, err := DecodePage(it.Key, it.Value)
+			if err != nil {
+				return err
+			}
+			if p.Target != r.Target || len(p.Rows) == 0 || (len(pages) > 0 && p.First <= pages[len(pages)-1].Last()) {
+				return nil // not what the runs promise: leave it to the fires
+			}
+			pages = append(pages, p)
+			raws = append(raws, it.Value)
+			found += uint64(len(p.Rows))
+		}
+	}
+	if e.Dropped && found+r.Done+r.Held != e.N {
+		return nil // older pages may lie outside the runs e still lists
+	}
+	// The batch: rs, q, the target record and a marker's delete and put,
+	// then two writes per page moved.
+	items := len(o.writes) + 5
+	size := caps.ItemSize(o.source, KeyRS, rsMaxBytes) + caps.ItemSize(o.source, KeyHold, holdMaxBytes) +
+		caps.ItemSize(o.source, targetStateKey(r.Target), targetRecMaxBytes) + 2*caps.ItemSize(o.source, retryKey(0, r.Target), 0)
+	rowsLeft := o.h.budget().inspectPerFire()
+	for i, p := range pages {
+		n, b := 2, caps.ItemSize(o.source, heldKeyFor(p), len(raws[i]))+caps.ItemSize(o.source, p.Key, 0)
+		if len(p.Rows) > rowsLeft || (caps.MaxBatchItems > 0 && items+n > caps.MaxBatchItems) || (caps.MaxBatchBytes > 0 && size+b > caps.MaxBatchBytes) {
+			break
+		}
+		items, size, rowsLeft = items+n, size+b, rowsLeft-len(p.Rows)
+		o.writes = append(o.writes, Write{Key: p.Key, Delete: true}, Write{Key: heldKeyFor(p), Value: raws[i]})
+		addHeld(r, p)
+	}
+	return nil
 }
 
 // Quarantine stops delivery to target: its rows, existing and new, are
@@ -338,6 +403,9 @@ func (h *RelayHandler) Skip(ctx context.Context, source Partition, req SkipReque
 	if req.ExpectFirst == 0 || req.Through < req.ExpectFirst {
 		return SkipResult{}, fmt.Errorf("%w: skip %d..%d: want 0 < expect_first <= through", ErrInvalidOperatorInput, req.ExpectFirst, req.Through)
 	}
+	if err := h.skipPrecheck(ctx, source, req); err != nil {
+		return SkipResult{}, err
+	}
 	var out SkipResult
 	err := h.operate(ctx, source, func(o *opRun) error {
 		e, r, _, err := o.loadTarget(req.Target)
@@ -347,36 +415,12 @@ func (h *RelayHandler) Skip(ctx context.Context, source Partition, req SkipReque
 		if r.State != StateQuarantined && r.State != StatePaused {
 			return &TargetStateError{Target: req.Target, State: r.State, Action: "skip"}
 		}
-		rh, err := TargetWatermark(ctx, h.Target, req.Target, source)
+		pages, rh, first, err := h.readHeld(ctx, source, req.Target)
 		if err != nil {
 			return err
 		}
-		prefix := heldPrefix(req.Target)
-		items, err := scanItems(ctx, h.Source, source, prefix, prefixEnd(prefix))
-		if err != nil {
-			return fmt.Errorf("%s/%q: read held rows: %w", source, req.Target, err)
-		}
-		var pages []Page
-		for _, it := range items {
-			p, err := DecodePage(it.Key, it.Value)
-			if err != nil {
-				return err
-			}
-			pages = append(pages, p)
-		}
-		first := uint64(0)
-		for _, p := range pages {
-			for _, row := range p.Rows {
-				if row.Seq > rh && first == 0 {
-					first = row.Seq
-				}
-			}
-		}
-		if first == 0 {
-			return &SkipConflictError{Target: req.Target, Expected: req.ExpectFirst, Reason: "no held rows (the target's rows are held by the next fire that meets them)"}
-		}
-		if first != req.ExpectFirst {
-			return &SkipConflictError{Target: req.Target, Expected: req.ExpectFirst, Actual: first, Reason: "the first undelivered held row is another"}
+		if err := req.conflict(first); err != nil {
+			return err
 		}
 		if req.Through > r.HeldLast {
 			return fmt.Errorf("%w: through %d is past the last held seq %d", ErrSkipRange, req.Through, r.HeldLast)
@@ -467,6 +511,73 @@ func (h *RelayHandler) Skip(ctx context.Context, source Partition, req SkipReque
 		return nil
 	})
 	return out, err
+}
+
+// skipPrecheck refuses, before the claim is taken (so without writing rs
+// twice to answer), a skip the target's records already rule out: a target
+// unknown or not quarantined or paused, nothing held, a range that starts
+// or ends below the first held seq (HeldFirst is a lower bound of the
+// first undelivered held row) or ends past the last. The claimed skip
+// checks all of it again.
+func (h *RelayHandler) skipPrecheck(ctx context.Context, source Partition, req SkipRequest) error {
+	_, r, _, err := loadTarget(ctx, h.Source, source, req.Target)
+	if err != nil {
+		return err
+	}
+	if r.State != StateQuarantined && r.State != StatePaused {
+		return &TargetStateError{Target: req.Target, State: r.State, Action: "skip"}
+	}
+	if r.Held > 0 && req.Through > r.HeldLast {
+		return fmt.Errorf("%w: through %d is past the last held seq %d", ErrSkipRange, req.Through, r.HeldLast)
+	}
+	if r.Held > 0 && req.ExpectFirst >= r.HeldFirst {
+		return nil // possible: the claimed skip decides
+	}
+	// Ruled out by the record; the held rows say what the first one is
+	// (reads only). A fire that moved rows aside since may make it fit.
+	_, _, first, err := h.readHeld(ctx, source, req.Target)
+	if err != nil {
+		return err
+	}
+	return req.conflict(first)
+}
+
+// readHeld reads target's held pages (in seq order), its rh at the target
+// store and the first held seq above rh (0: none).
+func (h *RelayHandler) readHeld(ctx context.Context, source, target Partition) (pages []Page, rh, first uint64, err error) {
+	if rh, err = TargetWatermark(ctx, h.Target, target, source); err != nil {
+		return nil, 0, 0, err
+	}
+	prefix := heldPrefix(target)
+	items, err := scanItems(ctx, h.Source, source, prefix, prefixEnd(prefix))
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("%s/%q: read held rows: %w", source, target, err)
+	}
+	for _, it := range items {
+		p, err := DecodePage(it.Key, it.Value)
+		if err != nil {
+			return nil, 0, 0, err
+		}
+		pages = append(pages, p)
+		for _, row := range p.Rows {
+			if row.Seq > rh && first == 0 {
+				first = row.Seq
+			}
+		}
+	}
+	return pages, rh, first, nil
+}
+
+// conflict is the skip's answer when first is the first undelivered held
+// seq: nil when it is the expected one.
+func (req SkipRequest) conflict(first uint64) error {
+	if first == 0 {
+		return &SkipConflictError{Target: req.Target, Expected: req.ExpectFirst, Reason: "no held rows (the target's rows are held by the next fire that meets them)"}
+	}
+	if first != req.ExpectFirst {
+		return &SkipConflictError{Target: req.Target, Expected: req.ExpectFirst, Actual: first, Reason: "the first undelivered held row is another"}
+	}
+	return nil
 }
 
 // Operator errors.
