@@ -218,3 +218,25 @@ func TestPeerReserveShare(t *testing.T) {
 		t.Fatalf("a's offer after one of its segments was stored answered %s %q, want ACCEPT", f.Type, f.Payload)
 	}
 }
+
+// TestPeerShareAndDeadlineDefaults: what the defaults give (quoted in
+// docs/edge-config.md): a 256 MiB, 2,500-segment share per peer of the
+// 1 GiB, 10,000-segment quota; a share never below one maximal segment;
+// and a 64 MiB segment's transfer bounded at 1 min + 64 MiB at 16 KiB/s.
+func TestPeerShareAndDeadlineDefaults(t *testing.T) {
+	cfg := config.Default()
+	if b, n := peerShare(cfg); b != 256<<20 || n != 2500 {
+		t.Fatalf("default share %d bytes, %d segments; want 256 MiB, 2500", b, n)
+	}
+	cfg.Storage.QuotaBytes, cfg.Storage.MaxSegmentBytes, cfg.Storage.QuotaSegments = 16<<20, 16<<20, 3
+	if b, n := peerShare(cfg); b != 16<<20 || n != 1 {
+		t.Fatalf("small store's share %d bytes, %d segments; want one maximal segment", b, n)
+	}
+	d := &Daemon{cfg: config.Default()}
+	ctx, cancel := d.segmentContext(context.Background(), 64<<20)
+	defer cancel()
+	dl, _ := ctx.Deadline()
+	if got, want := time.Until(dl).Round(time.Minute), 69*time.Minute; got != want {
+		t.Fatalf("64 MiB deadline in %v, want %v", got, want)
+	}
+}
