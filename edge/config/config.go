@@ -84,6 +84,8 @@ const (
 	MaxPackMaxBytes         = 1 << 20 // 1 MiB: packed segments wait in memory for their commit
 	DefaultOnFull           = OnFullReject
 	DefaultVerifyOnStart    = VerifyUncleanStop
+	DefaultScrubInterval    = 24 * time.Hour
+	DefaultScrubRate        = 2 << 20 // bytes per second
 )
 
 // Bounds enforced by Validate.
@@ -246,8 +248,8 @@ type Storage struct {
 	// content no longer matches their digest: always, unclean_stop (only
 	// when the previous run did not stop cleanly: a crash, kill -9, power
 	// loss, when damage is likeliest) or never. Hashing reads the whole
-	// store; otherwise only sizes are checked at start, and a damaged file
-	// is found when a peer refuses it (NACK checksum).
+	// store; otherwise only sizes are checked at start, and a damaged copy
+	// is found when it is next read: sent to a peer, or by the scrub.
 	VerifyOnStart string `yaml:"verify_on_start"`
 	// OnFull (on_full, default reject) is what a full store does with a
 	// new segment: reject it, or evict_relayed_oldest: evict relayed
@@ -274,6 +276,16 @@ type Storage struct {
 	// transfers stall cannot keep the others out. An offer beyond it is
 	// refused with NACK quota.
 	PeerReservePercent int `yaml:"peer_reserve_percent"`
+	// ScrubInterval (scrub_interval, default 24h, 0 turns it off) is how
+	// often a pass reads every stored segment back and checks it against
+	// its digest, so that a copy nobody reads to send (one a peer's QUERY
+	// or re-offer is answered for from the index) is found damaged too;
+	// the first pass starts one interval after the start. A damaged copy
+	// is quarantined and asked back from the peers.
+	ScrubInterval time.Duration `yaml:"scrub_interval"`
+	// ScrubRate (scrub_rate, default 2MiB, bytes per second, > 0) paces a
+	// pass, so that it leaves the disk to the relay.
+	ScrubRate ByteSize `yaml:"scrub_rate"`
 }
 
 // RPC is the local operator interface.
@@ -316,6 +328,8 @@ func Default() *Config {
 			OnFull:             DefaultOnFull,
 			PackMaxBytes:       DefaultPackMaxBytes,
 			PeerReservePercent: DefaultPeerReservePct,
+			ScrubInterval:      DefaultScrubInterval,
+			ScrubRate:          DefaultScrubRate,
 		},
 		RPC: RPC{Listen: DefaultRPCListen},
 	}

@@ -64,6 +64,8 @@ storage:
   fsync_each_file: true
   pack_max_bytes: 0
   peer_reserve_percent: 50
+  scrub_interval: 6h
+  scrub_rate: 512KiB
 rpc:
   listen: unix:/run/edged/rpc.sock
 `
@@ -88,7 +90,7 @@ func TestParseFull(t *testing.T) {
 			EvictOnRelay: true, Workers: 8, AckTimeout: 5 * time.Second, Window: 64, MaxProtocolVersion: 1, PushMaxBytes: 4096, DialTimeout: 2 * time.Second, InboundMinRate: 4 << 10, LedgerRetention: DefaultLedgerRetention,
 			Bandwidth: Bandwidth{Total: 10_000_000, PerPeer: 512 << 10},
 		},
-		Storage: Storage{Dir: "/var/lib/edged", QuotaBytes: 2 << 30, QuotaSegments: 500, MaxSegmentBytes: 16 << 20, OnFull: OnFullEvictRelayedOldest, VerifyOnStart: VerifyNever, FsyncEachFile: true, PackMaxBytes: 0, PeerReservePercent: 50},
+		Storage: Storage{Dir: "/var/lib/edged", QuotaBytes: 2 << 30, QuotaSegments: 500, MaxSegmentBytes: 16 << 20, OnFull: OnFullEvictRelayedOldest, VerifyOnStart: VerifyNever, FsyncEachFile: true, PackMaxBytes: 0, PeerReservePercent: 50, ScrubInterval: 6 * time.Hour, ScrubRate: 512 << 10},
 		RPC:     RPC{Listen: "unix:/run/edged/rpc.sock"},
 	}
 	for id, want := range map[string]bool{"edge-b": true, "edge-c": true, "sensor-1": true, "edge-a": false, "edge-d": false} {
@@ -180,6 +182,8 @@ func TestValidateRules(t *testing.T) {
 		{"peer share above all", "storage: {peer_reserve_percent: 101}", "storage.peer_reserve_percent", "out of range 1..100"},
 		{"protocol version 4", "relay: {max_protocol_version: 4}", "relay.max_protocol_version", "out of range 1..3"},
 		{"protocol version 0", "relay: {max_protocol_version: 0}", "relay.max_protocol_version", "out of range"},
+		{"scrub interval negative", "storage: {scrub_interval: -1h}", "storage.scrub_interval", "must be >= 0"},
+		{"scrub rate zero", "storage: {scrub_rate: 0}", "storage.scrub_rate", "must be > 0"},
 		{"dial timeout negative", "relay: {dial_timeout: -5s}", "relay.dial_timeout", "must be > 0"},
 		{"ledger retention too short", "relay: {ledger_retention: 5m}", "relay.ledger_retention", "below 1h0m0s"},
 		{"evict not bool", "relay: {evict_on_relay: maybe}", "relay.evict_on_relay", "not true or false"},
@@ -447,6 +451,8 @@ func TestDefaultsDocumented(t *testing.T) {
 		"storage.fsync_each_file":      "false",
 		"storage.pack_max_bytes":       d.Storage.PackMaxBytes.String(),
 		"storage.peer_reserve_percent": "25",
+		"storage.scrub_interval":       "24h",
+		"storage.scrub_rate":           d.Storage.ScrubRate.String(),
 		"rpc.listen":                   d.RPC.Listen,
 	}
 	rows := map[string]string{}

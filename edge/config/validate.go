@@ -184,6 +184,12 @@ func (c *Config) validateStorage(ps *Problems) {
 	if s.PeerReservePercent < 1 || s.PeerReservePercent > 100 {
 		ps.add("storage.peer_reserve_percent", fmt.Sprintf("%d is out of range 1..100", s.PeerReservePercent))
 	}
+	if s.ScrubInterval < 0 {
+		ps.add("storage.scrub_interval", fmt.Sprintf("%v must be >= 0 (0 turns the scrub off)", s.ScrubInterval))
+	}
+	if s.ScrubRate <= 0 {
+		ps.add("storage.scrub_rate", fmt.Sprintf("%d must be > 0 bytes per second", s.ScrubRate))
+	}
 	if s.PackMaxBytes < 0 || s.PackMaxBytes > MaxPackMaxBytes {
 		ps.add("storage.pack_max_bytes", fmt.Sprintf("%d is out of range 0..%d", s.PackMaxBytes, int64(MaxPackMaxBytes)))
 	}

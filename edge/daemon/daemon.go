@@ -328,7 +328,7 @@ func (d *Daemon) Serve(ctx context.Context) error {
 	var wg sync.WaitGroup
 	rpcErr := make(chan error, 1)
 	exErr := make(chan error, 1)
-	wg.Add(4)
+	wg.Add(5)
 	go func() {
 		defer wg.Done()
 		d.acceptLoop(runCtx)
@@ -336,6 +336,10 @@ func (d *Daemon) Serve(ctx context.Context) error {
 	go func() {
 		defer wg.Done()
 		d.refetchLoop(runCtx)
+	}()
+	go func() {
+		defer wg.Done()
+		d.scrubLoop(runCtx)
 	}()
 	go func() {
 		defer wg.Done()

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/relay-dev/relay/edge/config"
 	"github.com/relay-dev/relay/edge/ledger"
@@ -186,5 +187,31 @@ func TestLostSegmentRefetched(t *testing.T) {
 	}
 	if e, err := a.d.store.Stat("seg-1"); err != nil || e.SHA256 != digest(content) {
 		t.Fatalf("a's seg-1: %+v, %v", e, err)
+	}
+}
+
+// TestScrubFindsUnreadDamage: a copy that nothing reads to send (its only
+// peer is unreachable, so it never leaves) was vouched for by the index
+// however damaged; the scrub reads it back and quarantines it, and it is
+// then wanted back.
+func TestScrubFindsUnreadDamage(t *testing.T) {
+	for _, m := range storageModes {
+		t.Run(m.name, func(t *testing.T) {
+			cfg := newRepairNode(t, m.mod) // b never reachable: nothing is sent
+			path, off := segmentAt(t, cfg, "seg-3")
+			overwrite(t, path, off+100, 4)
+			cfg.Storage.ScrubInterval, cfg.Storage.ScrubRate = 10*time.Millisecond, 1<<30
+			relayLn, rpcLn := listen(t), listen(t)
+			a := startNode(t, cfg, relayLn, rpcLn)
+			waitUntil(t, "seg-3 quarantined", func() bool {
+				st, err := a.client.Storage(context.Background())
+				return err == nil && len(st.Quarantined) == 1 && st.Quarantined[0].Segment == "seg-3" && len(st.Wanted) == 1
+			})
+			for _, id := range []string{"seg-1", "seg-2"} {
+				if !stored(a, id) {
+					t.Errorf("%s, undamaged, is gone", id)
+				}
+			}
+		})
 	}
 }
