@@ -28,6 +28,24 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 // RunWithInput is Run with stdin supplied (nil = os.Stdin).
 func RunWithInput(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	root := newRoot(stdin, stdout, stderr)
+	root.SetArgs(args)
+	cmd, err := root.ExecuteContextC(ctx)
+	if err == nil {
+		return 0
+	}
+	if strings.HasPrefix(err.Error(), "unknown command ") {
+		err = &usageError{err}
+	}
+	fmt.Fprintln(stderr, "relay:", err)
+	if _, done := errors.AsType[*reportedError](err); !done && wantsJSON(cmd, args) {
+		printError(stdout, err)
+	}
+	return 1
+}
+
+// newRoot builds the relay command and its subcommands.
+func newRoot(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "relay",
 		Short:         "Relay: reliable outbox delivery from sources to targets",
@@ -36,7 +54,6 @@ func RunWithInput(ctx context.Context, args []string, stdin io.Reader, stdout, s
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.SetArgs(args)
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return &usageError{singleDashHint(cmd, err)} })
 	root.AddCommand(demoCmd(stdout, stderr), statusCmd(stdout), enqueueCmd(stdinOr(stdin), stdout), fireCmd(stdout))
 	root.AddCommand(targetsCmd(stdout), targetCmd(stdout), archiveCmd(stdout), serveCmd(stdout, stderr), backupCmd(stdout))
@@ -50,18 +67,7 @@ func RunWithInput(ctx context.Context, args []string, stdin io.Reader, stdout, s
 		},
 	})
 	wrapUsage(root)
-	cmd, err := root.ExecuteContextC(ctx)
-	if err == nil {
-		return 0
-	}
-	if strings.HasPrefix(err.Error(), "unknown command ") {
-		err = &usageError{err}
-	}
-	fmt.Fprintln(stderr, "relay:", err)
-	if _, done := errors.AsType[*reportedError](err); !done && wantsJSON(cmd, args) {
-		printError(stdout, err)
-	}
-	return 1
+	return root
 }
 
 func demoCmd(stdout, stderr io.Writer) *cobra.Command {
