@@ -27,6 +27,13 @@ func (d *Daemon) servePipelined(ctx context.Context, c *wire.Conn, log *slog.Log
 	small := make(chan struct{}, smallBudget)
 	reserved := map[string]*segstore.Reservation{}
 	defer func() {
+		if len(reserved) > 0 && ctx.Err() == nil {
+			// Accepted offers whose SEGMENT never came: the sender went
+			// away, stalled or broke the protocol first. Each offer gets a
+			// result in edged_inbound_segments_total.
+			d.met.inbound.WithLabelValues("aborted").Add(float64(len(reserved)))
+			log.Info("connection ended before the segments of accepted offers arrived; nothing stored", "offers", len(reserved))
+		}
 		for _, r := range reserved {
 			r.Release()
 		}

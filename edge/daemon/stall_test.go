@@ -240,3 +240,25 @@ func TestPeerShareAndDeadlineDefaults(t *testing.T) {
 		t.Fatalf("64 MiB deadline in %v, want %v", got, want)
 	}
 }
+
+// TestAcceptedOfferNeverSent: a version 2 peer whose accepted offer's
+// SEGMENT never comes (it goes quiet after the ACCEPT) has its
+// connection closed by the idle timeout; the offer counts as aborted
+// (it was counted nowhere) and its reservation is freed.
+func TestAcceptedOfferNeverSent(t *testing.T) {
+	dir, b, _ := stallReceiver(t, 200*time.Millisecond, nil)
+	c := rawPeer(t, dir, "a", b, wire.Version2)
+	if f := offerV2(t, c, offer("never", []byte("never sent"))); f.Type != wire.TypeAccept {
+		t.Fatalf("offer answered %s, want ACCEPT", f.Type)
+	}
+	if f, err := wire.ReadFrame(c.NetConn(), wire.MaxControlPayload); err == nil {
+		t.Fatalf("b sent %s to a quiet peer, want the connection closed", f.Type)
+	}
+	waitUntil(t, "the unsent offer counted as aborted", func() bool {
+		return testMetric(b, `edged_inbound_segments_total{result="aborted"} 1`)
+	})
+	waitUntil(t, "reservation released", func() bool {
+		q, err := b.client.Quota(context.Background())
+		return err == nil && q.ReservedBytes == 0 && q.ReservedSegments == 0
+	})
+}
