@@ -69,8 +69,10 @@ type Config struct {
 	MaxPendingHandshakes int
 	// MaxPendingPerAddress bounds the unfinished inbound handshakes from
 	// one source address (IPv4 address, IPv6 /64); a further connection
-	// from it is closed at once. Unauthenticated connections from one host
-	// cannot take more than this from other hosts. Default 16.
+	// from it is closed at once, as is one from an address holding as many
+	// as any other while all MaxPendingHandshakes are taken.
+	// Unauthenticated connections from one host cannot take more than this
+	// from other hosts. Default 16.
 	MaxPendingPerAddress int
 	// EvictAfter is how long an inbound handshake runs before it may be
 	// given up for a newer connection when every slot is taken; a real
