@@ -126,7 +126,8 @@ func FuzzRecvRequest(f *testing.F) {
 			a.Write(data)
 			a.Close()
 		}()
-		c := NewConn(b, Options{Version: Version2, Window: window, MaxSegmentSize: 64})
+		// Version 3 is version 2 and WANT: one run covers both.
+		c := NewConn(b, Options{Version: Version3, Window: window, MaxSegmentSize: 64})
 		defer c.Close()
 		ctx := context.Background()
 		for range 16 {
@@ -142,9 +143,9 @@ func FuzzRecvRequest(f *testing.F) {
 			if len(c.open) > window {
 				t.Fatalf("%d offers open, window %d", len(c.open), window)
 			}
-			if req.Query != nil {
-				if len(req.Query) > MaxQuerySegments {
-					t.Fatalf("query of %d segments", len(req.Query))
+			if req.Query != nil || req.Want != nil {
+				if len(req.Query) > MaxQuerySegments || len(req.Want) > MaxQuerySegments {
+					t.Fatalf("query of %d, want of %d segments", len(req.Query), len(req.Want))
 				}
 				continue
 			}
