@@ -61,7 +61,11 @@
 // its index entry is dropped, so a crash in between leaves an entry
 // without a file (dropped at the next start), not a damaged file under
 // its id. The quarantine does not count against the quota; the operator
-// inspects and removes it.
+// inspects and removes it. Open quarantines what its start-up check finds;
+// while the store is used, every Reader verifies what it reads and
+// quarantines a copy that no longer matches its entry the same way
+// (verify.go). Either way the lost segment is recorded as wanted until it
+// is stored again, so that the daemon can ask its peers for it.
 //
 // # Rebuild and digest tags
 //
