@@ -282,6 +282,35 @@ func TestLayoutDocExamples(t *testing.T) {
 			t.Fatalf("rowsDigest = %s, the doc says %s", got, want)
 		}
 	})
+	t.Run("target state", func(t *testing.T) {
+		// The doc's example decodes, and the engine writes it back with the
+		// same fields: none added, so every zero field is omitted.
+		example := layoutDoc(t, "json target-state")
+		r, err := decodeTargetRec("t", []byte(example), true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var byDoc, byEngine map[string]any
+		if err := json.Unmarshal([]byte(example), &byDoc); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(encodeTargetRec(r), &byEngine); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(byEngine, byDoc) {
+			t.Fatalf("the engine writes the doc's example as\n%s\nthe doc says\n%s", encodeTargetRec(r), example)
+		}
+		// "Absent means {"state":"active"} with zeros": a fresh record is
+		// written as just that, and records from before the zero fields
+		// were omitted read the same.
+		if got := string(encodeTargetRec(targetRec{State: StateActive})); got != `{"state":"active"}` {
+			t.Fatalf("a zero record is written as %s", got)
+		}
+		old, err := decodeTargetRec("t", []byte(`{"state":"active","since_ms":0,"done":0}`), true)
+		if err != nil || !reflect.DeepEqual(old, targetRec{Target: "t", State: StateActive}) {
+			t.Fatalf("an old record with zero fields decodes as %+v (%v)", old, err)
+		}
+	})
 	t.Run("blocked name", func(t *testing.T) {
 		// "\u0000dP8" for t\xff: U+0000 then unpadded base64url.
 		b, err := base64.RawURLEncoding.DecodeString("dP8")

@@ -185,13 +185,16 @@ type OperatorNote struct {
 // operator actions; both hold the source's claim while they read and write
 // it, so it needs no guard of its own.
 type targetRec struct {
-	Target  Partition   `json:"-"`
-	State   TargetState `json:"state"`
-	SinceMS int64       `json:"since_ms"`
+	Target Partition   `json:"-"`
+	State  TargetState `json:"state"`
+	// SinceMS and every field after State are omitted when zero
+	// (docs/layout.md); records written with "since_ms":0 or "done":0
+	// still decode.
+	SinceMS int64 `json:"since_ms,omitempty"`
 	// Done counts the target's rows that left the outbox: delivered (or
 	// found already delivered) and cleaned, or skipped into the archive.
 	// Rows pending = targetEnq.N − Done.
-	Done uint64 `json:"done"`
+	Done uint64 `json:"done,omitempty"`
 	// Through is the target's rh as the last fire or operator knew it.
 	Through uint64 `json:"through,omitempty"`
 	// Next / NextMS: the first undelivered row the last fire saw in the
