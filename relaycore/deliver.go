@@ -1,6 +1,7 @@
 package relaycore
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"slices"
@@ -129,10 +130,21 @@ func (h *RelayHandler) deliver(ctx context.Context, source Partition, tw *target
 		}
 		// rh moved (another deliverer) or the outcome is unknown: rh says
 		// what is applied, because every target batch advances it.
+		guardRaw, guardFound := raw, found
 		var rerr error
 		raw, found, rh, rerr = readRH()
 		if rerr != nil {
 			fail(ErrorClassRead, "re-read rh", rerr)
+			return
+		}
+		if found == guardFound && bytes.Equal(raw, guardRaw) {
+			// rh is still what the batch was guarded on: it did not land and
+			// no other deliverer moved it. That is a failed attempt like any
+			// other (a full disk under a bbolt target says "outcome unknown"
+			// on every commit); trying again at once would spend the budget
+			// without a word and leave the target looking healthy.
+			tw.failedCalls++
+			fail(ErrorClassApply, "apply (rh unchanged: not applied)", err)
 			return
 		}
 		if rh >= last && MayBeApplied(err) {

@@ -27,6 +27,8 @@ const (
 	conflict       // 400 TransactionCanceledException, reason TransactionConflict
 	fail500        // 500 InternalServerError; never reaches the server
 	drop           // reaches the server and commits; the response is lost
+	denied         // 400 AccessDeniedException; never reaches the table
+	invalid        // 400 ValidationException; never reaches the table
 )
 
 // faultRT wraps the real transport and injects faults into successive
@@ -87,6 +89,10 @@ func (f *faultRT) RoundTrip(r *http.Request) (*http.Response, error) {
 		return apiError(r, 400, `{"__type":"com.amazonaws.dynamodb.v20120810#TransactionCanceledException","message":"Transaction cancelled, please refer cancellation reasons for specific reasons [TransactionConflict]","CancellationReasons":[`+strings.Join(reasons, ",")+`]}`), nil
 	case fail500:
 		return apiError(r, 500, internalError), nil
+	case denied:
+		return apiError(r, 400, `{"__type":"com.amazon.coral.service#AccessDeniedException","message":"User is not authorized to perform: dynamodb:TransactWriteItems"}`), nil
+	case invalid:
+		return apiError(r, 400, `{"__type":"com.amazon.coral.validate#ValidationException","message":"Transaction request cannot include multiple operations on one item"}`), nil
 	case drop:
 		resp, err := f.next.RoundTrip(r)
 		if err != nil {
