@@ -97,6 +97,20 @@ func (db *DB) Store(table string) *Store {
 // Path is the file's path.
 func (db *DB) Path() string { return db.bolt.Path() }
 
+// CommitErr is the error of the file's latest commit if bbolt's Commit
+// failed (a full file system, an I/O error, the MaxSize cap), nil once a
+// commit succeeds or before any commit. While it is set, batches that
+// write to the file fail (and a server reports itself not ready), though
+// reads still work; the next commit that succeeds clears it. Failures
+// before the commit (a false precondition, a refused batch, a cancelled
+// context) do not count: they say nothing about the file.
+func (db *DB) CommitErr() error {
+	if err := db.gc.failed.Load(); err != nil {
+		return *err
+	}
+	return nil
+}
+
 // Close releases the file. Stores of a closed DB return errors (surely not
 // applied) from every call.
 func (db *DB) Close() error {

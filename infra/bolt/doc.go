@@ -49,6 +49,8 @@
 // failures (a full disk) are also pre-commit in fact, but bbolt flattens
 // them into strings, so they are reported as maybe-applied: a re-read
 // settles them, which is what the engine does with any ambiguous outcome.
+// DB.CommitErr keeps the latest failed commit's error until a commit
+// succeeds, so a server can report the file as not ready while it is full.
 //
 // # Caveats
 //

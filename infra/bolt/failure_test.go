@@ -45,6 +45,14 @@ func TestFullFileIsSurelyNotApplied(t *testing.T) {
 	if relaycore.MayBeApplied(err) {
 		t.Fatalf("full file reported maybe-applied: %v", err)
 	}
+	if cerr := db.CommitErr(); !errors.Is(cerr, berrors.ErrMaxSizeReached) {
+		t.Fatalf("CommitErr after the refused commit = %v, want ErrMaxSizeReached", cerr)
+	}
+	// A batch refused before its commit says nothing about the file.
+	stale := relaycore.Batch{Preconditions: []relaycore.Precondition{{Key: "0/0000", Absent: true}}, Writes: []relaycore.Write{{Key: "x", Value: []byte("x")}}}
+	if _, ok := relaycore.FailedPrecondition(s.Apply(t.Context(), "p", stale)); !ok || db.CommitErr() == nil {
+		t.Fatalf("a false precondition cleared CommitErr (%v)", db.CommitErr())
+	}
 	page, err := s.Scan(t.Context(), "p", relaycore.ScanRequest{Start: fmt.Sprint(applied), End: fmt.Sprint(applied) + "0"})
 	if err != nil || len(page.Items) != 0 {
 		t.Fatalf("refused batch left %d items (%v)", len(page.Items), err)
@@ -63,6 +71,9 @@ func TestFullFileIsSurelyNotApplied(t *testing.T) {
 	}
 	if err := s.Apply(t.Context(), "p", batchOf("again", 5, 100)); err != nil {
 		t.Fatalf("small write after freeing space: %v", err)
+	}
+	if cerr := db.CommitErr(); cerr != nil {
+		t.Fatalf("CommitErr after commits succeeded again = %v", cerr)
 	}
 }
 
@@ -128,6 +139,9 @@ func TestCommitIOErrorMayBeApplied(t *testing.T) {
 			}
 			if !strings.Contains(err.Error(), c.wantErr) {
 				t.Fatalf("commit failed with %q, not in the %s path this case is for", err, c.wantErr)
+			}
+			if cerr := db.CommitErr(); cerr == nil || !strings.Contains(err.Error(), cerr.Error()) {
+				t.Fatalf("CommitErr = %v after the commit failed with %v", cerr, err)
 			}
 			_ = db.Close() // fails too: the descriptor is gone
 

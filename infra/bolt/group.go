@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/relay-dev/relay/relaycore"
 	bbolt "go.etcd.io/bbolt"
@@ -38,6 +39,19 @@ type committer struct {
 	queue   []*applyReq
 	leading bool
 	commits int // transactions committed or tried (tests)
+
+	// failed holds the error of the file's latest commit when bbolt's
+	// Commit failed (nil after one that succeeded): DB.CommitErr.
+	failed atomic.Pointer[error]
+}
+
+// settled records the outcome of a transaction whose callback finished.
+func (c *committer) settled(err error) {
+	if err == nil {
+		c.failed.Store(nil)
+		return
+	}
+	c.failed.Store(&err)
 }
 
 type applyReq struct {
@@ -120,6 +134,9 @@ func (c *committer) commit(group []*applyReq) {
 		committing = true
 		return nil
 	})
+	if committing {
+		c.settled(err)
+	}
 	switch {
 	case aborted:
 		for _, r := range group {

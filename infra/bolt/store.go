@@ -156,6 +156,9 @@ func (s *Store) applyAlone(ctx context.Context, p relaycore.Partition, b relayco
 		committing = true
 		return nil
 	})
+	if committing {
+		s.gc.settled(err)
+	}
 	if err == nil {
 		return nil
 	}

@@ -129,7 +129,7 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 	if err != nil {
 		return err
 	}
-	dbs := []*bolt.DB{db}
+	dbs, dbNames := []*bolt.DB{db}, []string{"relay.db"}
 	defer func() {
 		for _, d := range dbs {
 			if err := d.Close(); err != nil {
@@ -144,7 +144,7 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 		if err != nil {
 			return err
 		}
-		dbs = append(dbs, tdb)
+		dbs, dbNames = append(dbs, tdb), append(dbNames, "targets.db")
 		dst = tdb.Store(TargetTable)
 	}
 	if opt.wrapTarget != nil {
@@ -183,6 +183,14 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 			return errors.New("draining: shutting down")
 		case !clockRunning.Load():
 			return errors.New("alarm clock not running")
+		}
+		// A file whose commits fail (a full file system) takes no
+		// enqueue (relay.db) or delivery (targets.db) until one succeeds;
+		// the reason names the file, the log has the error.
+		for i, d := range dbs {
+			if d.CommitErr() != nil {
+				return fmt.Errorf("%s: its last commit failed (see the log)", dbNames[i])
+			}
 		}
 		return nil
 	}
