@@ -24,6 +24,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -66,6 +67,15 @@ type Options struct {
 	// relay connections' idle timeout (see idleTimeout): tests make a
 	// stalled peer time out in milliseconds with it.
 	IdleTimeout time.Duration
+	// StartupGCPercent, when positive, is the garbage collector's target
+	// (debug.SetGCPercent) from New until reconciliation is done; then the
+	// previous setting is restored. Start-up reads the whole database
+	// (checkDB, the store's index check or rebuild, reconciliation) and
+	// nearly all it allocates is garbage at once: at the default 100 the
+	// heap grew to twice a small live set and set the process's resident
+	// peak. Process-wide, so edged's main sets it and tests that run
+	// several daemons at once do not.
+	StartupGCPercent int
 	// WrapTemp wraps the writer of every segment's temp file
 	// (segstore.Options.WrapTemp): tests make the real store's writes
 	// fail, as a full disk would, with it. nil in production.
@@ -85,7 +95,11 @@ type Daemon struct {
 	met   *metrics
 	rpc   *rpc.Server
 
-	shed      shedLog  // connections the listener gave up before TLS finished
+	shed shedLog // connections the listener gave up before TLS finished
+
+	gcPercent int  // the GC target before StartupGCPercent
+	gcSet     bool // StartupGCPercent is in force
+
 	dbRepair  dbRepair // what openDB did at start
 	cleanStop bool     // the previous run stopped cleanly (CleanStopFile)
 	// newStore: there was no database before this start, so no previous
@@ -122,6 +136,14 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 		return nil, err
 	}
 	d := &Daemon{cfg: cfg, opt: opt, log: opt.Log.With("node", cfg.NodeID), refetchKick: make(chan struct{}, 1)}
+	if opt.StartupGCPercent > 0 {
+		d.gcPercent, d.gcSet = debug.SetGCPercent(opt.StartupGCPercent), true
+		defer func() {
+			if err != nil {
+				d.startupDone()
+			}
+		}()
+	}
 	if err := segstore.CreateDir(cfg.Storage.Dir, 0o700, opt.SyncDir); err != nil {
 		return nil, fmt.Errorf("storage dir: %w", err)
 	}
@@ -312,6 +334,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 func (d *Daemon) Serve(ctx context.Context) error {
 	defer d.Close()
 	rep, err := d.ex.Reconcile()
+	d.startupDone()
 	if err != nil {
 		d.relayLn.Close()
 		d.rpcLn.Close()
@@ -374,9 +397,18 @@ func (d *Daemon) Serve(ctx context.Context) error {
 	return first
 }
 
+// startupDone restores the GC target StartupGCPercent replaced.
+func (d *Daemon) startupDone() {
+	if d.gcSet {
+		debug.SetGCPercent(d.gcPercent)
+		d.gcSet = false
+	}
+}
+
 // Close closes the database (Serve does it when it returns) and then
 // marks the stop clean (CleanStopFile). Safe to call more than once.
 func (d *Daemon) Close() error {
+	d.startupDone() // when Serve never ran
 	var err error
 	d.closeDB.Do(func() {
 		if err = d.db.Close(); err == nil {

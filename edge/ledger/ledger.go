@@ -150,52 +150,95 @@ func (l *Ledger) transition(op, seg, peer string, step func(r Record) (Record, e
 // returns the peers for which a record was created. Idempotent, one
 // transaction for all peers; safe to retry after any error.
 func (l *Ledger) EnsureScheduled(segmentID string, peerIDs []string, now time.Time) ([]string, error) {
-	for _, p := range peerIDs {
-		if err := checkIDs(segmentID, p); err != nil {
-			return nil, fmt.Errorf("EnsureScheduled: %w", err)
+	created, err := l.ensureScheduled("EnsureScheduled "+segmentID, []Owed{{SegmentID: segmentID, PeerIDs: peerIDs}}, now)
+	if err != nil {
+		return nil, err
+	}
+	peers := make([]string, 0, len(created))
+	for _, p := range created {
+		peers = append(peers, p.PeerID)
+	}
+	if len(peers) == 0 {
+		return nil, nil
+	}
+	return peers, nil
+}
+
+// Owed names the peers one segment is owed to, for EnsureScheduledAll.
+type Owed struct {
+	SegmentID string
+	PeerIDs   []string
+}
+
+// EnsureScheduledAll is EnsureScheduled for many segments: every
+// (segment, peer) pair without a record gets a Scheduled one, due at now,
+// all in one write transaction, and none at all when every record exists
+// (a read transaction finds that). It returns the pairs created, in the
+// order given. Idempotent; safe to retry after any error. The caller
+// bounds the batch: the transaction holds every record it writes.
+//
+// Start-up reconciliation calls it for the stored segments a chunk at a
+// time. One transaction per segment cost a commit (two fsyncs) for every
+// segment owed to a new peer: 10,000 segments after a peer was added, or
+// after the database was rebuilt, took 2.7-2.8 s to start.
+func (l *Ledger) EnsureScheduledAll(owed []Owed, now time.Time) ([]Pair, error) {
+	return l.ensureScheduled("EnsureScheduledAll", owed, now)
+}
+
+func (l *Ledger) ensureScheduled(op string, owed []Owed, now time.Time) ([]Pair, error) {
+	for _, o := range owed {
+		for _, p := range o.PeerIDs {
+			if err := checkIDs(o.SegmentID, p); err != nil {
+				return nil, fmt.Errorf("%s: %w", op, err)
+			}
 		}
 	}
-	// Reconciliation calls this for every stored segment at each start,
-	// and nearly always every record exists: a read transaction answers
-	// that without a write transaction's fsync (10,000 stored segments
-	// took 16 s to start with one commit each).
+	// Nearly always every record exists (each start reconciles every
+	// stored segment): answered without a write transaction's fsync.
 	missing := false
 	err := l.view(func(b buckets) error {
-		for _, p := range peerIDs {
-			_, ok, err := b.get(segmentID, p)
-			if err != nil {
-				return err
+		for _, o := range owed {
+			for _, p := range o.PeerIDs {
+				_, ok, err := b.get(o.SegmentID, p)
+				if err != nil {
+					return err
+				}
+				if !ok {
+					missing = true
+					return nil
+				}
 			}
-			missing = missing || !ok
 		}
 		return nil
 	})
 	if err != nil || !missing {
 		if err != nil {
-			return nil, fmt.Errorf("EnsureScheduled %s: %w", segmentID, err)
+			return nil, fmt.Errorf("%s: %w", op, err)
 		}
 		return nil, nil
 	}
-	var created []string
+	var created []Pair
 	err = l.update(func(b buckets) error {
 		created = created[:0]
-		for _, p := range peerIDs {
-			if _, ok, err := b.get(segmentID, p); err != nil || ok {
-				if err != nil {
+		for _, o := range owed {
+			for _, p := range o.PeerIDs {
+				if _, ok, err := b.get(o.SegmentID, p); err != nil || ok {
+					if err != nil {
+						return err
+					}
+					continue
+				}
+				r := Record{SegmentID: o.SegmentID, PeerID: p, State: StateScheduled, NextAttemptAfter: now, UpdatedAt: now}
+				if err := b.put(nil, r); err != nil {
 					return err
 				}
-				continue
+				created = append(created, Pair{SegmentID: o.SegmentID, PeerID: p})
 			}
-			r := Record{SegmentID: segmentID, PeerID: p, State: StateScheduled, NextAttemptAfter: now, UpdatedAt: now}
-			if err := b.put(nil, r); err != nil {
-				return err
-			}
-			created = append(created, p)
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("EnsureScheduled %s: %w", segmentID, err)
+		return nil, fmt.Errorf("%s: %w", op, err)
 	}
 	return created, nil
 }

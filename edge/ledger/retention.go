@@ -11,7 +11,7 @@ import (
 // every record of the segment is Acked with UpdatedAt ≤ cutoff, and
 // stored, asked inside the same transaction, says the segment is not held
 // locally. It returns the number of segments and records removed. One
-// transaction; idempotent.
+// write transaction, and none when nothing is to go; idempotent.
 //
 // Why each condition:
 //   - all Acked: a Deadletter record is the operator's only trace of a
@@ -26,42 +26,29 @@ import (
 //     being relayed again to peers that already acknowledged it; in a mesh
 //     of evicting forwarders that memory is what ends the echo.
 func (l *Ledger) RemoveSettled(cutoff time.Time, stored func(tx *bolt.Tx, segmentID string) bool) (segments, records int, err error) {
+	// A read transaction looks first: at most starts and retention passes
+	// nothing is due, and a write transaction would commit (two fsyncs)
+	// for nothing.
+	var doomed []Record
+	err = l.db.View(func(tx *bolt.Tx) error {
+		doomed, _, err = settledGone(tx, cutoff, stored)
+		return err
+	})
+	if err != nil || len(doomed) == 0 {
+		if err != nil {
+			return 0, 0, fmt.Errorf("RemoveSettled: %w", err)
+		}
+		return 0, 0, nil
+	}
 	err = l.db.Update(func(tx *bolt.Tx) error {
+		doomed, segments, err = settledGone(tx, cutoff, stored)
+		if err != nil {
+			return err
+		}
 		b, err := bucketsOf(tx)
 		if err != nil {
 			return err
 		}
-		segments, records = 0, 0
-		var doomed []Record
-		var group []Record
-		settled := true
-		flush := func() {
-			if len(group) > 0 && settled && !stored(tx, group[0].SegmentID) {
-				doomed = append(doomed, group...)
-				segments++
-			}
-			group, settled = nil, true
-		}
-		// Keys are segment 0x00 peer and ids hold no NUL, so a segment's
-		// records are adjacent in key order.
-		err = b.records.ForEach(func(k, v []byte) error {
-			r, err := decode(k, v)
-			if err != nil {
-				return err
-			}
-			if len(group) > 0 && group[0].SegmentID != r.SegmentID {
-				flush()
-			}
-			group = append(group, r)
-			if r.State != StateAcked || r.UpdatedAt.After(cutoff) {
-				settled = false
-			}
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-		flush()
 		for _, r := range doomed {
 			if err := b.delete(r); err != nil {
 				return err
@@ -74,4 +61,43 @@ func (l *Ledger) RemoveSettled(cutoff time.Time, stored func(tx *bolt.Tx, segmen
 		return 0, 0, fmt.Errorf("RemoveSettled: %w", err)
 	}
 	return segments, records, nil
+}
+
+// settledGone returns the records RemoveSettled removes, as seen by tx,
+// and the number of segments they belong to.
+func settledGone(tx *bolt.Tx, cutoff time.Time, stored func(tx *bolt.Tx, segmentID string) bool) (doomed []Record, segments int, err error) {
+	b, err := bucketsOf(tx)
+	if err != nil {
+		return nil, 0, err
+	}
+	var group []Record
+	settled := true
+	flush := func() {
+		if len(group) > 0 && settled && !stored(tx, group[0].SegmentID) {
+			doomed = append(doomed, group...)
+			segments++
+		}
+		group, settled = nil, true
+	}
+	// Keys are segment 0x00 peer and ids hold no NUL, so a segment's
+	// records are adjacent in key order.
+	err = b.records.ForEach(func(k, v []byte) error {
+		r, err := decode(k, v)
+		if err != nil {
+			return err
+		}
+		if len(group) > 0 && group[0].SegmentID != r.SegmentID {
+			flush()
+		}
+		group = append(group, r)
+		if r.State != StateAcked || r.UpdatedAt.After(cutoff) {
+			settled = false
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	flush()
+	return doomed, segments, nil
 }

@@ -109,6 +109,9 @@ type Executor struct {
 
 	mu      sync.Mutex
 	running bool
+
+	// reconcileBatch is the const of that name; tests make it smaller.
+	reconcileBatch int
 }
 
 // New checks cfg and returns an Executor over a ledger and a segment store
@@ -155,6 +158,8 @@ func New(cfg Config, led *ledger.Ledger, store *segstore.Store, d Dialer) (*Exec
 		resynced: map[string]bool{}, resyncing: map[string]bool{},
 		circuits: newCircuits(cfg.Policy, cfg.DialTimeout),
 		wake:     newBroadcast(),
+
+		reconcileBatch: reconcileBatch,
 	}, nil
 }
 

@@ -3,6 +3,7 @@ package relay
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/relay-dev/relay/edge/ledger"
 	"github.com/relay-dev/relay/edge/segstore"
@@ -28,15 +29,17 @@ type ReconcileReport struct {
 // Reconcile repairs the ledger before the workers start: abandoned
 // in-flight attempts become failed attempts (InflightToFailed),
 // non-terminal records of segments no longer stored are deadlettered
-// (PruneMissing), retry-ready failures are rescheduled (RescheduleReady),
-// every stored segment gets a record for each required peer that has none,
+// (PruneMissing), records deferred by the previous process's dial
+// circuits get their due time back (ReleaseDeferred), retry-ready failures
+// are rescheduled (RescheduleReady), every stored segment gets a record for each required peer that has none,
 // and every stored segment's success condition is re-checked: a relayed
 // marker or an eviction interrupted by a crash is completed, and a relayed
 // marker the condition no longer supports (known_peers grew, so the new
 // peer does not hold the segment yet) is cleared. Only here can the
 // condition go from met to unmet: at run time the required peers are
 // fixed and Acked records stay Acked, so the check cannot race a worker.
-// Finally retention is applied (PruneSettled).
+// The stored segments are read and handled reconcileBatch at a time, each
+// batch in a few transactions. Finally retention is applied (PruneSettled).
 // Idempotent; run it once after opening the store and before Run.
 func (e *Executor) Reconcile() (ReconcileReport, error) {
 	var rep ReconcileReport
@@ -58,27 +61,22 @@ func (e *Executor) Reconcile() (ReconcileReport, error) {
 	if statErr != nil {
 		return rep, fmt.Errorf("reconcile: %w", statErr)
 	}
-	entries, err := e.store.List()
-	if err != nil {
-		return rep, fmt.Errorf("reconcile: %w", err)
-	}
-	rep.Segments = len(entries)
-	for _, entry := range entries {
-		created, err := e.led.EnsureScheduled(entry.ID, e.RequiredPeers(entry), now)
+	for after := ""; ; {
+		chunk, err := e.store.ListAfter(after, e.reconcileBatch)
 		if err != nil {
 			return rep, fmt.Errorf("reconcile: %w", err)
 		}
-		rep.Scheduled += len(created)
-	}
-	for _, entry := range entries {
-		if entry.Relayed {
-			n, err := e.unrelayIfUnmet(entry)
-			if err != nil {
-				return rep, fmt.Errorf("reconcile: %w", err)
-			}
-			rep.Unrelayed += n
+		if len(chunk) == 0 {
+			break
 		}
-		e.checkSuccessCondition(entry.ID)
+		rep.Segments += len(chunk)
+		scheduled, unrelayed, err := e.reconcileChunk(chunk, now)
+		rep.Scheduled += scheduled
+		rep.Unrelayed += unrelayed
+		if err != nil {
+			return rep, fmt.Errorf("reconcile: %w", err)
+		}
+		after = chunk[len(chunk)-1].ID
 	}
 	if rep.Removed, err = e.PruneSettled(); err != nil {
 		return rep, fmt.Errorf("reconcile: %w", err)
@@ -87,19 +85,77 @@ func (e *Executor) Reconcile() (ReconcileReport, error) {
 	return rep, nil
 }
 
-// unrelayIfUnmet clears entry's relayed marker when its success condition
-// no longer holds, and reports 1 if it did.
-func (e *Executor) unrelayIfUnmet(entry segstore.Entry) (int, error) {
-	required := e.RequiredPeers(entry)
-	a, err := e.led.Assurance(entry.ID, required, e.cfg.Condition)
-	if err != nil || a.Met {
+// reconcileBatch is how many stored segments reconciliation schedules,
+// and clears relayed markers for, per transaction. Once per segment cost a
+// commit (two fsyncs) for every segment owed to a new peer: after a peer
+// was added, or the database rebuilt, 10,000 segments took 2.7-2.8 s to
+// start. A batch bounds what one transaction holds (a few hundred KB of
+// dirty pages at 1024 segments and a handful of peers) and how much of the
+// index is in memory at once.
+const reconcileBatch = 1024
+
+// reconcileChunk gives every segment of chunk a record for each required
+// peer that has none (one transaction), clears the relayed markers the
+// success condition no longer supports (one transaction), and then
+// completes what the condition calls for (markers, evictions). It returns
+// how many records it created and markers it cleared.
+func (e *Executor) reconcileChunk(chunk []segstore.Entry, now time.Time) (scheduled, unrelayed int, err error) {
+	owed := make([]ledger.Owed, len(chunk))
+	ids := make([]string, len(chunk))
+	for i, entry := range chunk {
+		owed[i] = ledger.Owed{SegmentID: entry.ID, PeerIDs: e.RequiredPeers(entry)}
+		ids[i] = entry.ID
+	}
+	created, err := e.led.EnsureScheduledAll(owed, now)
+	if err != nil {
+		return 0, 0, err
+	}
+	if unrelayed, err = e.unrelayUnmet(chunk); err != nil {
+		return len(created), 0, err
+	}
+	e.checkSuccessConditions(ids)
+	return len(created), unrelayed, nil
+}
+
+// unrelayUnmet clears the relayed marker of every entry of chunk whose
+// success condition no longer holds, in one transaction, and returns how
+// many it cleared.
+func (e *Executor) unrelayUnmet(chunk []segstore.Entry) (int, error) {
+	type why struct {
+		acked, required []string
+	}
+	var unmet []string
+	whys := map[string]why{}
+	for _, entry := range chunk {
+		if !entry.Relayed {
+			continue
+		}
+		required := e.RequiredPeers(entry)
+		a, err := e.led.Assurance(entry.ID, required, e.cfg.Condition)
+		if err != nil {
+			return 0, err
+		}
+		if !a.Met {
+			unmet = append(unmet, entry.ID)
+			whys[entry.ID] = why{a.AckedPeers, required}
+		}
+	}
+	if len(unmet) == 0 {
+		return 0, nil
+	}
+	cleared, err := e.store.ClearRelayedAll(unmet)
+	if err != nil {
 		return 0, err
 	}
-	cleared, err := e.store.ClearRelayed(entry.ID)
-	if err != nil || !cleared {
-		return 0, err
+	// One line per batch: a peer added to a node holding 10,000 segments
+	// clears 10,000 markers, and one line each drowned the start's log.
+	for _, id := range cleared {
+		e.log.Debug("relayed marker cleared: success condition no longer met", "segment", id,
+			"condition", string(e.cfg.Condition), "acked_peers", whys[id].acked, "required", whys[id].required)
 	}
-	e.log.Info("relayed marker cleared: success condition no longer met", "segment", entry.ID,
-		"condition", string(e.cfg.Condition), "acked_peers", a.AckedPeers, "required", required)
-	return 1, nil
+	if len(cleared) > 0 {
+		e.log.Info("relayed markers cleared: success condition no longer met", "segments", len(cleared),
+			"first", cleared[0], "last", cleared[len(cleared)-1], "condition", string(e.cfg.Condition))
+	}
+	return len(cleared), nil
 }

@@ -3,8 +3,11 @@ package relay
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/relay-dev/relay/edge/ledger"
 )
@@ -163,4 +166,89 @@ func TestReconcileAfterPeerAdded(t *testing.T) {
 			}
 		})
 	}
+}
+
+// commits is the number of write transactions committed on db so far
+// (bbolt's transaction id counts them; each costs two fsyncs).
+func commits(t *testing.T, db *bolt.DB) int {
+	t.Helper()
+	var id int
+	if err := db.View(func(tx *bolt.Tx) error { id = tx.ID(); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// TestReconcileCommitsPerBatch counts the write transactions start-up
+// reconciliation commits when every stored segment is owed to a new peer:
+// after the peer was added (a record each, and under all_peers each
+// relayed marker cleared) and after the database was rebuilt (every
+// record). It is a few per reconcileBatch segments, not one or two per
+// segment (80 here before batching), and none at all for a start with
+// nothing to do. The batch is made smaller than reconcileBatch so that two
+// batches take few segments to store.
+func TestReconcileCommitsPerBatch(t *testing.T) {
+	const batch, n, batches = 32, 40, 2
+	f := newFixture(t, ack, ack)
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	var ids []string
+	for i := range n {
+		id := fmt.Sprintf("s-%05d", i)
+		ids = append(ids, id)
+		f.a.put(t, id, []byte(id))
+	}
+	// Delivered to b and relayed, as a node with b its only peer left it.
+	pairs := make([]ledger.Pair, n)
+	for i, id := range ids {
+		mustSchedule(t, f.a.led, id, now.Add(-time.Hour), "b")
+		pairs[i] = ledger.Pair{SegmentID: id, PeerID: "b"}
+	}
+	if _, err := f.a.led.ClaimBatch(pairs, now.Add(-time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.a.led.AckBatch(pairs, now.Add(-time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.a.store.MarkRelayedAll(ids); err != nil {
+		t.Fatal(err)
+	}
+	executor := func() *Executor {
+		ex := f.executor(t, func(c *Config) {
+			c.Now = func() time.Time { return now }
+			c.Retention = 7 * 24 * time.Hour
+		})
+		ex.reconcileBatch = batch
+		return ex
+	}
+	reconcile := func(what string, wantScheduled, wantUnrelayed, wantCommits int) {
+		t.Helper()
+		before := commits(t, f.a.db)
+		rep, err := executor().Reconcile()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := commits(t, f.a.db) - before
+		t.Logf("%s: %d segments, %d records scheduled, %d markers cleared: %d write transactions", what, rep.Segments, rep.Scheduled, rep.Unrelayed, got)
+		if rep.Segments != n || rep.Scheduled != wantScheduled || rep.Unrelayed != wantUnrelayed || got != wantCommits {
+			t.Fatalf("%s: %+v in %d commits; want %d scheduled, %d unrelayed in %d commits", what, rep, got, wantScheduled, wantUnrelayed, wantCommits)
+		}
+	}
+	// c joined known_peers: per batch one transaction of records and one
+	// of cleared markers.
+	reconcile("peer added", n, n, 2*batches)
+	reconcile("restart", 0, 0, 0)
+
+	// The database was rebuilt: the index is back, the ledger is empty.
+	if err := f.a.db.Update(func(tx *bolt.Tx) error {
+		return tx.DeleteBucket([]byte("edge.ledger"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	led, err := ledger.Open(f.a.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.a.led = led
+	reconcile("database rebuilt", 2*n, 0, batches)
+	reconcile("restart", 0, 0, 0)
 }

@@ -235,10 +235,11 @@ func (s *Store) rebuildPack(name string, size int64) ([]Entry, error) {
 	}
 	defer f.Close()
 	var out []Entry
+	buf := make([]byte, 32<<10)
 	err = walkPack(f, size, func(off int64, h recordHeader) error {
 		loc := location{pack: name, off: off, len: h.recordLen()}
 		s.scan.Verified++
-		_, got, err := hashAll(io.NewSectionReader(f, loc.off+h.headerLen, h.size))
+		_, got, err := hashBuf(io.NewSectionReader(f, loc.off+h.headerLen, h.size), buf)
 		if err == nil && got != h.sha256 {
 			err = fmt.Errorf("content sha256 %s, record header %s", got, h.sha256)
 		}
