@@ -135,6 +135,8 @@ var (
 		"Disk space the pack files take (allocated blocks); compare with edged_storage_pack_record_bytes.", nil, nil)
 	descPackRecords = prometheus.NewDesc("edged_storage_pack_record_bytes", "Bytes of the packed segments' records, headers and padding included.", nil, nil)
 	descRecords     = prometheus.NewDesc("edged_ledger_records", "Ledger records by state.", []string{"state"}, nil)
+	descLost        = prometheus.NewDesc("edged_storage_lost_segments",
+		"Segments this node acknowledged and then lost (quarantined, or gone at start), not stored again yet: asked back from its peers.", nil, nil)
 	descHandshakes  = prometheus.NewDesc("edged_inbound_handshakes",
 		"Inbound connections whose TLS handshake and HELLO have not finished (at most 64; see edged_inbound_handshakes_shed_total).", nil, nil)
 	descCircuit = prometheus.NewDesc("edged_peer_circuit_state",
@@ -143,7 +145,7 @@ var (
 
 func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descStoredBytes, descStoredSegs, descReserved, descQuotaBytes, descQuotaSegs,
-		descPackFiles, descPackSegs, descPackDisk, descPackRecords, descRecords, descHandshakes, descCircuit} {
+		descPackFiles, descPackSegs, descPackDisk, descPackRecords, descRecords, descHandshakes, descCircuit, descLost} {
 		ch <- d
 	}
 }
@@ -160,6 +162,7 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descPackSegs, prometheus.GaugeValue, float64(ps.Records))
 	ch <- prometheus.MustNewConstMetric(descPackDisk, prometheus.GaugeValue, float64(ps.DiskBytes))
 	ch <- prometheus.MustNewConstMetric(descPackRecords, prometheus.GaugeValue, float64(ps.RecordBytes))
+	ch <- prometheus.MustNewConstMetric(descLost, prometheus.GaugeValue, float64(c.d.store.WantedCount()))
 	if ln := c.d.relayLn; ln != nil { // set by Listen, before the RPC serves
 		_, handshaking := ln.Pending()
 		ch <- prometheus.MustNewConstMetric(descHandshakes, prometheus.GaugeValue, float64(handshaking))

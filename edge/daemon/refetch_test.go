@@ -65,8 +65,9 @@ func TestDamagedAfterCleanStopCaughtOnSend(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !strings.Contains(metrics, `edged_storage_repairs_total{action="quarantined"} 1`) {
-				t.Fatalf("metrics:\n%s", grepLines(metrics, "edged_storage_repairs_total"))
+			if !strings.Contains(metrics, `edged_storage_repairs_total{action="quarantined"} 1`) ||
+				!strings.Contains(metrics, "edged_storage_lost_segments 1") {
+				t.Fatalf("metrics:\n%s", grepLines(metrics, "edged_storage_"))
 			}
 		})
 	}

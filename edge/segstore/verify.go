@@ -260,6 +260,14 @@ func (s *Store) Wanted() ([]Wanted, error) {
 	return out, nil
 }
 
+// WantedCount is how many segments the store wants back (for a gauge:
+// no database read).
+func (s *Store) WantedCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.wanted)
+}
+
 // Unwant removes id from the wanted segments: it was stored again, or an
 // operator gives up on it. Idempotent.
 func (s *Store) Unwant(id string) error {
