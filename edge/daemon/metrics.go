@@ -137,7 +137,7 @@ var (
 	descRecords     = prometheus.NewDesc("edged_ledger_records", "Ledger records by state.", []string{"state"}, nil)
 	descLost        = prometheus.NewDesc("edged_storage_lost_segments",
 		"Segments this node acknowledged and then lost (quarantined, or gone at start), not stored again yet: asked back from its peers.", nil, nil)
-	descHandshakes  = prometheus.NewDesc("edged_inbound_handshakes",
+	descHandshakes = prometheus.NewDesc("edged_inbound_handshakes",
 		"Inbound connections whose TLS handshake and HELLO have not finished (at most 64; see edged_inbound_handshakes_shed_total).", nil, nil)
 	descCircuit = prometheus.NewDesc("edged_peer_circuit_state",
 		"Dial circuit per peer: 1 for its current state (closed, open, half_open), 0 for the others.", []string{"peer", "state"}, nil)
