@@ -56,7 +56,7 @@ func newMetrics(d *Daemon) *metrics {
 			Name: "edged_certificate_reload_errors_total", Help: "Certificate reloads that failed (the previous certificate stays in use).",
 		}),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "edged_relay_attempts_total", Help: "Outbound delivery attempts, by peer and outcome (acked, failed, deadletter).",
+			Name: "edged_relay_attempts_total", Help: "Outbound delivery attempts, by peer and outcome (acked, failed, postponed: refused for want of room, deadletter).",
 		}, []string{"peer", "outcome"}),
 		sentBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "edged_relay_acked_bytes_total", Help: "Segment bytes acknowledged by peers.",
@@ -72,7 +72,7 @@ func newMetrics(d *Daemon) *metrics {
 			Name: "edged_evicted_segments_total", Help: "Segments evicted on relay.",
 		}),
 		deferred: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "edged_relay_deferred_total", Help: "Due records deferred without an attempt because the peer's dial circuit was open.",
+			Name: "edged_relay_deferred_total", Help: "Due records deferred without an attempt because the peer's dial circuit was open or it refused for want of room.",
 		}, []string{"peer"}),
 		dials: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "edged_peer_dials_total", Help: "Outbound dials (TCP connect, TLS handshake, HELLO), by peer and result (ok, failed).",

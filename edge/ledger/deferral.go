@@ -134,3 +134,24 @@ func (b buckets) dueAfter(peerID string, now time.Time) ([]Pair, error) {
 	}
 	return late, nil
 }
+
+// Postpone records an attempt the peer refused for want of room (a NACK
+// quota): Inflight → Failed, due at until, with cause as LastError, and
+// the attempt not charged to the retry budget (BudgetBase moves up with
+// Attempts, so BudgetUsed is what it was before the claim). It never
+// deadletters. A refusal for room says the peer is full, not that the
+// segment cannot be delivered: charging it let a receiver's full disk
+// deadletter every record owed to it after max_retries rounds (about 13
+// minutes at the default back-off). The caller bounds how often a full
+// peer is asked (the relay's room circuit).
+func (l *Ledger) Postpone(segmentID, peerID string, cause error, until, now time.Time) (Record, error) {
+	const op = "Postpone"
+	return l.transition(op, segmentID, peerID, func(r Record) (Record, error) {
+		if r.State != StateInflight {
+			return r, &TransitionError{Op: op, SegmentID: segmentID, PeerID: peerID, From: r.State}
+		}
+		r.State, r.BudgetBase, r.NextAttemptAfter = StateFailed, r.BudgetBase+1, until
+		r.LastError, r.UpdatedAt = truncate(errText(cause)), now
+		return r, nil
+	})
+}

@@ -20,6 +20,8 @@
 //	TryTransitionInflight  Scheduled → Inflight; Failed with NextAttemptAfter ≤ now → Inflight
 //	TransitionAcked        Inflight → Acked
 //	TransitionFailed       Inflight → Failed, or → Deadletter when the budget is spent
+//	Postpone               Inflight → Failed, due at a given time, the attempt not charged to the budget
+//	                       (the peer refused for want of room: NACK quota)
 //	RetryDeadletter        Deadletter → Scheduled, with a fresh budget (operator)
 //	Purge                  Deadletter → absent (operator)
 //	Resend                 Acked | Failed | Scheduled | Deadletter | absent → Scheduled, due now, with a
@@ -46,7 +48,8 @@
 // and never decreases, so an attempt abandoned by a crash still counts:
 // a segment that crashes the agent cannot loop forever. BudgetBase is the
 // value Attempts had when the current retry budget began (0 at creation;
-// RetryDeadletter sets it to Attempts). A failure with
+// RetryDeadletter sets it to Attempts; Postpone moves it up by one, so an
+// attempt the peer refused for want of room is not charged). A failure with
 // Attempts − BudgetBase ≥ Policy.MaxRetries deadletters the record;
 // otherwise the record waits Policy.Backoff(Attempts − BudgetBase). So
 // an operator retry grants exactly MaxRetries more attempts while the

@@ -116,6 +116,14 @@ var ops = []op{
 		"acked": illegal(StateAcked), "failed-ready": illegal(StateFailed),
 		"failed-waiting": illegal(StateFailed), "deadletter": illegal(StateDeadletter),
 	}},
+	{"Postpone", func(l *Ledger) (bool, error) {
+		_, err := l.Postpone("s", "p", errors.New("quota"), tOp.Add(time.Minute), tOp)
+		return false, err
+	}, map[string]outcome{
+		"absent": notFound, "scheduled": illegal(StateScheduled), "inflight": failedO,
+		"acked": illegal(StateAcked), "failed-ready": illegal(StateFailed),
+		"failed-waiting": illegal(StateFailed), "deadletter": illegal(StateDeadletter),
+	}},
 	{"RetryDeadletter", func(l *Ledger) (bool, error) {
 		_, err := l.RetryDeadletter("s", "p", tOp)
 		return false, err

@@ -113,3 +113,26 @@ func TestRecoverCommitsNothingWhenClean(t *testing.T) {
 		t.Fatalf("one due failure: %+v in %d commits, want 1 rescheduled in 1", rep, commits(t, f.db)-before)
 	}
 }
+
+// TestPostponeKeepsBudget: refusals for want of room never spend the
+// retry budget nor deadletter, however many; a real failure afterwards
+// is the budget's first.
+func TestPostponeKeepsBudget(t *testing.T) {
+	f := newLedger(t, nil)
+	must[[]string](t)(f.l.EnsureScheduled("s", []string{"p"}, t0))
+	now := t0
+	for i := range 3 * testPolicy.MaxRetries {
+		mustInflight(t, f.l, "s", "p", now)
+		until := now.Add(time.Minute)
+		r := must[Record](t)(f.l.Postpone("s", "p", fmt.Errorf("peer refused segment: quota"), until, now))
+		if r.State != StateFailed || r.BudgetUsed() != 0 || r.Attempts != i+1 || !r.NextAttemptAfter.Equal(until) || r.LastError == "" {
+			t.Fatalf("refusal %d: %+v", i+1, r)
+		}
+		now = until
+	}
+	mustInflight(t, f.l, "s", "p", now)
+	r := must[Record](t)(f.l.TransitionFailed("s", "p", fmt.Errorf("checksum"), now, testPolicy))
+	if r.State != StateFailed || r.BudgetUsed() != 1 || !r.NextAttemptAfter.Equal(now.Add(testPolicy.Backoff(1))) {
+		t.Fatalf("first real failure after the refusals: %+v", r)
+	}
+}

@@ -70,7 +70,10 @@ type circuit struct {
 // the executor's claimMu; dial results arrive from workers.
 type circuits struct {
 	backoff     func(n int) time.Duration
-	dialTimeout time.Duration
+	dialTimeout time.Duration // how long a probe may take
+	// firstBack: the first success reported for a peer counts as the
+	// peer coming back (the dial circuit; see dialed).
+	firstBack bool
 
 	mu     sync.Mutex
 	m      map[string]*circuit
@@ -125,9 +128,10 @@ func (cs *circuits) release(peer string, token uint64) {
 	}
 }
 
-// dialed records the outcome of a dial to peer at now. It reports whether
-// a successful dial closed a circuit that was open or half-open, or is the
-// first dial to peer this process made: the peer is back after an outage,
+// dialed records the outcome of a dial to peer at now (for the room
+// circuit: of an offer). It reports whether a successful dial closed a
+// circuit that was open or half-open, or (with firstBack) is the first
+// dial to peer this process made: the peer is back after an outage,
 // or may be. A new process does not know the previous one's circuits:
 // records deferred under them are released at start (ledger.ReleaseDeferred),
 // but the back-off of the attempts that failed under them (the probes) is
@@ -140,7 +144,7 @@ func (cs *circuits) dialed(peer string, now time.Time, err error) (back bool) {
 	if err == nil {
 		if c == nil {
 			cs.m[peer] = &circuit{}
-			return true
+			return cs.firstBack
 		}
 		back = c.failures > 0
 		c.failures, c.reopen, c.probing = 0, time.Time{}, false

@@ -27,7 +27,9 @@
 // relay.ack_timeout for the reply. Only a matching ACK is success
 // (TransitionAcked); a NACK, a mismatched or missing or late ACK, or any
 // local or network error is a failed attempt (TransitionFailed, which
-// applies back-off or deadletters at max_retries).
+// applies back-off or deadletters at max_retries), except a refusal for
+// want of room (NACK quota), which is postponed without spending the
+// retry budget and paces the peer's room circuit (full.go).
 //
 // # Dial circuit
 //

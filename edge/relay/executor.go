@@ -96,6 +96,9 @@ type Executor struct {
 	pool  *pool
 	// circuits is per-peer dial circuit state (circuit.go).
 	circuits *circuits
+	// full is per-peer room circuit state: a peer that refused for want
+	// of room (full.go).
+	full *circuits
 
 	claimMu sync.Mutex // serialises claims so they follow ledger order
 	// deferMu orders the ledger writes of deferrals (applyDeferrals)
@@ -152,11 +155,14 @@ func New(cfg Config, led *ledger.Ledger, store *segstore.Store, d Dialer) (*Exec
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
+	dialCircuits := newCircuits(cfg.Policy, cfg.DialTimeout)
+	dialCircuits.firstBack = true
 	return &Executor{
 		cfg: cfg, led: led, store: store, dial: d, log: cfg.Log,
 		pool:     newPool(cfg.Workers, cfg.PoolIdle),
 		resynced: map[string]bool{}, resyncing: map[string]bool{},
-		circuits: newCircuits(cfg.Policy, cfg.DialTimeout),
+		circuits: dialCircuits,
+		full:     newCircuits(cfg.Policy, cfg.DialTimeout+cfg.AckTimeout),
 		wake:     newBroadcast(),
 
 		reconcileBatch: reconcileBatch,
@@ -276,9 +282,7 @@ func (e *Executor) worker(ctx, hard context.Context) {
 		}
 		if ok {
 			e.executeRelay(ctx, hard, c)
-			if c.probe != 0 {
-				e.circuits.release(c.rec.PeerID, c.probe)
-			}
+			c.release(e)
 			continue
 		}
 		if held {
@@ -327,13 +331,25 @@ func sleep(ctx context.Context, d time.Duration, woken <-chan struct{}) {
 // decides, and the next record is tried.
 const claimBatch = 16
 
-// claim is a claimed record; probe is its circuit probe token (0: not a
-// probe); resync says the claim took its peer's summary exchange
-// (takeResync), which the attempt must end (endResync).
+// claim is a claimed record; probe and fullProbe are its dial and room
+// circuit probe tokens (0: not a probe); resync says the claim took its
+// peer's summary exchange (takeResync), which the attempt must end
+// (endResync).
 type claim struct {
-	rec    ledger.Record
-	probe  uint64
-	resync bool
+	rec       ledger.Record
+	probe     uint64
+	fullProbe uint64
+	resync    bool
+}
+
+// release ends the claim's probes that did not decide their circuit.
+func (c claim) release(e *Executor) {
+	if c.probe != 0 {
+		e.circuits.release(c.rec.PeerID, c.probe)
+	}
+	if c.fullProbe != 0 {
+		e.full.release(c.rec.PeerID, c.fullProbe)
+	}
 }
 
 // claimNext claims the first due record in ledger order whose peer's dial
@@ -366,6 +382,13 @@ func (e *Executor) claimNext() (_ claim, ok, held bool, _ error) {
 				deferrals.add(r, adm.deferUntil)
 				continue
 			}
+			room := e.full.admit(r.PeerID, now)
+			c := claim{probe: adm.probe, fullProbe: room.probe}
+			if !room.deferUntil.IsZero() {
+				c.release(e)
+				deferrals.add(r, room.deferUntil)
+				continue
+			}
 			got, ok, err := e.led.TryTransitionInflight(r.SegmentID, r.PeerID, now)
 			if errors.Is(err, ledger.ErrIllegalTransition) || errors.Is(err, ledger.ErrNotFound) {
 				err = nil // changed since the scan (operator action)
@@ -374,13 +397,12 @@ func (e *Executor) claimNext() (_ claim, ok, held bool, _ error) {
 				if derr := e.applyDeferrals(deferrals, now); derr != nil {
 					e.log.Error("relay deferral failed", "err", derr)
 				}
-				c := claim{rec: got, probe: adm.probe}
-				c.resync = adm.probe == 0 && e.takeResync(got.PeerID)
+				c.rec = got
+				c.resync = c.probe == 0 && c.fullProbe == 0 && e.takeResync(got.PeerID)
 				return c, true, false, nil
 			}
-			if adm.probe != 0 {
-				e.circuits.release(r.PeerID, adm.probe)
-			}
+			c.rec = r
+			c.release(e)
 			if err != nil {
 				return claim{}, false, false, err
 			}
@@ -438,7 +460,9 @@ func (e *Executor) applyDeferrals(d deferrals, now time.Time) error {
 	}
 	sort.Slice(untils, func(i, j int) bool { return untils[i].Before(untils[j]) })
 	for _, u := range untils {
-		pairs := slices.DeleteFunc(d[u], func(p ledger.Pair) bool { return e.circuits.closed(p.PeerID) })
+		pairs := slices.DeleteFunc(d[u], func(p ledger.Pair) bool {
+			return e.circuits.closed(p.PeerID) && e.full.closed(p.PeerID)
+		})
 		if len(pairs) == 0 {
 			continue
 		}
@@ -511,7 +535,7 @@ func (e *Executor) executeRelay(soft, ctx context.Context, c claim) {
 		e.finish(rec, size, err, time.Since(start))
 		return
 	}
-	e.executeStream(soft, ctx, conn, reused, rec, c.probe != 0, c.resync)
+	e.executeStream(soft, ctx, conn, reused, rec, c.probe != 0 || c.fullProbe != 0, c.resync)
 }
 
 // finish records one attempt's outcome: the ACK, or the failure.
@@ -528,6 +552,7 @@ func (e *Executor) finish(rec ledger.Record, size int64, err error, elapsed time
 		}
 		e.observe(rec.PeerID, "acked", size, elapsed)
 		log.Info("relay acked", "bytes", size, "duration", elapsed)
+		e.roomOK(rec.PeerID)
 		e.checkSuccessCondition(rec.SegmentID)
 		return
 	}
@@ -537,6 +562,10 @@ func (e *Executor) finish(rec ledger.Record, size int64, err error, elapsed time
 // failed records a failed attempt (or deadletters a record whose segment
 // is gone).
 func (e *Executor) failed(rec ledger.Record, err error, elapsed time.Duration) {
+	if refusedForRoom(err) {
+		e.postpone(rec, err, elapsed)
+		return
+	}
 	now := e.cfg.Now()
 	log := e.log.With("segment", rec.SegmentID, "peer", rec.PeerID, "attempt", rec.Attempts)
 	if errors.Is(err, errSegmentMissing) {

@@ -339,7 +339,9 @@ func (st *stream) next() (wire.Item, bool) {
 	e := st.e
 	for {
 		if len(st.queue) == 0 {
-			if st.probe || st.soft.Err() != nil {
+			if st.probe || st.soft.Err() != nil || !e.full.closed(st.peer) {
+				// A peer that refused for want of room is not offered more
+				// (full.go): what is claimed already still goes.
 				return wire.Item{}, false
 			}
 			st.queue = e.claimMore(st.peer, st.chunk)
@@ -388,6 +390,9 @@ func (st *stream) done(it wire.Item, r wire.Result) {
 	if r.Err != nil {
 		st.failed = append(st.failed, failure{f, r.Err})
 		st.mu.Unlock()
+		if refusedForRoom(r.Err) {
+			st.e.refused(st.peer, st.e.cfg.Now(), r.Err) // now, so the stream claims no more
+		}
 		return
 	}
 	st.acked = true
@@ -413,6 +418,7 @@ func (st *stream) record() {
 			}
 		}
 		st.e.recordAcks(batch)
+		st.e.roomOK(st.peer)
 	}
 }
 

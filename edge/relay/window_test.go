@@ -56,6 +56,8 @@ type v2Peer struct {
 	querySizes []int
 	offeredIDs []string
 	pushedIDs  []string // segments that came in a PUSH
+	// full: every offer is refused for want of room (NACK quota).
+	full bool
 }
 
 func newV2Peer(t testing.TB, dir string, window, total int) *v2Peer {
@@ -146,6 +148,7 @@ func (p *v2Peer) serve(ctx context.Context, t testing.TB, c *wire.Conn) {
 			p.offered++
 			p.offeredIDs = append(p.offeredIDs, o.SegmentID)
 			held := p.held[o.SegmentID]
+			full := p.full
 			var other bool
 			if p.store != nil {
 				e, err := p.store.Stat(o.SegmentID)
@@ -153,7 +156,9 @@ func (p *v2Peer) serve(ctx context.Context, t testing.TB, c *wire.Conn) {
 				other = err == nil && !held
 			}
 			p.mu.Unlock()
-			if other {
+			if full {
+				err = c.SendNack(ctx, wire.Nack{SegmentID: o.SegmentID, Code: wire.NackQuota, Message: "scripted: full"})
+			} else if other {
 				err = c.SendNack(ctx, wire.Nack{SegmentID: o.SegmentID, Code: wire.NackBadRequest, Message: "held with a different digest"})
 			} else if held {
 				err = c.SendAck(ctx, o.SegmentID)

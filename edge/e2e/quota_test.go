@@ -1,0 +1,77 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// metricValue reads one sample (name with its labels, as printed) of n's
+// metrics; 0 when absent.
+func metricValue(t *testing.T, n *node, sample string) int {
+	t.Helper()
+	m, err := n.client.Metrics(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(m, "\n") {
+		if v, ok := strings.CutPrefix(l, sample+" "); ok {
+			x, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", l, err)
+			}
+			return int(x)
+		}
+	}
+	return 0
+}
+
+// TestQuotaRefusalsKeepBudget: a receiver that stays full refuses offer
+// after offer with NACK quota, ten times the sender's max_retries of them;
+// the sender deadletters nothing and counts the refusals as postponed,
+// not failed, and once the receiver has room everything arrives.
+func TestQuotaRefusalsKeepBudget(t *testing.T) {
+	t.Parallel()
+	const owed = 4
+	c := newCluster(t, "a", "b")
+	a, b := c.nodes["a"], c.nodes["b"]
+	b.storage = "  quota_bytes: 10KiB\n  max_segment_bytes: 8KiB\n"
+	a.relay = "  max_retries: 2\n  backoff: {initial: 50ms, max: 200ms}\n  ack_timeout: 10s\n  dial_timeout: 2s\n"
+	b.start()
+	a.start()
+	putFile(t, a, "first", bytes.Repeat([]byte("1"), 6<<10))
+	eventually(t, "first acked", a.inState("first", "b", "acked"))
+	for i := range owed {
+		putFile(t, a, fmt.Sprintf("more-%d", i), bytes.Repeat([]byte{byte('a' + i)}, 6<<10))
+	}
+	const refusals = 10 * 2
+	eventually(t, fmt.Sprintf("b refuses %d offers for want of room (or a deadletters)", refusals), func() bool {
+		return metricValue(t, b, `edged_nacks_sent_total{code="quota"}`) >= refusals ||
+			metricValue(t, a, `edged_ledger_records{state="deadletter"}`) > 0
+	})
+	rs, err := a.client.Records(context.Background(), "all")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rs.Records {
+		if r.State == "deadletter" {
+			t.Errorf("deadlettered for want of room alone: %+v", r)
+		}
+	}
+	postponed := metricValue(t, a, `edged_relay_attempts_total{outcome="postponed",peer="b"}`)
+	failed := metricValue(t, a, `edged_relay_attempts_total{outcome="failed",peer="b"}`)
+	t.Logf("b refused %d offers; a counted %d postponed, %d failed", metricValue(t, b, `edged_nacks_sent_total{code="quota"}`), postponed, failed)
+	if postponed < refusals || failed != 0 {
+		t.Errorf("a counted %d postponed and %d failed attempts, want ≥ %d postponed and none failed", postponed, failed, refusals)
+	}
+
+	b.stop()
+	b.storage = "  quota_bytes: 1MiB\n  max_segment_bytes: 8KiB\n"
+	b.start()
+	for i := range owed {
+		eventually(t, fmt.Sprintf("more-%d acked once b has room", i), a.inState(fmt.Sprintf("more-%d", i), "b", "acked"))
+	}
+}
