@@ -24,7 +24,7 @@
 //	                       (the peer refused for want of room: NACK quota)
 //	RetryDeadletter        Deadletter → Scheduled, with a fresh budget (operator)
 //	Purge                  Deadletter → absent (operator)
-//	Resend                 Acked | Failed | Scheduled | Deadletter | absent → Scheduled, due now, with a
+//	Resend, ResendAll      Acked | Failed | Scheduled | Deadletter | absent → Scheduled, due now, with a
 //	                       fresh budget (a peer lost its copy: its WANT, or an operator); Inflight is kept
 //	InflightToFailed       Inflight → Failed | Deadletter (start-up: abandoned attempts)
 //	PruneMissing           Scheduled | Inflight | Failed → Deadletter when the segment is gone

@@ -475,3 +475,31 @@ func TestResend(t *testing.T) {
 		t.Fatalf("Resend with an empty id: %v", err)
 	}
 }
+
+// TestResendAll: several pairs at once, as Resend each: an acked one and
+// an absent one come due, an inflight one is left alone, in the order
+// given.
+func TestResendAll(t *testing.T) {
+	l := newLedger(t, nil).l
+	must[[]string](t)(l.EnsureScheduled("s", []string{"acked", "busy"}, t0))
+	for _, p := range []string{"acked", "busy"} {
+		if _, ok, err := l.TryTransitionInflight("s", p, t0); err != nil || !ok {
+			t.Fatalf("claim %s: %v %v", p, ok, err)
+		}
+	}
+	must[Record](t)(l.TransitionAcked("s", "acked", t0))
+	now := t0.Add(time.Minute)
+	rs, resent, err := l.ResendAll([]Pair{{"s", "acked"}, {"s", "busy"}, {"s", "new"}}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []State{StateScheduled, StateInflight, StateScheduled}
+	for i, r := range rs {
+		if r.State != want[i] || resent[i] != (want[i] == StateScheduled) {
+			t.Errorf("pair %d: %+v resent %v", i, r, resent[i])
+		}
+		if got, err := l.Get(r.SegmentID, r.PeerID); err != nil || got.State != want[i] {
+			t.Errorf("stored %s: %+v, %v", r.PeerID, got, err)
+		}
+	}
+}

@@ -140,33 +140,82 @@ var errStopScan = errors.New("stop scan")
 // after the call. Whether the segment is stored is the caller's check.
 // Idempotent; one transaction; safe to retry after any error.
 func (l *Ledger) Resend(segmentID, peerID string, now time.Time) (r Record, resent bool, err error) {
-	if err := checkIDs(segmentID, peerID); err != nil {
-		return Record{}, false, fmt.Errorf("Resend: %w", err)
+	rs, sent, err := l.ResendAll([]Pair{{SegmentID: segmentID, PeerID: peerID}}, now)
+	if err != nil {
+		return Record{}, false, err
 	}
-	err = l.update(func(b buckets) error {
-		old, ok, err := b.get(segmentID, peerID)
+	return rs[0], sent[0], nil
+}
+
+// ResendAll is Resend for several pairs in one transaction (a peer's WANT
+// names up to 4096 segments: one commit, not one each). It returns each
+// pair's record and resent flag, in the order given. A pair that does not
+// need a write (Inflight, or Scheduled and due) costs none; when no pair
+// does, no write transaction is opened.
+func (l *Ledger) ResendAll(pairs []Pair, now time.Time) ([]Record, []bool, error) {
+	for _, p := range pairs {
+		if err := checkIDs(p.SegmentID, p.PeerID); err != nil {
+			return nil, nil, fmt.Errorf("Resend: %w", err)
+		}
+	}
+	out, resent := make([]Record, len(pairs)), make([]bool, len(pairs))
+	// resendStep decides one pair; write is false when the record stays.
+	step := func(b buckets, i int) (old Record, had, write bool, err error) {
+		p := pairs[i]
+		old, had, err = b.get(p.SegmentID, p.PeerID)
 		if err != nil {
-			return err
+			return old, had, false, err
 		}
 		switch {
-		case ok && old.State == StateInflight:
-			r, resent = old, false
-			return nil
-		case ok && old.State == StateScheduled && !old.NextAttemptAfter.After(now):
-			r, resent = old, true // due already: rewriting it would only move it back
-			return nil
+		case had && old.State == StateInflight:
+			out[i], resent[i] = old, false
+			return old, had, false, nil
+		case had && old.State == StateScheduled && !old.NextAttemptAfter.After(now):
+			out[i], resent[i] = old, true // due already: rewriting it would only move it back
+			return old, had, false, nil
 		}
-		r = Record{SegmentID: segmentID, PeerID: peerID, State: StateScheduled, NextAttemptAfter: now, UpdatedAt: now}
-		if !ok {
-			resent = true
-			return b.put(nil, r)
+		r := Record{SegmentID: p.SegmentID, PeerID: p.PeerID, State: StateScheduled, NextAttemptAfter: now, UpdatedAt: now}
+		if had {
+			r.Attempts, r.BudgetBase, r.LastError = old.Attempts, old.Attempts, old.LastError
 		}
-		r.Attempts, r.BudgetBase, r.LastError = old.Attempts, old.Attempts, old.LastError
-		resent = true
-		return b.put(&old, r)
-	})
-	if err != nil {
-		return Record{}, false, fmt.Errorf("Resend %s/%s: %w", segmentID, peerID, err)
+		out[i], resent[i] = r, true
+		return old, had, true, nil
 	}
-	return r, resent, nil
+	writes := false
+	err := l.view(func(b buckets) error {
+		for i := range pairs {
+			_, _, w, err := step(b, i)
+			if err != nil {
+				return err
+			}
+			writes = writes || w
+		}
+		return nil
+	})
+	if err == nil && writes {
+		err = l.update(func(b buckets) error {
+			for i := range pairs {
+				old, had, w, err := step(b, i)
+				if err != nil || !w {
+					if err != nil {
+						return err
+					}
+					continue
+				}
+				if had {
+					err = b.put(&old, out[i])
+				} else {
+					err = b.put(nil, out[i])
+				}
+				if err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("Resend: %w", err)
+	}
+	return out, resent, nil
 }
