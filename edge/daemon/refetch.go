@@ -205,16 +205,20 @@ func (d *Daemon) grant(log *slog.Logger, peer string, want []wire.Offer) []wire.
 		return nil
 	}
 	granted := []wire.Offer{}
+	var pairs []ledger.Pair
 	for _, o := range want {
 		e, err := d.store.Stat(o.SegmentID)
 		if err != nil || e.Size != o.Size || e.SHA256 != o.SHA256 {
 			continue
 		}
-		if _, _, err := d.led.Resend(o.SegmentID, peer, d.opt.Now()); err != nil {
-			log.Error("resend for a peer that lost a segment failed", "segment", o.SegmentID, "err", err)
-			continue
-		}
 		granted = append(granted, o)
+		pairs = append(pairs, ledger.Pair{SegmentID: o.SegmentID, PeerID: peer})
+	}
+	// One transaction for the whole WANT: a peer must not cost this node a
+	// commit per segment it names.
+	if _, _, err := d.led.ResendAll(pairs, d.opt.Now()); err != nil {
+		log.Error("resend for a peer that lost segments failed", "segments", len(pairs), "err", err)
+		granted = []wire.Offer{}
 	}
 	if len(granted) > 0 {
 		d.ex.ResetCircuits(peer)
