@@ -81,7 +81,7 @@ func newMetrics(d *Daemon) *metrics {
 			Name: "edged_ledger_records_removed_total", Help: "Ledger records removed by relay.ledger_retention (all acked, segment no longer stored).",
 		}),
 		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "edged_storage_repairs_total", Help: "What the start-up checks repaired, by action (db_moved_aside, rebuilt, rebuilt_unverified, quarantined, dropped_entry, removed_orphan, removed_temp).",
+			Name: "edged_storage_repairs_total", Help: "What the start-up checks repaired, by action (db_moved_aside, rebuilt, rebuilt_unverified, quarantined, dropped_entry, removed_orphan, removed_temp); quarantined also counts copies found damaged on read since.",
 		}, []string{"action"}),
 		fullEvictions: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "edged_storage_full_evictions_total", Help: "Relayed segments evicted to make room under storage.on_full: evict_relayed_oldest.",
