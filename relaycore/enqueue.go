@@ -544,13 +544,10 @@ func validateRows(source Partition, rows []Row, caps Capabilities, cfg EnqueueCo
 }
 
 func rowProblem(source Partition, r Row, caps, tc Capabilities) string {
+	if reason := TargetNameProblem(string(r.Target)); reason != "" {
+		return "target name " + reason
+	}
 	switch {
-	case r.Target == "":
-		return "empty target"
-	case len(r.Target) > MaxPartitionLen:
-		return fmt.Sprintf("target name is %d bytes, limit %d", len(r.Target), MaxPartitionLen)
-	case strings.HasPrefix(string(r.Target), ReservedPrefix):
-		return fmt.Sprintf("target %q uses the reserved prefix %q", r.Target, ReservedPrefix)
 	case r.Target == source:
 		return "target is the source itself"
 	case len(r.Puts) == 0 && len(r.Deletes) == 0:

@@ -22,7 +22,7 @@ func TestRegressionEnqueueValidation(t *testing.T) {
 		row    relaycore.Row
 		reason string
 	}{
-		{"empty target", put("", "k", "v"), "empty target"},
+		{"empty target", put("", "k", "v"), "target name is missing or empty"},
 		{"long target", put(relaycore.Partition(strings.Repeat("t", 256)), "k", "v"), "target name"},
 		{"reserved target", put("_relay/x", "k", "v"), "reserved prefix"},
 		{"target is source", put("src-a", "k", "v"), "source itself"},

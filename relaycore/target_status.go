@@ -10,9 +10,13 @@ import (
 // TargetStatus is one (source, target)'s delivery state, from the engine's
 // records (t/<hex>/e and t/<hex>/s); nothing here scans the outbox.
 type TargetStatus struct {
-	Target  Partition   `json:"target"`
-	State   TargetState `json:"state"`
-	SinceMS int64       `json:"since_ms,omitempty"`
+	Target Partition `json:"target"`
+	// TargetHex is the name's bytes in lowercase hex when they are not
+	// valid UTF-8: JSON shows such a name with U+FFFD in place of the
+	// bytes, so this is the exact name (TargetNameHex).
+	TargetHex string      `json:"target_hex,omitempty"`
+	State     TargetState `json:"state"`
+	SinceMS   int64       `json:"since_ms,omitempty"`
 	// Pending counts rows enqueued for the target and not yet delivered
 	// (in the outbox or held); Held the ones held aside.
 	Pending uint64 `json:"pending"`
@@ -49,7 +53,7 @@ type TargetStatus struct {
 }
 
 func statusOf(t Partition, e targetEnq, s targetRec) TargetStatus {
-	st := TargetStatus{Target: t, State: s.State, SinceMS: s.SinceMS, Held: s.Held, Enqueued: e.N, Done: s.Done,
+	st := TargetStatus{Target: t, TargetHex: TargetNameHex(t), State: s.State, SinceMS: s.SinceMS, Held: s.Held, Enqueued: e.N, Done: s.Done,
 		Skipped: s.Skipped, DeliveredThrough: s.Through, HeldFirst: s.HeldFirst, HeldLast: s.HeldLast,
 		FailedAttempts: s.FailedAttempts, FailedRounds: s.FailedRounds, LastError: s.LastError, RetryMS: s.RetryMS,
 		Released: s.Released, Note: s.Note, Exact: true}

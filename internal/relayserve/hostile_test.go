@@ -21,9 +21,11 @@ import (
 
 	"github.com/relay-dev/relay/edge/pki"
 	"github.com/relay-dev/relay/edge/pki/pkitest"
+	"github.com/relay-dev/relay/infra/bolt"
 	"github.com/relay-dev/relay/internal/relayserve"
 	"github.com/relay-dev/relay/internal/relayserve/servetest"
 	"github.com/relay-dev/relay/lambda/api"
+	"github.com/relay-dev/relay/relaycore"
 )
 
 // logLines parses a server log into its JSON lines with msg.
@@ -431,5 +433,83 @@ func TestFailedHandshakesSummarised(t *testing.T) {
 	// minute.
 	if lines := logLines(t, log, "relay serve: TLS handshakes failed"); len(lines) == 0 || len(lines) > 2 {
 		t.Errorf("%d summary lines for %d failed handshakes, want 1 (2 past a minute)", len(lines), n)
+	}
+}
+
+// A target whose name is not UTF-8 (any bytes are a target name; a Go
+// program enqueues to it through the engine) is named in relay serve's
+// operator routes percent-encoded, and its answers carry the exact bytes
+// as target_hex. It was refused 400.
+func TestNonUTF8TargetRoutes(t *testing.T) {
+	f := newFixture(t, "")
+	db, err := bolt.Open(f.db, bolt.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = relaycore.CommitRelayRows(context.Background(), db.Store(relayserve.SourceTable), relaycore.SystemClock{}, "orders", nil,
+		time.Time{}, []relaycore.Row{{Target: "t\xff", Puts: []relaycore.KV{{Key: "k", Value: []byte("v")}}}}, relaycore.EnqueueConfig{})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := f.start(t)
+	c := f.client(t, p, "")
+	op := f.tokens["operator"]
+	r := do(t, c, "GET", p.URL+"/v1/sources/orders/targets/t%FF", op, nil)
+	var st api.TargetResponse
+	if r.status != 200 || json.Unmarshal(r.body, &st) != nil || st.Status.TargetHex != "74ff" {
+		t.Fatalf("GET the target t\\xff: %d %s; want 200 with target_hex 74ff", r.status, r.body)
+	}
+	if r := do(t, c, "POST", p.URL+"/v1/sources/orders/targets/t%FF/pause", op, []byte(`{"reason":"binary name"}`)); r.status != 200 {
+		t.Fatalf("pause t\\xff: %d %s", r.status, r.body)
+	}
+	if code := p.Stop(t); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
+}
+
+// An HTTP/2 connection advertises at most 32 concurrent streams (Go's
+// default is 250): read from the server's SETTINGS frame, the first
+// frame it sends after the client's preface.
+func TestHTTP2StreamsPerConnection(t *testing.T) {
+	f := newFixture(t, "")
+	p := f.start(t)
+	tc := servetest.ClientTLS(t, filepath.Join(f.pki, "ca.crt"), "", "")
+	tc.NextProtos = []string{"h2"}
+	conn, err := tls.Dial("tcp", p.Addr, tc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if proto := conn.ConnectionState().NegotiatedProtocol; proto != "h2" {
+		t.Fatalf("negotiated %q, want h2", proto)
+	}
+	conn.SetDeadline(time.Now().Add(servetest.StartTimeout)) // a hang guard
+	// The client preface and an empty SETTINGS frame (RFC 9113 §3.4).
+	if _, err := conn.Write(append([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), 0, 0, 0, 4, 0, 0, 0, 0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	hdr := make([]byte, 9)
+	if _, err := io.ReadFull(conn, hdr); err != nil {
+		t.Fatal(err)
+	}
+	n := int(hdr[0])<<16 | int(hdr[1])<<8 | int(hdr[2])
+	if hdr[3] != 4 || hdr[4]&1 != 0 || n%6 != 0 {
+		t.Fatalf("first frame: type %d flags %d length %d, want SETTINGS", hdr[3], hdr[4], n)
+	}
+	payload := make([]byte, n)
+	if _, err := io.ReadFull(conn, payload); err != nil {
+		t.Fatal(err)
+	}
+	streams := -1
+	for i := 0; i < n; i += 6 {
+		if id := int(payload[i])<<8 | int(payload[i+1]); id == 3 { // SETTINGS_MAX_CONCURRENT_STREAMS
+			streams = int(payload[i+2])<<24 | int(payload[i+3])<<16 | int(payload[i+4])<<8 | int(payload[i+5])
+		}
+	}
+	if streams != 32 {
+		t.Fatalf("SETTINGS_MAX_CONCURRENT_STREAMS %d, want 32", streams)
 	}
 }

@@ -14,8 +14,11 @@ import (
 
 // ArchiveSummary is an archive entry without its rows (GET .../archive).
 type ArchiveSummary struct {
-	ID        uint64               `json:"id"`
-	Target    string               `json:"target"`
+	ID     uint64 `json:"id"`
+	Target string `json:"target"`
+	// TargetHex is set when the name is not valid UTF-8
+	// (relaycore.TargetNameHex).
+	TargetHex string               `json:"target_hex,omitempty"`
 	First     uint64               `json:"first"`
 	Last      uint64               `json:"last"`
 	Rows      int                  `json:"rows"`
@@ -75,7 +78,7 @@ type RequeueResponse struct {
 const maxArchiveList = 100
 
 func summary(e relaycore.ArchiveEntry) ArchiveSummary {
-	return ArchiveSummary{ID: e.ID, Target: string(e.Target), First: e.First, Last: e.Last, Rows: len(e.Rows),
+	return ArchiveSummary{ID: e.ID, Target: string(e.Target), TargetHex: relaycore.TargetNameHex(e.Target), First: e.First, Last: e.Last, Rows: len(e.Rows),
 		By: e.By, Reason: e.Reason, AtMS: e.AtMS, LastError: e.LastError, Requeued: e.Requeued}
 }
 

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"mime"
 	"time"
+	"unicode/utf8"
 
 	"github.com/relay-dev/relay/lambda/event"
 	"github.com/relay-dev/relay/relaycore"
@@ -72,6 +73,11 @@ func (h *Handler) limits() (maxBody, maxRows int) {
 // values, and valid target names. The engine validates the rest (keys,
 // sizes, disjoint puts and deletes) before writing anything.
 func ParseRows(body []byte, maxRows int) ([]relaycore.Row, error) {
+	if !utf8.Valid(body) {
+		// encoding/json would turn the bytes into U+FFFD and relay to a
+		// target (or write a key) the producer never named.
+		return nil, fail(400, "bad_request", "body: not valid UTF-8, which JSON text must be (a target name or key of other bytes cannot travel in a JSON string)")
+	}
 	var in EnqueueRequest
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
@@ -96,7 +102,7 @@ func ParseRows(body []byte, maxRows int) ([]relaycore.Row, error) {
 			e.row = &i
 			return e
 		}
-		t, err := event.Source("target", r.Target)
+		t, err := event.Target("target", r.Target)
 		if err != nil {
 			return nil, bad("%v", err)
 		}

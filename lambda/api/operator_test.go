@@ -524,3 +524,41 @@ func FuzzOperatorRequest(f *testing.F) {
 		}
 	})
 }
+
+// A target name is any bytes (relaycore.TargetNameProblem), so one that
+// is not UTF-8, enqueued by a Go program through the engine, is named in
+// the operator routes and the target reads percent-encoded, like any
+// other: it was refused 400. A JSON body whose bytes are not UTF-8 is
+// refused rather than read with U+FFFD in their place.
+func TestNonUTF8TargetInRoutes(t *testing.T) {
+	r := newOpRig(t, api.RoutesAll)
+	const target = "t\xff\x00bin"
+	if _, err := relaycore.CommitRelayRows(t.Context(), r.src, relaycore.SystemClock{}, "orders", nil, time.Time{},
+		[]relaycore.Row{{Target: target, Puts: []relaycore.KV{{Key: "k", Value: []byte("v")}}}}, relaycore.EnqueueConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	r.alarm(t)
+	const enc = "t%FF%00bin"
+	var st api.TargetResponse
+	r.do(t, "GET", "/v1/sources/orders/targets/"+enc, "", "", 200, &st)
+	if st.Status.TargetHex != "74ff0062696e" {
+		t.Fatalf("target_hex %q, want the name's bytes 74ff0062696e (JSON cannot show them)", st.Status.TargetHex)
+	}
+	r.do(t, "POST", "/v1/sources/orders/targets/"+enc+"/pause", "", `{"reason":"binary target"}`, 200, nil)
+	r.do(t, "POST", "/v1/sources/orders/targets/"+enc+"/resume", "", `{}`, 200, nil)
+	var items api.TargetItemsResponse
+	r.do(t, "GET", "/v1/targets/"+enc+"/items", "", "", 200, &items)
+	if len(items.Items) != 1 || items.Items[0].Key != "k" {
+		t.Fatalf("items of the binary target: %+v", items)
+	}
+	// The rule's other edges still hold in paths.
+	r.do(t, "GET", "/v1/sources/orders/targets/_relay%2Fx", "", "", 400, nil)
+	r.do(t, "GET", "/v1/sources/orders/targets/"+strings.Repeat("x", 256), "", "", 400, nil)
+	r.do(t, "GET", "/v1/sources/s%FF/state", "", "", 400, nil) // a source id is text
+
+	r.h.Routes = api.RoutesAll
+	resp := r.do(t, "POST", "/v1/sources/orders/rows", "", "{\"rows\":[{\"target\":\"t\xff\",\"puts\":[{\"key\":\"k\",\"value\":\"\"}]}]}", 400, nil)
+	if !strings.Contains(string(resp.Body), "UTF-8") {
+		t.Fatalf("a body that is not UTF-8: %s", resp.Body)
+	}
+}

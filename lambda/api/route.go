@@ -184,7 +184,7 @@ func decodeParams(r Route, raw map[string]string) (matched, *apiError) {
 			}
 			m.source = p
 		case "target":
-			p, err := event.Source("target", s)
+			p, err := event.Target("target", s)
 			if err != nil {
 				return m, fail(400, "bad_request", "%v", err)
 			}

@@ -19,8 +19,6 @@ import (
 	"io"
 	"log/slog"
 	"strings"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/aws/aws-lambda-go/lambdacontext"
 
@@ -83,32 +81,26 @@ func jsonReason(err error) string {
 	return msg
 }
 
-// Source validates a source (or target) partition name from outside input:
-// 1..relaycore.MaxPartitionLen bytes of valid UTF-8 without control
-// characters, and not under relaycore.ReservedPrefix. field names it in
-// the error reason.
+// Source validates a source id from outside input by the engine's rule
+// (relaycore.SourceIDProblem: 1..MaxPartitionLen bytes of valid UTF-8
+// without control characters, not under ReservedPrefix). field names it
+// in the error reason.
 func Source(field, s string) (relaycore.Partition, error) {
-	if reason := partitionProblem(s); reason != "" {
+	if reason := relaycore.SourceIDProblem(s); reason != "" {
 		return "", fmt.Errorf("%s %s", field, reason)
 	}
 	return relaycore.Partition(s), nil
 }
 
-func partitionProblem(s string) string {
-	switch {
-	case s == "":
-		return "is missing or empty"
-	case len(s) > relaycore.MaxPartitionLen:
-		return fmt.Sprintf("is %d bytes, limit %d", len(s), relaycore.MaxPartitionLen)
-	case !utf8.ValidString(s):
-		return "is not valid UTF-8"
-	case strings.HasPrefix(s, relaycore.ReservedPrefix):
-		return fmt.Sprintf("uses the reserved prefix %q", relaycore.ReservedPrefix)
+// Target validates a target name from outside input by the engine's rule
+// (relaycore.TargetNameProblem: 1..MaxPartitionLen bytes, any bytes, not
+// under ReservedPrefix), the rule the engine itself enqueues by, so a
+// target the engine relays to can be named in every route.
+func Target(field, s string) (relaycore.Partition, error) {
+	if reason := relaycore.TargetNameProblem(s); reason != "" {
+		return "", fmt.Errorf("%s %s", field, reason)
 	}
-	if strings.ContainsFunc(s, unicode.IsControl) {
-		return "contains a control character"
-	}
-	return ""
+	return relaycore.Partition(s), nil
 }
 
 // Logger returns l (a discarding logger when nil) annotated with the
