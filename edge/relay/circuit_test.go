@@ -406,3 +406,47 @@ func TestRestartReleasesDeferrals(t *testing.T) {
 		t.Fatalf("%d dials, want 2 (one per process)", n)
 	}
 }
+
+// TestDeferralsBatchedForDownPeer counts the transactions that defer the
+// backlog of a peer whose dial circuit opened: the claim scan doubles
+// while it finds nothing to claim, so 2,000 due records take a handful of
+// deferral transactions (127 at one per claimBatch).
+func TestDeferralsBatchedForDownPeer(t *testing.T) {
+	const records = 2000
+	f := newFixture(t, ack, ack)
+	dialer := newCountingDialer(t, newTransport(t, f.pkiDir, "a", "d"))
+	dialer.setDown("d", true)
+	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	var deferred atomic.Int64
+	ex, err := New(Config{
+		Peers: map[string]string{"d": dialer.dead}, Condition: ledger.AllPeers,
+		Policy:  ledger.Policy{MaxRetries: 10, Initial: time.Hour, Max: time.Hour},
+		Workers: 1, DialTimeout: 2 * time.Second, Now: func() time.Time { return t0 }, Log: quietLog(t),
+		Observer: Observer{Deferred: func(_ string, n int) { deferred.Add(int64(n)) }},
+	}, f.a.led, f.a.store, dialer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Only the first segment is stored: the others are deferred before
+	// anything looks for them.
+	f.a.put(t, "s-0000", []byte("s-0000"))
+	owed := make([]ledger.Owed, records)
+	for i := range owed {
+		owed[i] = ledger.Owed{SegmentID: fmt.Sprintf("s-%04d", i), PeerIDs: []string{"d"}}
+	}
+	if _, err := f.a.led.EnsureScheduledAll(owed, t0); err != nil {
+		t.Fatal(err)
+	}
+	before := commits(t, f.a.db)
+	run(t, ex)
+	waitCond(t, "one failed dial, the rest deferred", func() bool {
+		due, err := f.a.led.Pending(t0, 0)
+		return err == nil && len(due) == 0 && deferred.Load() == records-1
+	})
+	// One claim and one failed attempt, then the deferrals.
+	got := commits(t, f.a.db) - before - 2
+	t.Logf("%d records deferred in %d transactions", records-1, got)
+	if got > 8 || dialer.count("d") != 1 {
+		t.Fatalf("%d deferral transactions and %d dials, want at most 8 and 1", got, dialer.count("d"))
+	}
+}

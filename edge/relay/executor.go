@@ -364,9 +364,10 @@ func (e *Executor) claimNext() (_ claim, ok, held bool, _ error) {
 	e.claimMu.Lock()
 	defer e.claimMu.Unlock()
 	now := e.cfg.Now()
-	skip := 0 // records of resyncing peers at the head of the due list
+	skip := 0           // records of resyncing peers at the head of the due list
+	batch := claimBatch // records looked at past them
 	for {
-		recs, err := e.led.Pending(now, skip+claimBatch)
+		recs, err := e.led.Pending(now, skip+batch)
 		if err != nil {
 			return claim{}, false, false, err
 		}
@@ -408,7 +409,7 @@ func (e *Executor) claimNext() (_ claim, ok, held bool, _ error) {
 			}
 		}
 		if len(deferrals) == 0 {
-			if seen > skip && len(recs) == skip+claimBatch {
+			if seen > skip && len(recs) == skip+batch {
 				// Look past the passed-over records, doubling the scan so
 				// that a backlog of thousands costs a few scans, not one
 				// per claimBatch.
@@ -422,9 +423,17 @@ func (e *Executor) claimNext() (_ claim, ok, held bool, _ error) {
 		if err := e.applyDeferrals(deferrals, now); err != nil {
 			return claim{}, false, false, err
 		}
-		skip = seen
+		// A scan that found nothing to claim doubles the next: the
+		// backlog of a peer whose circuit opened is deferred in a few
+		// transactions (one per claimBatch made 625 commits of 10,000
+		// records of an unreachable peer, two fsyncs each).
+		skip, batch = seen, min(2*batch, maxDeferScan)
 	}
 }
+
+// maxDeferScan bounds the doubling scan of claimNext (the records one
+// deferral transaction holds).
+const maxDeferScan = 4096
 
 // deferrals groups records to defer by their new due time (in practice
 // one per peer with an open circuit).
