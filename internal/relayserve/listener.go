@@ -18,7 +18,8 @@ import (
 // bound (limits.idle_timeout, 120 s, starts again after each request),
 // so 512 clients that each sent one GET /healthz and then sat idle held
 // every slot, and a real request waited for minutes. So when every slot
-// is taken and Accept waits, the listener closes an idle connection to
+// is taken and Accept waits (it reserves the slot of the next connection
+// before that one arrives), the listener closes an idle connection to
 // make room: one that never carried an authenticated request first (a
 // health probe's, or an attacker's), then the one idle longest. A
 // connection busy with a request is never closed for room; when none is
