@@ -82,6 +82,9 @@ const (
 	DefaultPackMaxBytes     = 64 << 10 // 64 KiB
 	DefaultPeerReservePct   = 25
 	MaxPackMaxBytes         = 1 << 20 // 1 MiB: packed segments wait in memory for their commit
+	DefaultReceiveMemory    = 3 << 20 // 3 MiB
+	MinReceiveMemory        = 1 << 20 // 1 MiB: room for a QUERY's frames
+	MaxReceiveMemory        = 1 << 30 // 1 GiB
 	DefaultOnFull           = OnFullReject
 	DefaultVerifyOnStart    = VerifyUncleanStop
 	DefaultScrubInterval    = 24 * time.Hour
@@ -286,6 +289,13 @@ type Storage struct {
 	// ScrubRate (scrub_rate, default 2MiB, bytes per second, > 0) paces a
 	// pass, so that it leaves the disk to the relay.
 	ScrubRate ByteSize `yaml:"scrub_rate"`
+	// ReceiveMemoryBytes (receive_memory_bytes, default 3MiB, 1MiB..1GiB)
+	// bounds what inbound connections together hold in memory: small
+	// segments received and not yet committed, and QUERY and HOLDS
+	// frames. When it is in use, receivers wait for it and the senders'
+	// bytes wait in the network: one budget for the process, so that the
+	// number of connections does not multiply the agent's memory.
+	ReceiveMemoryBytes ByteSize `yaml:"receive_memory_bytes"`
 }
 
 // RPC is the local operator interface.
@@ -330,6 +340,7 @@ func Default() *Config {
 			PeerReservePercent: DefaultPeerReservePct,
 			ScrubInterval:      DefaultScrubInterval,
 			ScrubRate:          DefaultScrubRate,
+			ReceiveMemoryBytes: DefaultReceiveMemory,
 		},
 		RPC: RPC{Listen: DefaultRPCListen},
 	}

@@ -66,6 +66,7 @@ storage:
   peer_reserve_percent: 50
   scrub_interval: 6h
   scrub_rate: 512KiB
+  receive_memory_bytes: 2MiB
 rpc:
   listen: unix:/run/edged/rpc.sock
 `
@@ -90,7 +91,7 @@ func TestParseFull(t *testing.T) {
 			EvictOnRelay: true, Workers: 8, AckTimeout: 5 * time.Second, Window: 64, MaxProtocolVersion: 1, PushMaxBytes: 4096, DialTimeout: 2 * time.Second, InboundMinRate: 4 << 10, LedgerRetention: DefaultLedgerRetention,
 			Bandwidth: Bandwidth{Total: 10_000_000, PerPeer: 512 << 10},
 		},
-		Storage: Storage{Dir: "/var/lib/edged", QuotaBytes: 2 << 30, QuotaSegments: 500, MaxSegmentBytes: 16 << 20, OnFull: OnFullEvictRelayedOldest, VerifyOnStart: VerifyNever, FsyncEachFile: true, PackMaxBytes: 0, PeerReservePercent: 50, ScrubInterval: 6 * time.Hour, ScrubRate: 512 << 10},
+		Storage: Storage{Dir: "/var/lib/edged", QuotaBytes: 2 << 30, QuotaSegments: 500, MaxSegmentBytes: 16 << 20, OnFull: OnFullEvictRelayedOldest, VerifyOnStart: VerifyNever, FsyncEachFile: true, PackMaxBytes: 0, PeerReservePercent: 50, ScrubInterval: 6 * time.Hour, ScrubRate: 512 << 10, ReceiveMemoryBytes: 2 << 20},
 		RPC:     RPC{Listen: "unix:/run/edged/rpc.sock"},
 	}
 	for id, want := range map[string]bool{"edge-b": true, "edge-c": true, "sensor-1": true, "edge-a": false, "edge-d": false} {
@@ -181,6 +182,8 @@ func TestValidateRules(t *testing.T) {
 		{"peer share zero", "storage: {peer_reserve_percent: 0}", "storage.peer_reserve_percent", "out of range 1..100"},
 		{"peer share above all", "storage: {peer_reserve_percent: 101}", "storage.peer_reserve_percent", "out of range 1..100"},
 		{"protocol version 4", "relay: {max_protocol_version: 4}", "relay.max_protocol_version", "out of range 1..3"},
+		{"receive memory too small", "storage: {receive_memory_bytes: 64KiB}", "storage.receive_memory_bytes", "out of range 1MiB..1GiB"},
+		{"receive memory too large", "storage: {receive_memory_bytes: 2GiB}", "storage.receive_memory_bytes", "out of range 1MiB..1GiB"},
 		{"protocol version 0", "relay: {max_protocol_version: 0}", "relay.max_protocol_version", "out of range"},
 		{"scrub interval negative", "storage: {scrub_interval: -1h}", "storage.scrub_interval", "must be >= 0"},
 		{"scrub rate zero", "storage: {scrub_rate: 0}", "storage.scrub_rate", "must be > 0"},
@@ -453,6 +456,7 @@ func TestDefaultsDocumented(t *testing.T) {
 		"storage.peer_reserve_percent": "25",
 		"storage.scrub_interval":       "24h",
 		"storage.scrub_rate":           d.Storage.ScrubRate.String(),
+		"storage.receive_memory_bytes": d.Storage.ReceiveMemoryBytes.String(),
 		"rpc.listen":                   d.RPC.Listen,
 	}
 	rows := map[string]string{}

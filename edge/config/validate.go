@@ -193,6 +193,9 @@ func (c *Config) validateStorage(ps *Problems) {
 	if s.PackMaxBytes < 0 || s.PackMaxBytes > MaxPackMaxBytes {
 		ps.add("storage.pack_max_bytes", fmt.Sprintf("%d is out of range 0..%d", s.PackMaxBytes, int64(MaxPackMaxBytes)))
 	}
+	if s.ReceiveMemoryBytes < MinReceiveMemory || s.ReceiveMemoryBytes > MaxReceiveMemory {
+		ps.add("storage.receive_memory_bytes", fmt.Sprintf("%s is out of range %s..%s", s.ReceiveMemoryBytes, ByteSize(MinReceiveMemory), ByteSize(MaxReceiveMemory)))
+	}
 	switch {
 	case s.MaxSegmentBytes <= 0:
 		ps.add("storage.max_segment_bytes", fmt.Sprintf("%d must be > 0", s.MaxSegmentBytes))

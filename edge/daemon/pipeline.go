@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -16,15 +15,15 @@ import (
 // in version 2"). One goroutine, this one, reads: each OFFER is answered
 // at once from the store's Reserve (ACK if held, NACK if refused, ACCEPT
 // otherwise), and each SEGMENT, an accepted offer's or a PUSH's (reserved
-// when it arrives), is streamed into its reservation's temp file and
-// verified (segstore.Reservation.Receive). Making it durable
-// (fsync, then the store's group commit) runs on a goroutine per segment,
+// when it arrives), is read into the store's receive memory when it is
+// small (segstore.Reservation.Stage; hashed by its commit) or streamed
+// into its reservation's temp file and verified (Receive). Making it
+// durable (fsync, then the store's group commit) runs on a goroutine per segment,
 // so the next SEGMENT is read meanwhile and segments arriving together
 // share a directory fsync and an index transaction; each ACK goes out
 // when its own commit returned, in whatever order they finish.
 func (d *Daemon) servePipelined(ctx context.Context, c *wire.Conn, log *slog.Logger, peer string) {
 	var commits sync.WaitGroup
-	small := make(chan struct{}, smallBudget)
 	reserved := map[string]*segstore.Reservation{}
 	defer func() {
 		if len(reserved) > 0 && ctx.Err() == nil {
@@ -84,34 +83,29 @@ func (d *Daemon) servePipelined(ctx context.Context, c *wire.Conn, log *slog.Log
 			delete(reserved, o.SegmentID)
 		}
 		if o.Size <= smallSegment {
-			select {
-			case small <- struct{}{}:
-				// Read it into memory and leave the file to the commit
-				// goroutine (below).
-				buf := make([]byte, o.Size)
-				sctx, cancel := d.segmentContext(ctx, o.Size)
-				rerr := c.RecvPayload(sctx, o, func(r io.Reader) error { _, err := io.ReadFull(r, buf); return err })
-				cancel()
-				if rerr != nil {
-					<-small
-					res.Release()
-					d.segmentFailed(ctx, c, slog, o, rerr)
-					return
-				}
-				commits.Add(1)
-				go func() {
-					defer commits.Done()
-					staged, err := res.Receive(bytes.NewReader(buf), peer)
-					<-small
-					if err != nil {
-						d.refusePipelined(ctx, c, slog, o, nackCode(err), err)
-						return
-					}
-					d.commitAndAck(ctx, c, slog, o, staged)
-				}()
-				continue
-			default: // the budget is in use: stream it as a large one
+			// Read it into the store's receive memory, once there is room
+			// for it (segstore.Reservation.Stage: the wait is this node's,
+			// so it does not count against the peer's transfer deadline),
+			// and leave the hash and the pack record or file to the commit
+			// goroutine (below).
+			staged, err := res.Stage(ctx, peer)
+			if err != nil {
+				d.segmentFailed(ctx, c, slog, o, err) // stopping
+				return
 			}
+			sctx, cancel := d.segmentContext(ctx, o.Size)
+			rerr := c.RecvPayload(sctx, o, staged.Fill)
+			cancel()
+			if rerr != nil {
+				d.segmentFailed(ctx, c, slog, o, rerr)
+				return
+			}
+			commits.Add(1)
+			go func() {
+				defer commits.Done()
+				d.commitAndAck(ctx, c, slog, o, staged)
+			}()
+			continue
 		}
 		var staged *segstore.Staged
 		inStep := false // the whole frame was read although Receive failed
@@ -153,16 +147,15 @@ func (d *Daemon) servePipelined(ctx context.Context, c *wire.Conn, log *slog.Log
 	}
 }
 
-// smallSegment: a SEGMENT up to this size is read into memory by the
-// connection's reader and written to its temp file by the commit
-// goroutine, so that creating files (about a millisecond each on a busy
-// ext4, far less when several run at once) does not serialise a stream
-// of small segments. smallBudget bounds how many are held at once per
-// connection (4 MiB at most); beyond it they are streamed.
-const (
-	smallSegment = 64 << 10
-	smallBudget  = 64
-)
+// smallSegment: a SEGMENT up to this size is read by the connection's
+// reader into the store's receive memory (storage.receive_memory_bytes,
+// one budget for the process) and hashed and written to its pack or temp
+// file by the commit goroutine, so that hashing and creating files (about
+// a millisecond each on a busy ext4, far less when several run at once)
+// do not serialise a stream of small segments. When the budget is in
+// use the reader waits for it: the senders' bytes wait in the network,
+// not in this process's heap.
+const smallSegment = 64 << 10
 
 // segmentFailed handles a SEGMENT that could not be read whole: the peer
 // went away, or a local failure (or a stop) left the rest of the frame

@@ -126,6 +126,71 @@ func TestFootprint(t *testing.T) {
 			t.Errorf("start-up %v above the %v budget", d, budgetStartup)
 		}
 	}
+	t.Run("backlog", footprintBacklog)
+}
+
+// Backlog case: a sender that stored backlogSegments of backlogBytes
+// while its peer was down drains them into it, with the default
+// configuration (pack files, a window of 256, PUSH up to 64 KiB): the
+// receiver reads a window of 64 KiB segments at a time from each of the
+// sender's workers.
+const (
+	backlogSegments = 3000
+	backlogBytes    = 64 << 10
+)
+
+// footprintBacklog holds the receiver's peak while it drains the backlog
+// to the budget (issue 20: it was 53-58 MiB).
+func footprintBacklog(t *testing.T) {
+	c := newCluster(t, "a", "b")
+	a, b := c.nodes["a"], c.nodes["b"]
+	a.relay = "  backoff: {initial: 50ms, max: 200ms}\n"
+	a.start()
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			body := make([]byte, backlogBytes)
+			for i := w; i < backlogSegments; i += 4 {
+				copy(body, fmt.Sprintf("segment %08d ", i))
+				sum := sha256.Sum256(body)
+				if _, err := a.client.PutSegment(ctx, fmt.Sprintf("seg-%06d", i), backlogBytes, hex.EncodeToString(sum[:]), bytes.NewReader(body)); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	b.start()
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
+		st, err := a.client.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Relayed >= backlogSegments {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("relayed %d of %d within 10 minutes", st.Relayed, backlogSegments)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	m := rss(t, b)
+	t.Logf("backlog of %d x %d B drained in %v; receiver b %s", backlogSegments, backlogBytes, time.Since(start).Round(time.Millisecond), m)
+	fmt.Printf("footprint: backlog %d x %d B drained in %v; rss b %s\n", backlogSegments, backlogBytes, time.Since(start).Round(time.Millisecond), m)
+	if m.peak > budgetRSSBytes {
+		t.Errorf("receiver's peak resident memory %s above the %d MiB budget", m, budgetRSSBytes>>20)
+	}
 }
 
 // mem is a process's resident memory now and at its peak, and what is

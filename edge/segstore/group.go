@@ -44,8 +44,11 @@ type groupCommitter struct {
 // and closed, or (data set) its verified content bound for a pack; and
 // its index entry, whose location the leader fills in for a packed one.
 type commitReq struct {
-	tmp      string
-	data     []byte
+	tmp  string
+	data []byte
+	// rec, when set, is the pack record data lies in, header left to
+	// fill (Staged.rec).
+	rec      []byte
 	entry    Entry
 	wake     chan struct{} // capacity 1: finished, or asked to lead
 	finished bool          // under groupCommitter.mu

@@ -312,25 +312,24 @@ func TestPackedReadableWithoutPacking(t *testing.T) {
 	checkInvariant(t, f)
 }
 
-// TestPackStageBudget: small segments beyond the staging budget go
-// through temp files, and every one commits.
+// TestPackStageBudget: small segments beyond the receive memory budget
+// go through temp files, and every one commits.
 func TestPackStageBudget(t *testing.T) {
 	f := newPackStore(t, "", Options{QuotaBytes: 1 << 30, QuotaSegments: 1000, MaxSegmentBytes: 1 << 20, PackMaxBytes: DefaultPackMaxBytes})
-	f.s.mu.Lock()
-	f.s.staged = stageBudget - 1000 // as if other receives held it
-	f.s.mu.Unlock()
+	held := f.s.mem.size - 1000 // as if other receives held it
+	if !f.s.mem.tryTake(held) {
+		t.Fatal("budget not free")
+	}
 	if e := put(t, f.s, "fits", content(1000, 1)); !e.Packed() {
 		t.Fatal("segment within the budget not packed")
 	}
-	f.s.mu.Lock()
-	f.s.staged = stageBudget - 1000
-	f.s.mu.Unlock()
 	if e := put(t, f.s, "over", content(1001, 2)); e.Packed() {
 		t.Fatal("segment over the budget packed")
 	}
-	f.s.mu.Lock()
-	f.s.staged = 0
-	f.s.mu.Unlock()
+	f.s.mem.give(held)
+	if u := f.s.mem.inUse(); u != 0 {
+		t.Fatalf("receive memory in use after the commits: %d", u)
+	}
 }
 
 // TestPackConcurrentWriters: many concurrent writers and evictions on

@@ -48,10 +48,6 @@ const (
 	packSuffix  = ".pack"
 	// packFileBytes seals the active pack once it holds this much.
 	packFileBytes = 64 << 20
-	// stageBudget bounds the bytes of small segments held in memory
-	// between Receive and Commit; beyond it they go through temp files as
-	// large ones do.
-	stageBudget = 8 << 20
 	// DefaultPackMaxBytes is the daemon's default Options.PackMaxBytes.
 	DefaultPackMaxBytes = 64 << 10
 )
@@ -129,31 +125,23 @@ func packSeq(name string) (uint64, bool) {
 	return n, err == nil
 }
 
-// packable reports whether a segment of size goes into a pack, and if so
-// takes its bytes from the staging budget (given back by unstage).
+// goesInPack reports whether a segment of size goes into a pack.
+func (s *Store) goesInPack(size int64) bool { return s.packing && size <= s.opt.PackMaxBytes }
+
+// packable reports whether Receive reads a segment of size into memory
+// for a pack, and if so takes its bytes from the receive memory budget
+// (given back by unstage); when the budget is in use, it goes through a
+// temp file as a large one does.
 func (s *Store) packable(size int64) bool {
-	if !s.packing || size > s.opt.PackMaxBytes {
-		return false
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.staged+size > stageBudget {
-		return false
-	}
-	s.staged += size
-	return true
+	return s.goesInPack(size) && s.mem.tryTake(size)
 }
 
-func (s *Store) unstage(size int64) {
-	s.mu.Lock()
-	s.staged -= size
-	s.mu.Unlock()
-}
+func (s *Store) unstage(size int64) { s.mem.give(size) }
 
 // groupPack returns the pack a group appends to: the active one, or a
 // new one when there is none or it is full. A group appends to one pack
 // only (it may take a pack past packFileBytes by at most its own size,
-// bounded by stageBudget), so it has one file to sync and one to cut back
+// bounded by the receive memory budget), so it has one file to sync and one to cut back
 // when it fails.
 func (s *Store) groupPack() (*packWriter, error) {
 	if w := s.writer; w != nil && w.end < packFileBytes {
@@ -204,7 +192,12 @@ func (s *Store) sealPack(w *packWriter) {
 func (s *Store) appendPacked(w *packWriter, reqs []*commitReq) []*commitReq {
 	var written []*commitReq
 	for _, r := range reqs {
-		rec := encodeRecord(r.entry, r.data)
+		rec := r.rec
+		if rec != nil {
+			putRecordHeader(rec, r.entry, int64(len(r.data)))
+		} else {
+			rec = encodeRecord(r.entry, r.data)
+		}
 		if _, err := s.tempWriter(r.entry.ID, io.NewOffsetWriter(w.f, w.end)).Write(rec); err != nil {
 			r.err = fmt.Errorf("append to pack %s: %w", w.name, err)
 			s.cutPack(w, w.end)

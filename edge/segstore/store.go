@@ -78,6 +78,12 @@ type Options struct {
 	// OnRefetched, when set, hears of every segment committed that the
 	// store had lost and wanted back (Wanted), after its commit.
 	OnRefetched func(Entry)
+	// ReceiveMemory bounds the received bytes the store holds in memory
+	// between receipt and commit (packed segments, and what Stage reads),
+	// together with what receivers take with Hold: one budget for the
+	// process, whatever the number of connections. Zero means
+	// DefaultReceiveMemory.
+	ReceiveMemory int64
 }
 
 // Entry is one index entry.
@@ -213,13 +219,12 @@ type Store struct {
 	// wrote (writebehind.go): writeBehindWindow; 0 (tests) turns it off.
 	writeBehind int64
 
-	// Packs (packs.go). packing: new small segments go into packs. packs,
-	// nextPack and staged are guarded by mu; writer belongs to the group
-	// commit's leader.
+	// Packs (packs.go). packing: new small segments go into packs. packs
+	// and nextPack are guarded by mu; writer belongs to the group commit's
+	// leader.
 	packing  bool
 	packs    map[string]*pack
 	nextPack uint64
-	staged   int64
 	writer   *packWriter
 
 	// live are the copies quarantined since Open (a Reader found them
@@ -227,6 +232,8 @@ type Store struct {
 	// under mu.
 	live   []Quarantined
 	wanted map[string]bool
+
+	mem memBudget // Options.ReceiveMemory (budget.go)
 }
 
 // Open opens the store under dir (creating dir/segments), creates its
@@ -241,7 +248,11 @@ func Open(dir string, db *bolt.DB, opt Options) (*Store, error) {
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
-	s := &Store{dir: filepath.Join(dir, "segments"), db: db, opt: opt, busy: map[string]bool{}, bySource: map[string]reserved{}, writeBehind: writeBehindWindow,
+	if opt.ReceiveMemory <= 0 {
+		opt.ReceiveMemory = DefaultReceiveMemory
+	}
+	s := &Store{mem: memBudget{size: opt.ReceiveMemory}, dir: filepath.Join(dir, "segments"), db: db, opt: opt, busy: map[string]bool{},
+		bySource: map[string]reserved{}, writeBehind: writeBehindWindow,
 		packs: map[string]*pack{}, nextPack: 1}
 	for _, d := range []string{s.dir, s.packDir()} {
 		if err := CreateDir(d, 0o700, opt.SyncDir); err != nil {

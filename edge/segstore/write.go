@@ -1,7 +1,8 @@
 package segstore
 
 import (
-	"bytes"
+	"context"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -188,13 +189,23 @@ func (s *Store) Write(id string, size int64, sha256hex string, src io.Reader, so
 }
 
 // Staged is a received segment whose bytes are verified in a temp file
-// but not yet durable: Commit makes it so, Abort discards it. Exactly one
-// of them must be called.
+// or held in memory, but not yet durable: Commit makes it so, Abort
+// discards it. Exactly one of them must be called.
 type Staged struct {
-	r      *Reservation
-	f      *os.File
-	tmp    string
-	data   []byte // a segment bound for a pack: its verified content (no temp file)
+	r   *Reservation
+	f   *os.File
+	tmp string
+	// data is a segment's content held in memory (no temp file), taken
+	// from the receive memory budget: bound for a pack (pack), or read by
+	// Stage for a segment file Commit writes. Stage leaves it unverified.
+	data     []byte
+	pack     bool
+	verified bool
+	// rec is the pack record data lies in (pack set): the group's leader
+	// writes the header in front of it, so the content is not copied
+	// again. held is the receive memory data's buffer took.
+	rec    []byte
+	held   int64
 	source string
 	done   bool
 }
@@ -204,22 +215,17 @@ type Staged struct {
 // while the bytes are copied. It does not fsync: Commit does, so a
 // receiver can read the next segment while earlier ones are made durable
 // (and their fsyncs, run concurrently, share the file system's journal
-// commits). On error nothing is left and the reservation is used up.
+// commits). A segment bound for a pack is read into memory instead, when
+// the receive memory budget has room for it. On error nothing is left and
+// the reservation is used up.
 func (r *Reservation) Receive(src io.Reader, source string) (_ *Staged, err error) {
 	s := r.s
-	s.mu.Lock()
-	used := r.used
-	r.used = true
-	s.mu.Unlock()
-	if used {
-		return nil, ErrReservationUsed
+	if err := r.use(); err != nil {
+		return nil, err
 	}
 	defer func() {
 		if err != nil {
-			s.mu.Lock()
-			s.unreserveLocked(r, false)
-			s.mu.Unlock()
-			err = fmt.Errorf("write segment %s: %w", r.id, s.diskFull(err, r.size)) // room.go
+			r.failed(&err)
 		}
 	}()
 	if s.packable(r.size) {
@@ -229,7 +235,7 @@ func (r *Reservation) Receive(src io.Reader, source string) (_ *Staged, err erro
 	if err != nil {
 		return nil, err
 	}
-	st := &Staged{r: r, f: f, tmp: f.Name(), source: source}
+	st := &Staged{r: r, f: f, tmp: f.Name(), source: source, verified: true}
 	tagFile(st.tmp, r.digest, source) // before any byte: see tag.go
 	defer func() {
 		if err != nil {
@@ -250,9 +256,31 @@ func (r *Reservation) Receive(src io.Reader, source string) (_ *Staged, err erro
 	return st, nil
 }
 
+// use marks the reservation used by a receive.
+func (r *Reservation) use() error {
+	s := r.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r.used {
+		return ErrReservationUsed
+	}
+	r.used = true
+	return nil
+}
+
+// failed gives back the reservation of a receive that failed with *err,
+// and wraps *err.
+func (r *Reservation) failed(err *error) {
+	s := r.s
+	s.mu.Lock()
+	s.unreserveLocked(r, false)
+	s.mu.Unlock()
+	*err = fmt.Errorf("write segment %s: %w", r.id, s.diskFull(*err, r.size)) // room.go
+}
+
 // receivePacked is Receive for a segment bound for a pack: the content is
-// read into memory (its bytes are taken from the staging budget) and
-// verified there; the group's leader appends it to the pack at Commit.
+// read into memory (its bytes are taken from the receive memory budget)
+// and verified there; the group's leader appends it to the pack at Commit.
 func (r *Reservation) receivePacked(src io.Reader, source string) (_ *Staged, err error) {
 	s := r.s
 	defer func() {
@@ -260,15 +288,105 @@ func (r *Reservation) receivePacked(src io.Reader, source string) (_ *Staged, er
 			s.unstage(r.size)
 		}
 	}()
-	buf := bytes.NewBuffer(make([]byte, 0, r.size+1))
-	n, sum, err := wire.CopyHashing(buf, io.LimitReader(src, r.size+1))
-	if err := r.check(n, sum, err); err != nil {
+	st := r.buffer(source, true)
+	n, err := readSegment(src, st.data)
+	sum := sha256.Sum256(st.data)
+	if err := r.check(n, sum[:], err); err != nil {
 		return nil, err
 	}
 	if err := s.hit(stepCopied); err != nil {
 		return nil, err
 	}
-	return &Staged{r: r, data: buf.Bytes(), source: source}, nil
+	st.verified = true
+	return st, nil
+}
+
+// buffer returns a Staged whose data is an empty buffer for r's content,
+// the content of a pack record when pack is set. Its memory (held) is the
+// size the caller took from the budget: the content's.
+func (r *Reservation) buffer(source string, pack bool) *Staged {
+	st := &Staged{r: r, pack: pack, held: r.s.mem.clamp(r.size), source: source}
+	if !pack {
+		st.data = make([]byte, r.size)
+		return st
+	}
+	hl := recordHeaderLen(r.id, source)
+	st.rec = make([]byte, alignRecord(hl+r.size))
+	st.data = st.rec[hl : hl+r.size]
+	return st
+}
+
+// Stage takes room for the segment in the receive memory budget
+// (Options.ReceiveMemory), waiting while ctx allows for the budget to
+// have it, and returns the Staged that Fill then reads the content into: a
+// receiver that stages its small segments holds at most the budget in
+// received data, whatever the number of connections, and a full budget
+// slows the senders down (their bytes wait in the network) instead of
+// growing the heap. The wait comes before any byte is read, so a caller
+// can bound the transfer itself on its own. Nothing is hashed and no
+// file is created until Commit, which verifies the digest (ErrChecksum)
+// and writes the segment to a pack or to its own file, so that a reader
+// staging segments leaves the CPU-heavy part to whoever commits. On error
+// the reservation is used up.
+func (r *Reservation) Stage(ctx context.Context, source string) (_ *Staged, err error) {
+	s := r.s
+	if err := r.use(); err != nil {
+		return nil, err
+	}
+	if err := s.mem.take(ctx, s.mem.clamp(r.size)); err != nil {
+		err = fmt.Errorf("receive memory: %w", err)
+		r.failed(&err)
+		return nil, err
+	}
+	return r.buffer(source, s.goesInPack(r.size)), nil
+}
+
+// Fill reads a staged segment's content from src: exactly the reserved
+// size (ErrSize for a shorter or longer stream). On error the segment is
+// aborted: its memory and reservation are given back.
+func (st *Staged) Fill(src io.Reader) error {
+	n, err := readSegment(src, st.data)
+	if err == nil && n != st.r.size {
+		err = st.r.check(n, nil, nil) // ErrSize
+	} else if err != nil {
+		err = fmt.Errorf("receive: %w", err)
+	}
+	if err != nil {
+		st.Abort()
+		return fmt.Errorf("write segment %s: %w", st.r.id, err)
+	}
+	return nil
+}
+
+// readSegment fills data from src, then reads once more to find the
+// stream's end. n is the bytes src yielded: len(data)+1 when it holds
+// more. src's errors are returned as they are, io.EOF (the stream's end)
+// excepted: an io.ErrUnexpectedEOF from a SEGMENT whose sender went away
+// is a failure.
+func readSegment(src io.Reader, data []byte) (n int64, err error) {
+	for n < int64(len(data)) {
+		m, err := src.Read(data[n:])
+		n += int64(m)
+		if err == io.EOF {
+			return n, nil
+		}
+		if err != nil {
+			return n, err
+		}
+	}
+	var one [1]byte
+	for {
+		m, err := src.Read(one[:])
+		if m > 0 {
+			return n + 1, nil
+		}
+		if err == io.EOF {
+			return n, nil
+		}
+		if err != nil {
+			return n, err
+		}
+	}
 }
 
 // check is Receive's verdict on a copy: n bytes with digest sum, or the
@@ -289,12 +407,12 @@ func (r *Reservation) check(n int64, sum []byte, err error) error {
 	return nil
 }
 
-// discard closes and removes the temp file, or gives back a packed
-// segment's staging budget.
+// discard closes and removes the temp file, or gives back a segment's
+// receive memory.
 func (st *Staged) discard() {
 	if st.data != nil {
-		st.r.s.unstage(st.r.size)
-		st.data = nil
+		st.r.s.unstage(st.held)
+		st.data, st.rec = nil, nil
 		return
 	}
 	if st.f != nil {
@@ -348,14 +466,58 @@ func (st *Staged) Commit() (Entry, error) {
 	return e, nil
 }
 
+// writeFile writes a staged segment's content to its temp file and gives
+// back its receive memory: the content is then a segment file's, as
+// Receive leaves it.
+func (st *Staged) writeFile() (err error) {
+	r, s := st.r, st.r.s
+	defer st.discard() // the memory, whatever happens
+	f, err := os.CreateTemp(s.dir, tmpPrefix+r.id+"-*")
+	if err != nil {
+		return err
+	}
+	tagFile(f.Name(), r.digest, st.source) // before any byte: see tag.go
+	if err := s.hit(stepCreated); err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return err
+	}
+	wb := &writeBehind{f: f, window: s.writeBehind}
+	if _, err := s.tempWriter(r.id, wb).Write(st.data); err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return err
+	}
+	if err := s.hit(stepCopied); err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return err
+	}
+	st.f, st.tmp = f, f.Name()
+	return nil
+}
+
 // commitStaged is the crash-safe commit path after Receive. The id is
 // held (busy) by the reservation, so no one else creates or removes its
 // file or entry meanwhile.
 func (s *Store) commitStaged(st *Staged) (Entry, error) {
 	r := st.r
 	e := Entry{ID: r.id, Size: r.size, SHA256: r.digest, Received: s.opt.Now().UTC(), Source: st.source}
+	if !st.verified {
+		sum := sha256.Sum256(st.data)
+		if err := r.check(r.size, sum[:], nil); err != nil {
+			st.discard()
+			return Entry{}, err
+		}
+		st.verified = true
+	}
+	if st.data != nil && !st.pack {
+		if err := st.writeFile(); err != nil {
+			return Entry{}, err
+		}
+	}
 	if st.data != nil {
-		req := &commitReq{entry: e, data: st.data, wake: make(chan struct{}, 1)}
+		req := &commitReq{entry: e, data: st.data, rec: st.rec, wake: make(chan struct{}, 1)}
 		err := s.group.commit(s, req)
 		st.discard() // the budget; the bytes are in the pack now, or not wanted
 		if err != nil {
