@@ -10,6 +10,7 @@ import (
 	"math"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 )
@@ -227,15 +228,91 @@ func DecodeHello(p []byte) (Hello, error) {
 
 // DecodeOffer strictly decodes and validates an OFFER payload.
 func DecodeOffer(p []byte) (Offer, error) {
-	var m Offer
-	err := decodeObject(p, map[string]any{"segment_id": &m.SegmentID, "size": &m.Size, "sha256": &m.SHA256})
+	dec := json.NewDecoder(bytes.NewReader(p))
+	dec.UseNumber()
+	m, err := decodeOffer(dec)
 	if err == nil {
-		err = m.Validate()
+		err = endOfInput(dec)
 	}
 	if err != nil {
 		return Offer{}, fmt.Errorf("decode offer: %w", err)
 	}
 	return m, nil
+}
+
+// decodeOffer reads one offer object from dec (which uses numbers) as
+// strictly as decodeObject reads any other message (exactly the keys
+// segment_id, size and sha256, none twice, none null) and validates it.
+// A QUERY's 4096 offers are read this way from one decoder: decoding each
+// with decodeObject cost 190 ms and 15 MB of garbage per QUERY.
+func decodeOffer(dec *json.Decoder) (Offer, error) {
+	var m Offer
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return m, fmt.Errorf("%w: not a JSON object", ErrBadMessage)
+	}
+	var seen [3]bool // segment_id, size, sha256
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return m, fmt.Errorf("%w: %v", ErrBadMessage, err)
+		}
+		key, _ := tok.(string)
+		i := slices.Index(offerKeys, key)
+		if i < 0 {
+			return m, fmt.Errorf("%w: unknown key %q", ErrBadMessage, key)
+		}
+		if seen[i] {
+			return m, fmt.Errorf("%w: duplicate key %q", ErrBadMessage, key)
+		}
+		seen[i] = true
+		v, err := dec.Token()
+		switch {
+		case err != nil:
+			return m, fmt.Errorf("%w: key %q: %v", ErrBadMessage, key, err)
+		case v == nil:
+			return m, fmt.Errorf("%w: key %q is null", ErrBadMessage, key)
+		}
+		switch i {
+		case 0, 2:
+			str, ok := v.(string)
+			if !ok {
+				return m, fmt.Errorf("%w: key %q: not a string", ErrBadMessage, key)
+			}
+			if i == 0 {
+				m.SegmentID = str
+			} else {
+				m.SHA256 = str
+			}
+		case 1:
+			num, ok := v.(json.Number)
+			if !ok {
+				return m, fmt.Errorf("%w: key %q: not a number", ErrBadMessage, key)
+			}
+			if m.Size, err = strconv.ParseInt(string(num), 10, 64); err != nil {
+				return m, fmt.Errorf("%w: key %q: %s is not an integer", ErrBadMessage, key, num)
+			}
+		}
+	}
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
+		return m, fmt.Errorf("%w: unterminated JSON object", ErrBadMessage)
+	}
+	for i, key := range offerKeys {
+		if !seen[i] {
+			return m, fmt.Errorf("%w: missing key %q", ErrBadMessage, key)
+		}
+	}
+	return m, m.Validate()
+}
+
+// offerKeys are an OFFER's keys, in the order decodeOffer tracks them.
+var offerKeys = []string{"segment_id", "size", "sha256"}
+
+// endOfInput checks that nothing follows the JSON value dec has read.
+func endOfInput(dec *json.Decoder) error {
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return fmt.Errorf("%w: data after JSON object", ErrBadMessage)
+	}
+	return nil
 }
 
 // DecodeNack strictly decodes and validates a NACK payload. "message" may
@@ -283,23 +360,70 @@ func EncodeSegments(list []Offer) ([]byte, error) {
 // with exactly the key "segments", an array of at most MaxQuerySegments
 // offers, each decoded as strictly as an OFFER, with distinct ids.
 func DecodeSegments(p []byte) ([]Offer, error) {
-	var raw []json.RawMessage
-	err := decodeObject(p, map[string]any{"segments": &raw})
+	list, err := decodeSegments(p)
+	if err == nil {
+		err = checkSegments(list)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("decode segments: %w", err)
 	}
-	list := make([]Offer, 0, len(raw))
-	for _, r := range raw {
-		o, err := DecodeOffer(r)
-		if err != nil {
-			return nil, fmt.Errorf("decode segments: %w", err)
-		}
-		list = append(list, o)
-	}
-	if err := checkSegments(list); err != nil {
-		return nil, fmt.Errorf("decode segments: %w", err)
-	}
 	return list, nil
+}
+
+// decodeSegments reads {"segments":[offer, ...]} with one decoder, each
+// offer as DecodeOffer does.
+func decodeSegments(p []byte) ([]Offer, error) {
+	dec := json.NewDecoder(bytes.NewReader(p))
+	dec.UseNumber()
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, fmt.Errorf("%w: not a JSON object", ErrBadMessage)
+	}
+	var list []Offer
+	seen := false
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrBadMessage, err)
+		}
+		key, _ := tok.(string)
+		if key != "segments" {
+			return nil, fmt.Errorf("%w: unknown key %q", ErrBadMessage, key)
+		}
+		if seen {
+			return nil, fmt.Errorf("%w: duplicate key %q", ErrBadMessage, key)
+		}
+		seen = true
+		v, err := dec.Token()
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("%w: key %q: %v", ErrBadMessage, key, err)
+		case v == nil:
+			return nil, fmt.Errorf("%w: key %q is null", ErrBadMessage, key)
+		case v != json.Delim('['):
+			return nil, fmt.Errorf("%w: key %q: not an array", ErrBadMessage, key)
+		}
+		list = []Offer{}
+		for dec.More() {
+			if len(list) == MaxQuerySegments {
+				return nil, fmt.Errorf("%w: more than %d segments", ErrBadMessage, MaxQuerySegments)
+			}
+			o, err := decodeOffer(dec)
+			if err != nil {
+				return nil, fmt.Errorf("decode offer: %w", err)
+			}
+			list = append(list, o)
+		}
+		if tok, err := dec.Token(); err != nil || tok != json.Delim(']') {
+			return nil, fmt.Errorf("%w: key %q: unterminated array", ErrBadMessage, key)
+		}
+	}
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
+		return nil, fmt.Errorf("%w: unterminated JSON object", ErrBadMessage)
+	}
+	if !seen {
+		return nil, fmt.Errorf("%w: missing key %q", ErrBadMessage, "segments")
+	}
+	return list, endOfInput(dec)
 }
 
 func checkSegments(list []Offer) error {
