@@ -99,7 +99,7 @@ sim:
 ## bench: cost and speed figures; see docs/benchmarks.md.
 bench: tools
 	RELAY_RIE=$(RIE) $(GO) test -count=1 -run '^$$' -bench . -benchtime 1x -timeout 60m $(PKGS)
-	$(GO) test -count=1 -run '^TestFootprint$$' -v -timeout 60m ./edge/e2e -footprint
+	$(GO) test -count=1 -run '^(TestFootprint|TestQueryFlood|TestPushFlood)$$' -v -timeout 60m ./edge/e2e -footprint
 
 ## lint: gofmt, go vet, staticcheck (pinned, into .bin) and cfn-lint on template.yaml.
 ## The packages with faultinject-tagged files (test-only hooks that

@@ -198,7 +198,7 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 		WrapConn:         d.bandwidth().Wrap,
 		HandshakeTimeout: cfg.Relay.DialTimeout,
 		Wire: wire.Options{MaxSegmentSize: int64(cfg.Storage.MaxSegmentBytes), IdleTimeout: idleTimeout(cfg, opt.IdleTimeout),
-			Version: cfg.Relay.MaxProtocolVersion, Window: cfg.Relay.Window},
+			Version: cfg.Relay.MaxProtocolVersion, Window: cfg.Relay.Window, Hold: d.store.Hold},
 		OnReloadError: func(err error) {
 			d.met.reloadErrors.Inc()
 			d.log.Error("certificate reload failed; keeping the previous certificate", "err", err)

@@ -32,7 +32,22 @@ type Options struct {
 	// receiver on a version 2 connection, announced in its HELLO; zero
 	// means DefaultWindow. At most MaxWindow.
 	Window int
+	// Hold, when set, is asked before a version 2 receiver reads a
+	// QUERY's payload for the memory the exchange takes (QueryMemory of
+	// the frame's length: the frame, what it decodes to and the HOLDS
+	// answer) and returns once the receiver may hold it: a budget shared
+	// by every connection of the process, so that many connections
+	// querying at once wait their turn instead of multiplying the heap.
+	// The Conn calls release once the HOLDS went out (SendHolds), the
+	// QUERY failed, or the Conn is closed. nil: no bound besides
+	// MaxQueryPayload per connection.
+	Hold func(ctx context.Context, n int64) (release func(), err error)
 }
+
+// QueryMemory is what Options.Hold is asked for a QUERY of n payload
+// bytes: the payload, the offers it decodes to (about as large again) and
+// the encoded HOLDS (at most as large), measured on 4096-entry queries.
+func QueryMemory(n int) int64 { return 3 * int64(n) }
 
 // DefaultWindow is the receive window announced when Options.Window is
 // zero. At 4 KiB segments and a 100 ms round trip, a window holds a
@@ -79,6 +94,9 @@ type Conn struct {
 	open     map[string]bool
 	accepted []Offer
 	payload  *payloadReader // SEGMENT payload RecvRequest left to read
+	// release gives back the memory Options.Hold granted for the QUERY
+	// being answered; nil when none is held.
+	release func()
 }
 
 // direction is one direction's current operation.
@@ -118,7 +136,21 @@ func (c *Conn) Version() int { return c.opt.Version }
 func (c *Conn) PeerWindow() int { return c.peerWindow }
 
 // Close closes the underlying connection; blocked calls return.
-func (c *Conn) Close() error { return c.nc.Close() }
+func (c *Conn) Close() error {
+	c.releaseQuery()
+	return c.nc.Close()
+}
+
+// releaseQuery gives back the memory held for a QUERY, if any.
+func (c *Conn) releaseQuery() {
+	c.mu.Lock()
+	release := c.release
+	c.release = nil
+	c.mu.Unlock()
+	if release != nil {
+		release()
+	}
+}
 
 // aLongTimeAgo is a deadline in the past: it makes blocked I/O return now.
 var aLongTimeAgo = time.Unix(1, 0)

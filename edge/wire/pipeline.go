@@ -95,8 +95,19 @@ func (c *Conn) RecvRequest(ctx context.Context) (Request, error) {
 			if open > 0 {
 				return false, fmt.Errorf("%w: %s with %d offers unanswered", ErrUnexpectedFrame, h.Type, open)
 			}
+			c.releaseQuery() // a QUERY answered without SendHolds
+			if c.opt.Hold != nil {
+				release, err := c.opt.Hold(ctx, QueryMemory(int(h.Length)))
+				if err != nil {
+					return false, fmt.Errorf("read QUERY frame: memory: %w", err)
+				}
+				c.mu.Lock()
+				c.release = release
+				c.mu.Unlock()
+			}
 			p := make([]byte, h.Length)
 			if _, err := io.ReadFull(r, p); err != nil {
+				c.releaseQuery()
 				if errors.Is(err, io.EOF) {
 					err = io.ErrUnexpectedEOF
 				}
@@ -104,6 +115,7 @@ func (c *Conn) RecvRequest(ctx context.Context) (Request, error) {
 			}
 			list, err := DecodeSegments(p)
 			if err != nil {
+				c.releaseQuery()
 				return true, err
 			}
 			if list == nil {
@@ -210,7 +222,10 @@ func (c *Conn) SendAccept(ctx context.Context, o Offer) error {
 
 // SendHolds answers a QUERY: the queried segments this side durably holds
 // with exactly the queried size and digest (a durable claim, as an ACK).
+// The memory Options.Hold granted for the QUERY is given back once the
+// frame went out (or failed to).
 func (c *Conn) SendHolds(ctx context.Context, held []Offer) error {
+	defer c.releaseQuery()
 	p, err := EncodeSegments(held)
 	return c.sendControl(ctx, "send holds", TypeHolds, p, err)
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -283,6 +284,73 @@ func TestQuery(t *testing.T) {
 	}
 	if _, err := rcv.RecvRequest(ctx); !errors.Is(err, ErrUnexpectedFrame) {
 		t.Fatalf("QUERY with an offer unanswered: %v, want ErrUnexpectedFrame", err)
+	}
+}
+
+// TestQueryHold: a receiver with Options.Hold asks it for QueryMemory of
+// the QUERY's length before reading the payload, and gives the memory back
+// once its HOLDS went out, or when the connection closes unanswered; a
+// refused Hold fails the read.
+func TestQueryHold(t *testing.T) {
+	ctx := context.Background()
+	snd, rcv := v2Pair(t, 4)
+	list := []Offer{offerFor("a", []byte("A")), offerFor("b", []byte("B"))}
+	p, _ := EncodeSegments(list)
+	var mu sync.Mutex
+	var asked []int64
+	held := 0
+	refuse := errors.New("no memory")
+	rcv.opt.Hold = func(_ context.Context, n int64) (func(), error) {
+		mu.Lock()
+		defer mu.Unlock()
+		asked = append(asked, n)
+		if len(asked) == 3 {
+			return nil, refuse
+		}
+		held++
+		return func() { mu.Lock(); held--; mu.Unlock() }, nil
+	}
+	outstanding := func() int { mu.Lock(); defer mu.Unlock(); return held }
+
+	errs := goAsync(func() error {
+		req, err := rcv.RecvRequest(ctx)
+		if err != nil {
+			return err
+		}
+		if n := outstanding(); n != 1 || len(req.Query) != 2 {
+			return fmt.Errorf("%d held while answering %+v", n, req)
+		}
+		return rcv.SendHolds(ctx, nil)
+	})
+	if _, _, err := snd.Query(ctx, list); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	if n := outstanding(); n != 0 || len(asked) != 1 || asked[0] != QueryMemory(len(p)) {
+		t.Fatalf("after HOLDS: %d held, asked %v, want [%d]", n, asked, QueryMemory(len(p)))
+	}
+
+	// Unanswered, then closed: given back.
+	if err := snd.sendControl(ctx, "query", TypeQuery, p, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rcv.RecvRequest(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := outstanding(); n != 1 {
+		t.Fatalf("%d held while a QUERY is unanswered", n)
+	}
+	if err := snd.sendControl(ctx, "query", TypeQuery, p, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rcv.RecvRequest(ctx); !errors.Is(err, refuse) {
+		t.Fatalf("QUERY with Hold refusing: %v", err)
+	}
+	rcv.Close()
+	if n := outstanding(); n != 0 {
+		t.Fatalf("%d held after Close", n)
 	}
 }
 
