@@ -113,6 +113,11 @@ func (h *httpHandler) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	h.metrics.duration.WithLabelValues(c.pattern, method).Observe(elapsed.Seconds())
 	level := slog.LevelDebug
 	switch {
+	case w.status == http.StatusServiceUnavailable:
+		// "Retry soon" (the limit of requests in flight, a shutdown, a
+		// contended source), not a fault of the server's: what a busy
+		// client can cause is a warning, like a refusal.
+		level = slog.LevelWarn
 	case w.status >= 500:
 		level = slog.LevelError
 	case w.status >= 400:

@@ -404,6 +404,12 @@ func TestHTTP2RequestsInFlightBounded(t *testing.T) {
 	if code := p.Stop(t); code != 0 {
 		t.Fatalf("exit code %d", code)
 	}
+	// A busy client's 503 is a warning that says why, not an error.
+	refused := slices.DeleteFunc(logLines(t, p.Log(), "http request"), func(l map[string]any) bool { return l["status"] != 503.0 })
+	if len(refused) != 1 || refused[0]["level"] != "WARN" || refused[0]["error"] != "unavailable" ||
+		!strings.Contains(refused[0]["reason"].(string), "limits.max_connections") {
+		t.Fatalf("log lines of the 503: %v", refused)
+	}
 }
 
 // Failed TLS handshakes, which anyone who can connect causes, are counted
