@@ -120,7 +120,7 @@ func statusCmd(g *globals) *cobra.Command {
 				fmt.Fprintf(w, "up since\t%s\n", s.StartedAt.Format(time.RFC3339))
 				fmt.Fprintf(w, "condition\t%s (evict_on_relay %t)\n", s.SuccessCondition, s.EvictOnRelay)
 				for _, p := range s.Peers {
-					fmt.Fprintf(w, "peer\t%s at %s, %s\n", p.ID, p.Address, circuitLine(p))
+					fmt.Fprintf(w, "peer\t%s at %s, %s%s\n", p.ID, p.Address, circuitLine(p), roomLine(p))
 				}
 				if len(s.AcceptFrom) > 0 {
 					fmt.Fprintf(w, "accepts from\t%s (inbound only)\n", strings.Join(s.AcceptFrom, ", "))
@@ -504,6 +504,18 @@ func forceHint(err error) error {
 		return fmt.Errorf("%w; nothing was written (--force replaces it)", err)
 	}
 	return err
+}
+
+// roomLine describes a peer's room circuit when it is not closed: the
+// peer refuses segments for want of room.
+func roomLine(p rpc.Peer) string {
+	if p.Room == "" || p.Room == "closed" {
+		return ""
+	}
+	if p.Room == "open" && p.RoomReopenAt != nil {
+		return fmt.Sprintf("; full (%d refusing rounds), asked again at %s", p.RoomRefusals, p.RoomReopenAt.Format(time.RFC3339))
+	}
+	return fmt.Sprintf("; full (%d refusing rounds), the next due record asks", p.RoomRefusals)
 }
 
 // circuitLine describes a peer's dial circuit in a few words.

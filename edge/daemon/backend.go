@@ -42,6 +42,11 @@ func (b backend) Status(context.Context) (rpc.Status, error) {
 			t := c.ReopenAt
 			rp.ReopenAt = &t
 		}
+		rp.Room, rp.RoomRefusals = string(c.Room), c.RoomRefusals
+		if !c.RoomReopenAt.IsZero() {
+			t := c.RoomReopenAt
+			rp.RoomReopenAt = &t
+		}
 		st.Peers = append(st.Peers, rp)
 	}
 	// Counted one entry at a time: a status poll must not hold the whole

@@ -141,11 +141,13 @@ var (
 		"Inbound connections whose TLS handshake and HELLO have not finished (at most 64; see edged_inbound_handshakes_shed_total).", nil, nil)
 	descCircuit = prometheus.NewDesc("edged_peer_circuit_state",
 		"Dial circuit per peer: 1 for its current state (closed, open, half_open), 0 for the others.", []string{"peer", "state"}, nil)
+	descRoom = prometheus.NewDesc("edged_peer_room_state",
+		"Room circuit per peer: open while the peer refuses segments for want of room (NACK quota); 1 for its current state (closed, open, half_open), 0 for the others.", []string{"peer", "state"}, nil)
 )
 
 func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descStoredBytes, descStoredSegs, descReserved, descQuotaBytes, descQuotaSegs,
-		descPackFiles, descPackSegs, descPackDisk, descPackRecords, descRecords, descHandshakes, descCircuit, descLost} {
+		descPackFiles, descPackSegs, descPackDisk, descPackRecords, descRecords, descHandshakes, descCircuit, descRoom, descLost} {
 		ch <- d
 	}
 }
@@ -174,6 +176,13 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 				v = 1
 			}
 			ch <- prometheus.MustNewConstMetric(descCircuit, prometheus.GaugeValue, v, circ.Peer, string(s))
+		}
+		for _, s := range relay.CircuitStates() {
+			v := 0.0
+			if circ.Room == s {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(descRoom, prometheus.GaugeValue, v, circ.Peer, string(s))
 		}
 	}
 	counts, err := c.d.led.Counts()

@@ -61,6 +61,15 @@ func TestQuotaRefusalsKeepBudget(t *testing.T) {
 			t.Errorf("deadlettered for want of room alone: %+v", r)
 		}
 	}
+	if st, err := a.client.Status(context.Background()); err != nil || len(st.Peers) != 1 || st.Peers[0].Room == "closed" || st.Peers[0].RoomRefusals == 0 {
+		t.Errorf("a's status while b is full: %+v (%v); want b's room circuit open or half-open", st.Peers, err)
+	}
+	if out := edgectl(t, a.rpc, "status"); !strings.Contains(out, "full (") {
+		t.Errorf("edgectl status does not say b is full:\n%s", out)
+	}
+	if closed := metricValue(t, a, `edged_peer_room_state{peer="b",state="closed"}`); closed != 0 {
+		t.Errorf("edged_peer_room_state says b's room circuit is closed while it refuses")
+	}
 	postponed := metricValue(t, a, `edged_relay_attempts_total{outcome="postponed",peer="b"}`)
 	failed := metricValue(t, a, `edged_relay_attempts_total{outcome="failed",peer="b"}`)
 	t.Logf("b refused %d offers; a counted %d postponed, %d failed", metricValue(t, b, `edged_nacks_sent_total{code="quota"}`), postponed, failed)
@@ -73,5 +82,11 @@ func TestQuotaRefusalsKeepBudget(t *testing.T) {
 	b.start()
 	for i := range owed {
 		eventually(t, fmt.Sprintf("more-%d acked once b has room", i), a.inState(fmt.Sprintf("more-%d", i), "b", "acked"))
+	}
+	if st, err := a.client.Status(context.Background()); err != nil || st.Peers[0].Room != "closed" {
+		t.Errorf("a's status after b had room again: %+v (%v)", st.Peers, err)
+	}
+	if out := edgectl(t, a.rpc, "status"); strings.Contains(out, "full (") {
+		t.Errorf("edgectl status still says b is full:\n%s", out)
 	}
 }

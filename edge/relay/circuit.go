@@ -55,6 +55,12 @@ type Circuit struct {
 	Probing bool
 	// LastError is the last dial failure, kept after the circuit closes.
 	LastError string
+	// Room is the peer's room circuit (full.go): open while it refuses
+	// for want of room, with RoomRefusals consecutive refusing rounds,
+	// until RoomReopenAt (zero when closed).
+	Room         CircuitState
+	RoomRefusals int
+	RoomReopenAt time.Time
 }
 
 type circuit struct {
@@ -211,13 +217,17 @@ func (cs *circuits) state(peer string, now time.Time) Circuit {
 // their due time; those that come due from now on are dialled.
 func (e *Executor) ResetCircuits(peer string) { e.circuits.reset(peer) }
 
-// Circuits reports every known peer's dial circuit, ordered by peer id.
+// Circuits reports every known peer's dial and room circuits, ordered by
+// peer id.
 func (e *Executor) Circuits() []Circuit {
 	now := e.cfg.Now()
 	ids := e.PeerIDs()
 	out := make([]Circuit, 0, len(ids))
 	for _, id := range ids {
-		out = append(out, e.circuits.state(id, now))
+		c := e.circuits.state(id, now)
+		room := e.full.state(id, now)
+		c.Room, c.RoomRefusals, c.RoomReopenAt = room.State, room.Failures, room.ReopenAt
+		out = append(out, c)
 	}
 	return out
 }

@@ -94,6 +94,9 @@ func TestFullPeerAskedOncePerRound(t *testing.T) {
 		at = reopen
 	}
 	budgetKept(t, f.a, ids)
+	if c := ex.Circuits()[0]; c.Room != CircuitOpen || c.RoomRefusals != rounds || !c.RoomReopenAt.Equal(at) || c.State != CircuitClosed {
+		t.Errorf("circuits of the full peer: %+v; want room open after %d rounds until %v, dial circuit closed", c, rounds, at.Sub(t0))
+	}
 	if r, _ := f.a.led.Get("s-00", "b"); r.Attempts != rounds {
 		t.Errorf("the probe s-00 made %d attempts in %d rounds", r.Attempts, rounds)
 	}
@@ -106,6 +109,9 @@ func TestFullPeerAskedOncePerRound(t *testing.T) {
 	ex.Kick()
 	for _, id := range ids {
 		f.a.waitRecord(t, id, "b", inState(ledger.StateAcked))
+	}
+	if c := ex.Circuits()[0]; c.Room != CircuitClosed || c.RoomRefusals != 0 {
+		t.Errorf("room circuit %s with %d refusals after the peer acknowledged", c.Room, c.RoomRefusals)
 	}
 	if got := len(f.b.received()); got != rounds+segments {
 		t.Fatalf("%d offers in all, want %d (one per full round, then each segment once)", got, rounds+segments)

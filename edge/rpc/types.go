@@ -68,6 +68,13 @@ type Peer struct {
 	ReopenAt      *time.Time `json:"reopen_at,omitempty"`
 	Probing       bool       `json:"probing,omitempty"`
 	LastDialError string     `json:"last_dial_error,omitempty"`
+	// Room is the peer's room circuit: open while it refuses segments for
+	// want of room (NACK quota), which postpones them without spending
+	// their retry budget until room_reopen_at; closed (or absent, from an
+	// older edged) otherwise.
+	Room         string     `json:"room,omitempty"`
+	RoomRefusals int        `json:"room_refusals,omitempty"` // consecutive refusing rounds
+	RoomReopenAt *time.Time `json:"room_reopen_at,omitempty"`
 }
 
 // Segment is one stored segment (an index entry).
