@@ -290,31 +290,53 @@ func (f *fireRun) checkpoint(token string, keep bool) (FireResult, bool, error) 
 	pre := []Precondition{{Key: KeyRS, Value: f.start.rsRaw}}
 	err := h.Source.Apply(f.ctx, f.source, Batch{Preconditions: pre, Writes: writes})
 	if err == nil {
-		return *res, false, nil
+		return f.recorded(), false, nil
 	}
 	_, cond := FailedPrecondition(err)
 	if !cond && !MayBeApplied(err) {
+		res.unrecorded()
 		return *res, false, fmt.Errorf("fire %s: checkpoint: %w", f.source, err)
 	}
 	// Conflict or unknown outcome: look at rs.
 	raw, found, rerr := h.Source.Get(f.ctx, f.source, KeyRS)
 	if rerr != nil {
+		res.unrecorded()
 		return *res, false, fmt.Errorf("fire %s: checkpoint: %v; re-read rs: %w", f.source, err, rerr)
 	}
 	if found && bytes.Equal(raw, nextRaw) {
-		return *res, false, nil // it landed
+		return f.recorded(), false, nil // it landed
 	}
 	if found {
 		if other, derr := decodeRS(raw); derr == nil && other.Claim != nil && other.Claim.Owner != token && other.Claim.UntilMS > unixMS(h.clock().Now()) {
 			res.Busy = true // another fire took over; our deliveries are idempotent
 			res.BusyRetryMS = busyRetryMS(other.Claim, unixMS(h.clock().Now()))
+			res.unrecorded()
 			return *res, false, nil
 		}
 	}
 	loggerOr(h.Logger).Info("relay checkpoint conflict; starting the fire over", "source", string(f.source), "err", err)
-	res.RowsCleaned, res.TargetsBlocked, res.TargetsDelivered, res.TargetsAttempted = 0, 0, 0, 0
-	res.RowsHeld, res.TargetsHeld, res.TargetsQuarantined, res.TargetsRedriven = 0, 0, 0, 0
+	res.unrecorded()
+	res.TargetsAttempted, res.TargetsRedriven = 0, 0 // the next attempt counts them again
 	return *res, true, nil
+}
+
+// recorded is the result of a fire whose checkpoint landed. The rows it
+// reports delivered are the rows it took out of the outbox and held pages
+// because their target's rh covers them: each delivered row leaves them
+// once, so each is reported once, by the fire that records it, even when
+// another fire applied it (one whose apply had an unknown outcome that no
+// read settled, or whose checkpoint failed). Counting at the apply instead
+// lost such rows, and alarms that failed reported fewer rows than landed.
+func (f *fireRun) recorded() FireResult {
+	f.res.RowsDelivered = f.res.RowsCleaned
+	return *f.res
+}
+
+// unrecorded clears what only a landed checkpoint makes true: a later fire
+// (or this one's next attempt) records and reports it.
+func (r *FireResult) unrecorded() {
+	r.RowsDelivered, r.RowsCleaned, r.RowsHeld = 0, 0, 0
+	r.TargetsBlocked, r.TargetsDelivered, r.TargetsHeld, r.TargetsQuarantined = 0, 0, 0, 0
 }
 
 // roomToHold reports whether moving tw's pages aside (and putting a retry

@@ -117,7 +117,9 @@ func (h *RelayHandler) deliver(ctx context.Context, source Partition, tw *target
 		spent.count(func() { res.TargetCalls++ })
 		err := h.Target.Apply(ctx, tw.target, batch)
 		if err == nil {
-			spent.count(func() { res.RowsDelivered += n; spent.delivered += n })
+			// Reported delivered once the checkpoint records them
+			// (fireRun.recorded); here they only count as progress.
+			spent.count(func() { spent.delivered += n })
 			tw.dt, raw, found = last, encodeRH(last), true
 			pending = pending[n:]
 			continue
@@ -148,7 +150,7 @@ func (h *RelayHandler) deliver(ctx context.Context, source Partition, tw *target
 			return
 		}
 		if rh >= last && MayBeApplied(err) {
-			spent.count(func() { res.RowsDelivered += n; spent.delivered += n })
+			spent.count(func() { spent.delivered += n })
 		}
 		tw.dt = max(tw.dt, rh)
 		pending = newer(pending)

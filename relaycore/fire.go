@@ -99,8 +99,17 @@ type FireResult struct {
 	NewCycle bool
 
 	RowsInspected int // rows looked at by the scan (the 4×RowsPerFire budget)
-	RowsDelivered int // rows newly applied at targets by this fire
-	RowsCleaned   int // rows deleted from the outbox (rh covered them)
+	// RowsDelivered counts the rows whose delivery this fire recorded: its
+	// checkpoint took them out of the outbox (or held pages) because their
+	// target's rh covers them. That is usually the fire that applied them;
+	// rows applied by a fire whose apply outcome stayed unknown or whose
+	// checkpoint failed are counted by the fire that records them, so every
+	// delivered row is counted once and sums over alarms are exact (0 for
+	// a fire whose checkpoint did not land). Held rows a Skip finds already
+	// applied leave with the skip, uncounted here. RowsCleaned is the same
+	// count.
+	RowsDelivered int
+	RowsCleaned   int
 
 	TargetsAttempted int
 	TargetsDelivered int // targets whose collected rows are all delivered now

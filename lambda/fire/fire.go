@@ -117,8 +117,10 @@ type Result struct {
 	// source's claim and this one stepped aside without delivering.
 	Fires int  `json:"fires"`
 	Busy  bool `json:"busy,omitempty"`
-	// RowsDelivered were newly applied at targets; RowsCleaned left the
-	// outbox; TargetCalls are target batches sent.
+	// RowsDelivered are the rows the alarm's fires recorded as delivered
+	// (each delivered row counted once, by the fire that records it; see
+	// relaycore.FireResult); RowsCleaned left the outbox; TargetCalls are
+	// target batches sent.
 	RowsDelivered int `json:"rows_delivered"`
 	RowsCleaned   int `json:"rows_cleaned"`
 	TargetCalls   int `json:"target_calls"`
