@@ -211,11 +211,15 @@ func (cs *circuits) state(peer string, now time.Time) Circuit {
 	return out
 }
 
-// ResetCircuits closes the dial circuit of peer ("" = every peer): the
-// operator says the peer is back (edgectl deadletter retry), so records
-// owed to it need not wait out the back-off. Records already deferred keep
-// their due time; those that come due from now on are dialled.
-func (e *Executor) ResetCircuits(peer string) { e.circuits.reset(peer) }
+// ResetCircuits closes the dial and room circuits of peer ("" = every
+// peer): the operator says the peer is back (edgectl deadletter retry), or
+// the peer itself asked for segments, so records owed to it need not wait
+// out the back-off. Records already deferred keep their due time; those
+// that come due from now on are dialled and offered.
+func (e *Executor) ResetCircuits(peer string) {
+	e.circuits.reset(peer)
+	e.full.reset(peer)
+}
 
 // Circuits reports every known peer's dial and room circuits, ordered by
 // peer id.

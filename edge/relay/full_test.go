@@ -189,3 +189,19 @@ func TestFullPeerStopsStream(t *testing.T) {
 		a.waitRecord(t, id, "b", inState(ledger.StateAcked))
 	}
 }
+
+// TestResetCircuitsClosesRoom: the operator's (or the peer's own) word
+// that a peer is back closes its room circuit too.
+func TestResetCircuitsClosesRoom(t *testing.T) {
+	f := newFixture(t, ack, ack)
+	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	ex := f.executor(t, func(c *Config) { c.Now = func() time.Time { return t0 } })
+	ex.refused("b", t0, &wire.NackError{Nack: wire.Nack{SegmentID: "s", Code: wire.NackQuota}})
+	if c := ex.Circuits()[0]; c.Peer != "b" || c.Room != CircuitOpen {
+		t.Fatalf("after a refusal for room: %+v", c)
+	}
+	ex.ResetCircuits("b")
+	if c := ex.Circuits()[0]; c.Room != CircuitClosed {
+		t.Fatalf("after ResetCircuits: %+v", c)
+	}
+}
