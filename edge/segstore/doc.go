@@ -24,7 +24,11 @@
 // fssync_linux.go); the order of the steps does not change. Write is Receive (temp file, hash on another
 // goroutine, size and digest check) then Staged.Commit (fsync, then the
 // rest); a pipelined receiver calls them separately so it reads the next
-// segment while earlier ones commit. While Receive writes a large segment
+// segment while earlier ones commit, and reads a small segment with Stage
+// and Staged.Fill instead: into the receive memory budget
+// (Options.ReceiveMemory, one for the process, budget.go), waiting for
+// room there, leaving the digest check and the pack record or temp file
+// to Commit. While Receive writes a large segment
 // it starts the writeback of every 8 MiB written (sync_file_range on
 // Linux, writebehind.go), so the commit's fsync finds most of the file on
 // disk already; a hint only, and writeback errors still surface in that
