@@ -291,10 +291,11 @@ type Storage struct {
 	ScrubRate ByteSize `yaml:"scrub_rate"`
 	// ReceiveMemoryBytes (receive_memory_bytes, default 3MiB, 1MiB..1GiB)
 	// bounds what inbound connections together hold in memory: small
-	// segments received and not yet committed, and QUERY and HOLDS
-	// frames. When it is in use, receivers wait for it and the senders'
-	// bytes wait in the network: one budget for the process, so that the
-	// number of connections does not multiply the agent's memory.
+	// segments received and not yet committed, and, in a second budget of
+	// the same size, QUERY and HOLDS frames. When a budget is in use,
+	// receivers wait for it and the senders' bytes wait in the network:
+	// budgets for the process, so that the number of connections does not
+	// multiply the agent's memory.
 	ReceiveMemoryBytes ByteSize `yaml:"receive_memory_bytes"`
 }
 

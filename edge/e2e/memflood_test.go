@@ -25,10 +25,10 @@ import (
 // memory with conns inbound connections at the default budget
 // (docs/edge-config.md, "Inbound memory"): 24 MiB (the binary's and the
 // database's pages, the runtime, the daemon's own state) plus twice (the
-// Go heap's growth between collections) the budget and 64 KiB per
-// connection.
+// Go heap's growth between collections) the two budgets (staged segments,
+// QUERY and HOLDS frames) and 64 KiB per connection.
 func floodMemoryBound(conns int) int64 {
-	return 24<<20 + 2*(3<<20+int64(conns)*64<<10)
+	return 24<<20 + 2*(2*3<<20+int64(conns)*64<<10)
 }
 
 // measureFlood reports whether the flood runs at full scale with its

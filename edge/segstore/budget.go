@@ -8,9 +8,9 @@ import (
 // DefaultReceiveMemory is Options.ReceiveMemory when it is zero.
 const DefaultReceiveMemory = 3 << 20
 
-// memBudget is the receive memory budget (Options.ReceiveMemory): bytes
-// of received data held in memory between receipt and commit, and what a
-// receiver takes with Store.Hold, shared by every connection. Waiters are
+// memBudget is a receive memory budget (Options.ReceiveMemory): bytes of
+// received data held in memory between receipt and commit, or what
+// receivers take with Store.Hold, shared by every connection. Waiters are
 // served in arrival order, so a large request (a QUERY's) is not starved by
 // a stream of small ones.
 type memBudget struct {
@@ -103,17 +103,19 @@ func (b *memBudget) inUse() int64 {
 	return b.used
 }
 
-// Hold takes n bytes of the receive memory budget (Options.ReceiveMemory),
-// waiting while ctx allows, for a buffer the caller is about to fill with
-// what a peer sent (the daemon's QUERY and HOLDS frames); release gives
-// them back. A request larger than the budget waits for all of it, so the
-// budget bounds what the holders of it have in memory together, whatever
-// the number of connections.
+// Hold takes n bytes for a buffer the caller is about to fill with what a
+// peer sent (the daemon's QUERY and HOLDS frames), waiting while ctx
+// allows; release gives them back. They come from a budget of their own,
+// of Options.ReceiveMemory bytes too: a peer slow to read its HOLDS holds
+// that budget for as long as the write takes, and must not hold up the
+// segments other peers send meanwhile. A request larger than the budget
+// waits for all of it, so the budget bounds what the holders of it have in
+// memory together, whatever the number of connections.
 func (s *Store) Hold(ctx context.Context, n int64) (release func(), err error) {
-	n = s.mem.clamp(n)
-	if err := s.mem.take(ctx, n); err != nil {
+	n = s.held.clamp(n)
+	if err := s.held.take(ctx, n); err != nil {
 		return nil, err
 	}
 	var once sync.Once
-	return func() { once.Do(func() { s.mem.give(n) }) }, nil
+	return func() { once.Do(func() { s.held.give(n) }) }, nil
 }

@@ -156,3 +156,31 @@ func TestStageChecksum(t *testing.T) {
 		})
 	}
 }
+
+// TestHoldApart: what Hold hands out (QUERY and HOLDS frames) comes from a
+// budget of its own: a receiver holding all of it, as one whose peer is
+// slow to read its HOLDS does, does not hold up segments being staged.
+func TestHoldApart(t *testing.T) {
+	f := newStore(t, "", Options{QuotaBytes: 1 << 30, QuotaSegments: 100, MaxSegmentBytes: 1 << 20, ReceiveMemory: 1 << 20})
+	release, err := f.s.Hold(context.Background(), 8<<20) // more than the budget: all of it
+	must(t, err)
+	if u := f.s.held.inUse(); u != 1<<20 {
+		t.Fatalf("Hold of more than the budget took %d, want all %d", u, 1<<20)
+	}
+	b := content(60<<10, 3)
+	r, err := f.s.Reserve("s", int64(len(b)), digest(b))
+	must(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // Stage must not need to wait
+	st, err := r.Stage(ctx, "p")
+	must(t, err)
+	must(t, st.Fill(bytes.NewReader(b)))
+	if _, err := st.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	release() // idempotent
+	if u, h := f.s.mem.inUse(), f.s.held.inUse(); u != 0 || h != 0 {
+		t.Fatalf("in use after release: staged %d, held %d", u, h)
+	}
+}

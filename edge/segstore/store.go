@@ -80,7 +80,7 @@ type Options struct {
 	OnRefetched func(Entry)
 	// ReceiveMemory bounds the received bytes the store holds in memory
 	// between receipt and commit (packed segments, and what Stage reads),
-	// together with what receivers take with Hold: one budget for the
+	// and, separately, what receivers take with Hold: budgets for the
 	// process, whatever the number of connections. Zero means
 	// DefaultReceiveMemory.
 	ReceiveMemory int64
@@ -233,7 +233,9 @@ type Store struct {
 	live   []Quarantined
 	wanted map[string]bool
 
-	mem memBudget // Options.ReceiveMemory (budget.go)
+	// mem and held are the receive memory budgets (Options.ReceiveMemory,
+	// budget.go): segments staged in memory, and what Hold hands out.
+	mem, held memBudget
 }
 
 // Open opens the store under dir (creating dir/segments), creates its
@@ -251,7 +253,7 @@ func Open(dir string, db *bolt.DB, opt Options) (*Store, error) {
 	if opt.ReceiveMemory <= 0 {
 		opt.ReceiveMemory = DefaultReceiveMemory
 	}
-	s := &Store{mem: memBudget{size: opt.ReceiveMemory}, dir: filepath.Join(dir, "segments"), db: db, opt: opt, busy: map[string]bool{},
+	s := &Store{mem: memBudget{size: opt.ReceiveMemory}, held: memBudget{size: opt.ReceiveMemory}, dir: filepath.Join(dir, "segments"), db: db, opt: opt, busy: map[string]bool{},
 		bySource: map[string]reserved{}, writeBehind: writeBehindWindow,
 		packs: map[string]*pack{}, nextPack: 1}
 	for _, d := range []string{s.dir, s.packDir()} {
