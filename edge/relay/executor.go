@@ -384,7 +384,7 @@ func (e *Executor) claimNext() (_ claim, ok, held bool, _ error) {
 				continue
 			}
 			room := e.full.admit(r.PeerID, now)
-			c := claim{probe: adm.probe, fullProbe: room.probe}
+			c := claim{rec: r, probe: adm.probe, fullProbe: room.probe}
 			if !room.deferUntil.IsZero() {
 				c.release(e)
 				deferrals.add(r, room.deferUntil)
@@ -402,7 +402,6 @@ func (e *Executor) claimNext() (_ claim, ok, held bool, _ error) {
 				c.resync = c.probe == 0 && c.fullProbe == 0 && e.takeResync(got.PeerID)
 				return c, true, false, nil
 			}
-			c.rec = r
 			c.release(e)
 			if err != nil {
 				return claim{}, false, false, err

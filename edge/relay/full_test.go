@@ -205,3 +205,32 @@ func TestResetCircuitsClosesRoom(t *testing.T) {
 		t.Fatalf("after ResetCircuits: %+v", c)
 	}
 }
+
+// TestRoomDeferralReleasesDialProbe: a record that the dial circuit makes
+// its probe and the room circuit then defers gives the probe back, so the
+// dial circuit does not stay "probing" with no dial under way (which
+// deferred the peer's records by a dial timeout at every claim).
+func TestRoomDeferralReleasesDialProbe(t *testing.T) {
+	f := newFixture(t, ack, ack)
+	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := &frozenClock{now: t0}
+	ex := f.executor(t, func(c *Config) {
+		c.Peers = map[string]string{"b": f.b.addr()}
+		c.Policy = ledger.Policy{MaxRetries: 5, Initial: time.Minute, Max: time.Minute}
+		c.Now = clock.Now
+	})
+	mustSchedule(t, f.a.led, "s", t0, "b")
+	ex.circuits.dialed("b", t0, errString("connection refused"))                                                    // dial circuit open until t0+1m
+	ex.refused("b", t0.Add(30*time.Second), &wire.NackError{Nack: wire.Nack{SegmentID: "x", Code: wire.NackQuota}}) // room open until t0+1m30s
+	clock.set(t0.Add(time.Minute))
+	if _, ok, _, err := ex.claimNext(); err != nil || ok {
+		t.Fatalf("claimed %v (%v) while the room circuit is open", ok, err)
+	}
+	if c := ex.Circuits()[0]; c.State != CircuitHalfOpen || c.Probing || c.Room != CircuitOpen {
+		t.Fatalf("circuits after the room deferral: %+v; want the dial circuit half-open and not probing", c)
+	}
+	r, err := f.a.led.Get("s", "b")
+	if err != nil || !r.NextAttemptAfter.Equal(t0.Add(90*time.Second)) || r.Attempts != 0 {
+		t.Fatalf("record %+v (%v); want deferred to the room circuit's reopen, no attempt", r, err)
+	}
+}
