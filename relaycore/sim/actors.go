@@ -196,7 +196,8 @@ func (a *actor) releaseQuarantined(h *relaycore.RelayHandler, src relaycore.Part
 // whose expectation no longer holds or that is too large.
 func (a *actor) opError(op string, err error) {
 	for _, ok := range []error{relaycore.ErrSourceBusy, relaycore.ErrWrongState, relaycore.ErrUnknownTarget,
-		relaycore.ErrSkipConflict, relaycore.ErrSkipRange, relaycore.ErrSkipTooLarge, relaycore.ErrContention} {
+		relaycore.ErrSkipConflict, relaycore.ErrSkipRange, relaycore.ErrSkipTooLarge, relaycore.ErrContention,
+		relaycore.ErrLeaseRequired} {
 		if errors.Is(err, ok) {
 			return
 		}
@@ -206,7 +207,8 @@ func (a *actor) opError(op string, err error) {
 
 // operate is an operator at a random moment: quarantine, pause, release or
 // resume a target, skip its first held rows (knowing them), or skip with a
-// stale expectation (a skip raced by delivery), which must fail cleanly.
+// stale expectation (a skip raced by delivery), which must fail cleanly,
+// or requeue an archive entry.
 func (a *actor) operate(h *relaycore.RelayHandler) {
 	s := a.sim
 	src := a.source
@@ -219,7 +221,7 @@ func (a *actor) operate(h *relaycore.RelayHandler) {
 			s.res.OpApplied++
 		}
 	}()
-	switch s.rng.IntN(8) {
+	switch s.rng.IntN(9) {
 	case 6, 7:
 		// The poison-row flow on a target with pending rows: quarantine,
 		// let fires hold its rows, skip the first held ones (or try with a
@@ -235,13 +237,16 @@ func (a *actor) operate(h *relaycore.RelayHandler) {
 			break
 		}
 		a.sleep(s.now + 500 + int64(s.rng.IntN(3000)))
+		skipped := s.res.Skipped
 		var st relaycore.TargetStatus
 		if st, err = relaycore.GetTarget(s.ctx, h.Source, src, t); err == nil && st.Held > 0 {
 			err = a.skip(h, src, st)
 			a.opError("skip", err)
 		}
 		a.sleep(s.now + 200 + int64(s.rng.IntN(2000)))
-		_, err = h.Release(s.ctx, src, t, who)
+		if _, err = h.Release(s.ctx, src, t, who); err == nil && s.res.Skipped > skipped && s.rng.IntN(2) == 0 {
+			err = a.requeue(h, src) // the cause is fixed: the skipped rows go again
+		}
 	case 0:
 		_, err = h.Quarantine(s.ctx, src, t, who)
 	case 1:
@@ -261,8 +266,35 @@ func (a *actor) operate(h *relaycore.RelayHandler) {
 			break
 		}
 		err = a.skip(h, src, ts[s.rng.IntN(len(ts))])
+	case 8:
+		err = a.requeue(h, src)
 	}
 	a.opError("operator", err)
+}
+
+// requeue enqueues an archive entry's rows again, as an operator who fixed
+// their cause, and sometimes at once again, as a retry after a lost answer
+// would: the checker holds every requeue of an entry to the seqs its
+// first commit got and to one commit of its rows, including a requeue
+// after an operator that crashed between the commit and the entry's record
+// of the seqs.
+func (a *actor) requeue(h *relaycore.RelayHandler, src relaycore.Partition) error {
+	s := a.sim
+	entries, _, err := relaycore.ListArchive(s.ctx, h.Source, src, 0, 100)
+	if err != nil || len(entries) == 0 {
+		return err
+	}
+	e := entries[s.rng.IntN(len(entries))]
+	for range 1 + s.rng.IntN(2) {
+		a.requeueID = e.ID
+		seqs, err := relaycore.Requeue(s.ctx, h.Source, a, src, e.ID, relaycore.EnqueueConfig{Kicker: a})
+		a.requeueID = 0
+		if err != nil {
+			return err
+		}
+		s.chk.requeueReturned(src, e, seqs)
+	}
+	return nil
 }
 
 // skip skips st's first held rows as an operator who read st, sometimes

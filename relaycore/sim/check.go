@@ -43,6 +43,10 @@ type srcShadow struct {
 	// inspector reads the source after each step, decoding only the items
 	// that step changed (quiescence reads it afresh with InspectSource).
 	inspector relaycore.SourceInspector
+	// requeued: rows committed by requeues of each archive entry, and the
+	// seqs the first requeue that answered returned.
+	requeuedRows map[uint64]int
+	requeued     map[uint64][]uint64
 }
 
 type regRow struct {
@@ -61,7 +65,8 @@ func newChecker(s *simulation) *checker {
 	c := &checker{s: s, src: map[relaycore.Partition]*srcShadow{}, tgt: map[relaycore.Partition]*tgtShadow{}, reserve: map[relaycore.Partition]int{}}
 	for _, p := range s.sc.Sources {
 		c.src[p] = &srcShadow{rows: map[uint64]relaycore.Row{}, reg: map[uint64]*regRow{}, byCall: map[[2]int][]uint64{},
-			skipped: map[uint64]bool{}, heldSince: map[relaycore.Partition]int{}}
+			skipped: map[uint64]bool{}, heldSince: map[relaycore.Partition]int{},
+			requeuedRows: map[uint64]int{}, requeued: map[uint64][]uint64{}}
 	}
 	for _, t := range s.sc.Targets {
 		c.tgt[t] = &tgtShadow{items: map[string][]byte{}, rh: map[relaycore.Partition]uint64{}, model: map[string][]byte{}}
@@ -258,12 +263,23 @@ func (c *checker) afterSource(a *actor, req *request) {
 			s.violate("source %s: row %d commit time %d not monotonic (previous %d, os now %d)", p, seq, r.CommitMS, oldOS.LastCommitMS, newOS.LastCommitMS)
 		}
 		sh.reg[seq] = &regRow{row: r, actor: a.id, call: a.call}
+		if a.requeueID != 0 {
+			sh.requeuedRows[a.requeueID]++
+			s.res.Requeued++
+		}
 		k := [2]int{a.id, a.call}
 		sh.byCall[k] = append(sh.byCall[k], seq)
 		s.res.Committed++
 	}
 	if len(added) > 0 {
 		c.checkEnqueuer(a, req, sh)
+	}
+	if id := a.requeueID; id != 0 && len(added) > 0 {
+		for _, e := range view.Archive {
+			if e.ID == id && sh.requeuedRows[id] > len(e.Rows) {
+				s.violate("source %s: requeues of archive entry %d committed %d rows, the entry holds %d (a retry enqueued them again)", p, id, sh.requeuedRows[id], len(e.Rows))
+			}
+		}
 	}
 
 	c.checkCheckpoint(req)
@@ -328,7 +344,7 @@ func (c *checker) checkCheckpoint(req *request) {
 // its own clock read it when it sent the batch.
 func (c *checker) checkEnqueuer(a *actor, req *request, sh *srcShadow) {
 	s := c.s
-	if a.kind != kindWriter && a.kind != kindLeaseWriter {
+	if a.kind != kindWriter && a.kind != kindLeaseWriter && (a.kind != kindOperator || a.requeueID == 0) {
 		s.violate("source %s: rows committed by %s, which is not a writer", req.p, a.name)
 		return
 	}
@@ -353,6 +369,27 @@ func (c *checker) checkEnqueuer(a *actor, req *request, sh *srcShadow) {
 	}
 }
 
+// requeueReturned checks what a requeue of archive entry e answered: one
+// seq per archived row, each holding that row (same target and writes),
+// and the same seqs every time the entry is requeued.
+func (c *checker) requeueReturned(src relaycore.Partition, e relaycore.ArchiveEntry, seqs []uint64) {
+	s, sh := c.s, c.src[src]
+	if len(seqs) != len(e.Rows) {
+		s.violate("source %s: requeue of archive entry %d returned %d seqs for %d rows", src, e.ID, len(seqs), len(e.Rows))
+		return
+	}
+	for i, seq := range seqs {
+		if reg := sh.reg[seq]; reg == nil || !sameRow(reg.row, e.Rows[i]) {
+			s.violate("source %s: requeue of archive entry %d returned seq %d for row %s, which holds %v", src, e.ID, seq, fmtRow(e.Rows[i]), reg)
+		}
+	}
+	if first, ok := sh.requeued[e.ID]; ok && !slices.Equal(first, seqs) {
+		s.violate("source %s: requeue of archive entry %d returned seqs %v, an earlier one %v", src, e.ID, seqs, first)
+	} else if !ok {
+		sh.requeued[e.ID] = slices.Clone(seqs)
+	}
+}
+
 // checkRS checks the scan cycle: cursor <= cycle_end <= last seq; the
 // blocked set is sorted, unique and at most MaxBlockedTargets; during an
 // active cycle every undelivered row with seq <= cursor has its target
@@ -368,6 +405,9 @@ func (c *checker) checkRS(p relaycore.Partition, view relaycore.SourceView, cur 
 	}
 	if len(rs.Blocked) > relaycore.MaxBlockedTargets {
 		s.violate("source %s: %d blocked targets, limit %d", p, len(rs.Blocked), relaycore.MaxBlockedTargets)
+	}
+	if len(rs.Blocked) == relaycore.MaxBlockedTargets {
+		s.res.BlockedFull++
 	}
 	for i := 1; i < len(rs.Blocked); i++ {
 		if rs.Blocked[i-1] >= rs.Blocked[i] {

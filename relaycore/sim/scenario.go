@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"time"
@@ -85,6 +86,12 @@ type Scenario struct {
 	// fires then rewrite several partly delivered pages in checkpoints near
 	// the source's batch-byte limit.
 	Bulk bool
+	// Wide scenarios (about one in ten of the others) give the first
+	// source more targets in an outage than the blocked set holds
+	// (MaxBlockedTargets + 2..9, a row each, committed first), with 3, 5
+	// or 7 targets per fire, which do not divide it: fires fill the set
+	// and hold the rest, and the checker holds the set to its bound.
+	Wide bool
 
 	SourceLimits, TargetLimits Limits
 	PageBytes                  int
@@ -116,6 +123,9 @@ func (sc *Scenario) String() string {
 	kind := ""
 	if sc.Bulk {
 		kind = "bulk "
+	}
+	if sc.Wide {
+		kind = "wide "
 	}
 	return fmt.Sprintf("%sseed %d: %d sources (lease %q), %d targets (%d failing), %d writers, budget %+v, caps src %+v tgt %+v, page %dB, skew ±%dms, crash %d‰, ambiguous %d‰, operator %d‰, quarantine after %d",
 		kind, sc.Seed, len(sc.Sources), sc.LeaseSource, len(sc.Targets), down, len(sc.writers), sc.Budget, sc.SourceLimits, sc.TargetLimits, sc.PageBytes, sc.maxSkewMS, sc.crashPer1000, sc.ambiguousPer1000, sc.opPer1000, sc.QuarantineAfter)
@@ -262,6 +272,12 @@ func NewScenario(seed uint64, noBulk bool) *Scenario {
 	if sc.Bulk {
 		sc.bulk(rb)
 	}
+	// Wide decisions have their own stream too; regression seeds (noBulk)
+	// stay as they were.
+	rw := rand.New(rand.NewPCG(seed, 0x71de71de))
+	if sc.Wide = !sc.Bulk && !noBulk && rw.IntN(10) == 0; sc.Wide {
+		sc.wide(rw)
+	}
 	// Operators draw from their own stream, so the rest of a seed's
 	// scenario is what it was before they existed.
 	ro := rand.New(rand.NewPCG(seed, 0x0a0a0a0a))
@@ -310,4 +326,37 @@ func (sc *Scenario) genRow(r *rand.Rand, s relaycore.Partition, value *int) (rel
 
 func sharedValue(t relaycore.Partition, key string) []byte {
 	return []byte("shared." + string(t) + "." + key)
+}
+
+// wide turns sc into a wide scenario (Scenario.Wide). The wide targets have
+// one key each, owned by the first source (never the lease-required one),
+// and are down for the whole chaos phase. Every draw comes from rw.
+func (sc *Scenario) wide(rw *rand.Rand) {
+	src := sc.Sources[0]
+	n := relaycore.MaxBlockedTargets + 2 + rw.IntN(8)
+	wp := &writerPlan{name: "wide" + string(src), source: src}
+	var bp batchPlan
+	for i := range n {
+		t := relaycore.Partition(fmt.Sprintf("w%02d", i))
+		sc.Targets = append(sc.Targets, t)
+		sc.keys[t] = []keySpec{{Key: "k", Owner: src}}
+		sc.failures[t] = failure{kind: outage, from: 0, heal: math.MaxInt32} // heals when the chaos ends
+		bp.rows = append(bp.rows, relaycore.Row{Target: t, Puts: []relaycore.KV{{Key: "k", Value: []byte(fmt.Sprintf("wide.%d", i))}}})
+	}
+	wp.batches = []batchPlan{bp}
+	sc.writers = append([]*writerPlan{wp}, sc.writers...)
+	sc.Budget.TargetsPerFire = pick(rw, 3, 5, 7)
+}
+
+// wideChaos is how many times the chaos budget a wide scenario gets: its
+// fires need more store calls than the others' to meet 33 failing targets a
+// few at a time, with back-off between them.
+const wideChaos = 4
+
+// chaosFactor multiplies the run's chaos budget (Config.Steps) for sc.
+func (sc *Scenario) chaosFactor() int {
+	if sc.Wide {
+		return wideChaos
+	}
+	return 1
 }

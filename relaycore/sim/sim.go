@@ -96,6 +96,11 @@ type Result struct {
 	// effect (quarantine, pause, release, resume, skip); Skipped the rows
 	// skipped into the archive; Held rows moved aside by fires.
 	OpActions, OpApplied, Skipped int
+	// Requeued counts rows that requeues of archive entries committed.
+	Requeued int
+	// BlockedFull counts source checks that found the blocked set full
+	// (wide scenarios bring it there).
+	BlockedFull int
 }
 
 // Failed reports whether any invariant broke.
@@ -206,14 +211,15 @@ func (s *simulation) run() {
 		s.spawn(&actor{kind: kindDeclare, name: "declare", source: s.sc.LeaseSource})
 	}
 	s.sweepAt = s.now + 1000
-	limit := s.cfg.Steps*quiesceFactor + 20000
+	chaosCalls := s.cfg.Steps * s.sc.chaosFactor()
+	limit := chaosCalls*quiesceFactor + 20000
 	for s.ph != done && len(s.res.Violations) == 0 {
 		if s.res.Steps > limit {
 			s.violate("no quiescence after %d steps (phase %d, %d live actors)", s.res.Steps, s.ph, s.live())
 			return
 		}
 		s.res.Steps++
-		if s.ph == chaos && s.res.Calls >= s.cfg.Steps {
+		if s.ph == chaos && s.res.Calls >= chaosCalls {
 			s.enterQuiesce()
 		}
 		s.environment()
@@ -726,6 +732,10 @@ type actor struct {
 	call     int              // number of the current CommitRelayRows call
 	lease    *relaycore.Lease // lease passed to the current call
 	deadline int64            // effective deadline of the current call (0: none)
+
+	// operators: the archive entry being requeued (0: none), so the
+	// checker knows whose rows an operator commits.
+	requeueID uint64
 }
 
 // main is the actor goroutine. Process death is runtime.Goexit from the

@@ -97,7 +97,8 @@ func TestSimulation(t *testing.T) {
 type tally struct {
 	Seeds, Bulk, Steps, Calls, Crashes, Committed, Delivered, Violations int
 	Checkpoints, Rewrites, NearLimit, NearSeeds                          int
-	OpActions, OpApplied, Skipped                                        int
+	OpActions, OpApplied, Skipped, Requeued                              int
+	Wide, WideFull                                                       int
 	FailedSeeds                                                          []uint64
 }
 
@@ -113,6 +114,7 @@ func (a *tally) add(res sim.Result) {
 	a.OpActions += res.OpActions
 	a.OpApplied += res.OpApplied
 	a.Skipped += res.Skipped
+	a.Requeued += res.Requeued
 	a.Rewrites += res.Rewrites
 	a.NearLimit += res.NearLimit
 	if res.NearLimit > 0 {
@@ -120,6 +122,12 @@ func (a *tally) add(res sim.Result) {
 	}
 	if strings.HasPrefix(res.Scenario, "bulk ") {
 		a.Bulk++
+	}
+	if strings.HasPrefix(res.Scenario, "wide ") {
+		a.Wide++
+		if res.BlockedFull > 0 {
+			a.WideFull++
+		}
 	}
 	if res.Failed() {
 		a.FailedSeeds = append(a.FailedSeeds, res.Seed)
@@ -142,12 +150,15 @@ func (a *tally) merge(b tally) {
 	a.OpActions += b.OpActions
 	a.OpApplied += b.OpApplied
 	a.Skipped += b.Skipped
+	a.Requeued += b.Requeued
+	a.Wide += b.Wide
+	a.WideFull += b.WideFull
 	a.FailedSeeds = append(a.FailedSeeds, b.FailedSeeds...)
 }
 
 func (a *tally) summary(store string, workers string, elapsed time.Duration) string {
-	return fmt.Sprintf("sim summary: store=%s seeds=%d (bulk %d) steps=%d store_calls=%d crashes=%d rows_committed=%d rows_delivered=%d checkpoints=%d (rewriting 2+ pages %d, near the limit %d, in %d seeds) operator_actions=%d (applied %d, rows skipped %d) violations=%d failed_seeds=%d workers=%s time=%s",
-		store, a.Seeds, a.Bulk, a.Steps, a.Calls, a.Crashes, a.Committed, a.Delivered, a.Checkpoints, a.Rewrites, a.NearLimit, a.NearSeeds, a.OpActions, a.OpApplied, a.Skipped, a.Violations, len(a.FailedSeeds), workers, elapsed.Round(time.Millisecond))
+	return fmt.Sprintf("sim summary: store=%s seeds=%d (bulk %d, wide %d, %d filling the blocked set) steps=%d store_calls=%d crashes=%d rows_committed=%d rows_delivered=%d checkpoints=%d (rewriting 2+ pages %d, near the limit %d, in %d seeds) operator_actions=%d (applied %d, rows skipped %d, rows requeued %d) violations=%d failed_seeds=%d workers=%s time=%s",
+		store, a.Seeds, a.Bulk, a.Wide, a.WideFull, a.Steps, a.Calls, a.Crashes, a.Committed, a.Delivered, a.Checkpoints, a.Rewrites, a.NearLimit, a.NearSeeds, a.OpActions, a.OpApplied, a.Skipped, a.Requeued, a.Violations, len(a.FailedSeeds), workers, elapsed.Round(time.Millisecond))
 }
 
 // check fails t for the tally's failing seeds, and when bulk scenarios
@@ -158,6 +169,11 @@ func (a *tally) check(t *testing.T, store string) {
 	// so would silently drop that coverage.
 	if store == "mem" && *flagBulk && a.Seeds >= 100 && 10*a.NearSeeds < a.Seeds {
 		t.Errorf("only %d of %d seeds made a checkpoint rewriting 2+ pages near the batch limit; want at least 10%%", a.NearSeeds, a.Seeds)
+	}
+	// Wide scenarios exist to fill the blocked set with budgets that do not
+	// divide it (so a fire can overshoot it); most must get there.
+	if store == "mem" && *flagBulk && a.Seeds >= 100 && 2*a.WideFull < a.Wide {
+		t.Errorf("only %d of %d wide scenarios filled the blocked set; want at least half", a.WideFull, a.Wide)
 	}
 	if len(a.FailedSeeds) > 0 {
 		slices.Sort(a.FailedSeeds)
