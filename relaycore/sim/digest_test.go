@@ -32,7 +32,7 @@ func TestSimDigest(t *testing.T) {
 	open := b.setup(t)
 	var out strings.Builder
 	for seed := *flagSeed; seed < *flagSeed+uint64(n); seed++ {
-		cfg := sim.Config{Seed: seed, Steps: b.steps, Open: open, Trace: true, NoBulk: !*flagBulk}
+		cfg := sim.Config{Seed: seed, Steps: b.steps, Open: open, Trace: true, NoBulk: !*flagBulk, NoWide: b.noWide}
 		res := sim.Run(t.Context(), cfg)
 		h := sha256.New()
 		fmt.Fprintln(h, digestNonce.ReplaceAllString(strings.Join(res.Trace, "\n"), "NONCE"))

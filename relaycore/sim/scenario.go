@@ -138,7 +138,10 @@ func pick[T any](r *rand.Rand, xs ...T) T { return xs[r.IntN(len(xs))] }
 // smaller budget is a prefix of the full run (shrinking relies on it).
 // With noBulk no seed makes a bulk scenario: every seed then gives the
 // scenario it gave before bulk scenarios existed.
-func NewScenario(seed uint64, noBulk bool) *Scenario {
+func NewScenario(seed uint64, noBulk bool) *Scenario { return newScenario(seed, noBulk, false) }
+
+// newScenario is NewScenario; with noWide no seed makes a wide scenario.
+func newScenario(seed uint64, noBulk, noWide bool) *Scenario {
 	r := rand.New(rand.NewPCG(seed, 0x5eed5eed))
 	// Bulk decisions draw from their own stream, so every other scenario is
 	// the same as before bulk scenarios existed (regression seeds replay).
@@ -275,7 +278,7 @@ func NewScenario(seed uint64, noBulk bool) *Scenario {
 	// Wide decisions have their own stream too; regression seeds (noBulk)
 	// stay as they were.
 	rw := rand.New(rand.NewPCG(seed, 0x71de71de))
-	if sc.Wide = !sc.Bulk && !noBulk && rw.IntN(10) == 0; sc.Wide {
+	if sc.Wide = !sc.Bulk && !noBulk && rw.IntN(10) == 0 && !noWide; sc.Wide {
 		sc.wide(rw)
 	}
 	// Operators draw from their own stream, so the rest of a seed's

@@ -27,7 +27,7 @@ func Shrink(ctx context.Context, cfg Config) (Config, Result) {
 		}
 	}
 	cfg.Steps = hi
-	sc := NewScenario(cfg.Seed, cfg.NoBulk)
+	sc := newScenario(cfg.Seed, cfg.NoBulk, cfg.NoWide)
 	for i := range sc.writers {
 		if cfg.DropWriters[i] {
 			continue

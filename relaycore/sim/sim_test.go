@@ -58,14 +58,16 @@ type backend struct {
 	first uint64
 	steps int
 	query int // Config.QueryEvery
-	setup func(t *testing.T) opener
+	// noWide: Config.NoWide (the slow store runs without wide scenarios)
+	noWide bool
+	setup  func(t *testing.T) opener
 }
 
 func backends() []backend {
 	return []backend{
 		{name: "mem", seeds: 300, first: 1, steps: 400, setup: memOpener},
 		{name: "bolt", seeds: 200, first: 100_001, steps: 300, setup: boltOpener},
-		{name: "dynamo", seeds: 100, first: 200_001, steps: 120, query: 4, setup: dynamoOpener},
+		{name: "dynamo", seeds: 100, first: 200_001, steps: 120, query: 4, noWide: true, setup: dynamoOpener},
 	}
 }
 
@@ -211,7 +213,7 @@ func runSeeds(t *testing.T, b backend, first uint64, n int) {
 				if seed >= end {
 					return
 				}
-				cfg := sim.Config{Seed: seed, Steps: b.steps, DropWriters: drop, Trace: *flagTrace, QueryEvery: b.query, Open: open, NoBulk: !*flagBulk}
+				cfg := sim.Config{Seed: seed, Steps: b.steps, DropWriters: drop, Trace: *flagTrace, QueryEvery: b.query, Open: open, NoBulk: !*flagBulk, NoWide: b.noWide}
 				res := sim.Run(t.Context(), cfg)
 				mu.Lock()
 				total.add(res)
