@@ -14,6 +14,8 @@
 // (two stacks can share an account and region) and fits its service's
 // limit up to the documented 57-character stack name; asynchronous
 // failures reach the dead-letter queue, which an alarm watches; log groups
-// belong to the stack; the table layout matches docs/dynamodb.md; and the
-// sample events are the shapes the functions decode.
+// belong to the stack; the table layout matches docs/dynamodb.md; the
+// sample events are the shapes the functions decode; and no binary under
+// cmd/ or functions/ links test code (testing, net/http/httptest) or, but
+// relay, the DynamoDB emulator (TestDeps).
 package deploy

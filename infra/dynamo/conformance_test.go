@@ -13,6 +13,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"github.com/relay-dev/relay/infra/dynamo"
+	"github.com/relay-dev/relay/infra/dynamoemu"
 	"github.com/relay-dev/relay/infra/dynamotest"
 	"github.com/relay-dev/relay/relaycore"
 	"github.com/relay-dev/relay/relaycore/storetest"
@@ -26,7 +27,7 @@ var tableSeq atomic.Int64
 // RELAY_DYNAMODB_ENDPOINT set it uses that endpoint (credentials and region
 // from the usual AWS environment) and deletes the table when the test ends;
 // otherwise it uses an in-process minidyn endpoint started for the test.
-func target(t *testing.T) (*dynamodb.Client, string, *dynamotest.Endpoint) {
+func target(t *testing.T) (*dynamodb.Client, string, *dynamoemu.Endpoint) {
 	t.Helper()
 	ctx := t.Context()
 	name := fmt.Sprintf("relay-test-%d-%d", time.Now().Unix(), tableSeq.Add(1))

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/relay-dev/relay/infra/dynamo"
-	"github.com/relay-dev/relay/infra/dynamotest"
+	"github.com/relay-dev/relay/infra/dynamoemu"
 	"github.com/relay-dev/relay/relaycore"
 )
 
@@ -71,7 +71,7 @@ func (f *faultRT) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	f.mu.Lock()
 	f.tokens = append(f.tokens, in.ClientRequestToken)
-	f.bodies = append(f.bodies, dynamotest.CanonicalJSON(body))
+	f.bodies = append(f.bodies, dynamoemu.CanonicalJSON(body))
 	ft := pass
 	if len(f.faults) > 0 {
 		ft, f.faults = f.faults[0], f.faults[1:]

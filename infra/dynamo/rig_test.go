@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/relay-dev/relay/infra/dynamo"
+	"github.com/relay-dev/relay/infra/dynamoemu"
 	"github.com/relay-dev/relay/infra/dynamotest"
 	"github.com/relay-dev/relay/relaycore"
 )
@@ -30,7 +31,7 @@ const rigTable = "faults"
 type rig[RT http.RoundTripper] struct {
 	store  *dynamo.Store
 	rt     RT
-	ep     *dynamotest.Endpoint
+	ep     *dynamoemu.Endpoint
 	sleeps *sleeps
 }
 

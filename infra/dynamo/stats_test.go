@@ -9,11 +9,12 @@ import (
 	"testing"
 
 	"github.com/relay-dev/relay/infra/dynamo"
+	"github.com/relay-dev/relay/infra/dynamoemu"
 	"github.com/relay-dev/relay/infra/dynamotest"
 	"github.com/relay-dev/relay/relaycore"
 )
 
-func newStore(t *testing.T, opts dynamo.Options) (*dynamo.Store, *dynamotest.Endpoint) {
+func newStore(t *testing.T, opts dynamo.Options) (*dynamo.Store, *dynamoemu.Endpoint) {
 	t.Helper()
 	ep := dynamotest.Start(t)
 	client := ep.Client(nil)

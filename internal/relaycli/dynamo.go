@@ -11,7 +11,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"github.com/relay-dev/relay/infra/dynamo"
-	"github.com/relay-dev/relay/infra/dynamotest"
+	"github.com/relay-dev/relay/infra/dynamoemu"
 	"github.com/relay-dev/relay/internal/demo"
 )
 
@@ -53,7 +53,10 @@ func openDynamo(ctx context.Context, o dynamoOptions) (demo.Stores, func(), erro
 	)
 	switch o.endpoint {
 	case "":
-		ep := dynamotest.New()
+		ep, err := dynamoemu.New()
+		if err != nil {
+			return demo.Stores{}, nil, err
+		}
 		closeFn = ep.Close
 		setup, client = ep.Client(nil), ep.Client(faults)
 		name = "dynamo:in-process minidyn " + ep.URL

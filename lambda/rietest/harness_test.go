@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/relay-dev/relay/infra/dynamo"
+	"github.com/relay-dev/relay/infra/dynamoemu"
 	"github.com/relay-dev/relay/infra/dynamotest"
 	"github.com/relay-dev/relay/lambda/invoketest"
 	"github.com/relay-dev/relay/lambda/schedulertest"
@@ -328,7 +329,7 @@ type txRecord struct {
 // environment from env.json.
 type rig struct {
 	t      *testing.T
-	ddb    *dynamotest.Endpoint
+	ddb    *dynamoemu.Endpoint
 	rp     *httputil.ReverseProxy
 	source *dynamo.Store
 	target *dynamo.Store

@@ -1,4 +1,4 @@
-package dynamotest_test
+package dynamoemu_test
 
 import (
 	"errors"
