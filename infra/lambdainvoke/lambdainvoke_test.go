@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/relay-dev/relay/infra/lambdainvoke"
-	"github.com/relay-dev/relay/lambda/invoketest"
+	"github.com/relay-dev/relay/infra/lambdainvoke/invoketest"
 )
 
 const fireARN = "arn:aws:lambda:us-east-1:123456789012:function:relay-fire"

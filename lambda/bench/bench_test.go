@@ -15,11 +15,11 @@ import (
 	"github.com/relay-dev/relay/infra/dynamo"
 	"github.com/relay-dev/relay/infra/dynamotest"
 	"github.com/relay-dev/relay/infra/lambdainvoke"
+	"github.com/relay-dev/relay/infra/lambdainvoke/invoketest"
 	"github.com/relay-dev/relay/infra/scheduler"
+	"github.com/relay-dev/relay/infra/scheduler/schedulertest"
 	"github.com/relay-dev/relay/lambda/api"
 	"github.com/relay-dev/relay/lambda/fire"
-	"github.com/relay-dev/relay/lambda/invoketest"
-	"github.com/relay-dev/relay/lambda/schedulertest"
 	"github.com/relay-dev/relay/relaycore"
 )
 

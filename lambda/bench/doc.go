@@ -8,9 +8,10 @@
 //
 // It drives the real handlers (lambda/api, lambda/fire) in-process on
 // DynamoDB tables in an in-process DynamoDB-API endpoint
-// (infra/dynamotest), a recording Scheduler endpoint (lambda/schedulertest)
-// and a recording Lambda endpoint (lambda/invoketest), all through the real
-// aws-sdk-go-v2 clients, and plays EventBridge Scheduler and Lambda's async
+// (infra/dynamotest), a recording Scheduler endpoint
+// (infra/scheduler/schedulertest) and a recording Lambda endpoint
+// (infra/lambdainvoke/invoketest), all through the real aws-sdk-go-v2
+// clients, and plays EventBridge Scheduler and Lambda's async
 // queue itself: each armed schedule "runs" at its at() time, and each
 // accepted continuation shortly after the invocation that sent it, by
 // invoking the fire handler with the event. Simulated time follows a stated

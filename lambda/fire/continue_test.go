@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/relay-dev/relay/infra/lambdainvoke"
+	"github.com/relay-dev/relay/infra/lambdainvoke/invoketest"
 	"github.com/relay-dev/relay/lambda/event"
 	"github.com/relay-dev/relay/lambda/fire"
-	"github.com/relay-dev/relay/lambda/invoketest"
 	"github.com/relay-dev/relay/relaycore"
 )
 

@@ -4,8 +4,8 @@
 // Runtime Interface Emulator (aws-lambda-rie) on 127.0.0.1, and invoked
 // over HTTP with the repository's events/*.json and env.json. DynamoDB is
 // an in-process DynamoDB-API endpoint (infra/dynamotest) and EventBridge
-// Scheduler a recording endpoint (lambda/schedulertest), both reached by
-// the bootstraps through the real aws-sdk-go-v2 clients.
+// Scheduler a recording endpoint (infra/scheduler/schedulertest), both
+// reached by the bootstraps through the real aws-sdk-go-v2 clients.
 //
 // The emulator comes from RELAY_RIE (`make test` sets it to the pinned
 // binary `make tools` installs); without it the tests `go install` the

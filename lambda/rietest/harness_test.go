@@ -28,8 +28,8 @@ import (
 	"github.com/relay-dev/relay/infra/dynamo"
 	"github.com/relay-dev/relay/infra/dynamoemu"
 	"github.com/relay-dev/relay/infra/dynamotest"
-	"github.com/relay-dev/relay/lambda/invoketest"
-	"github.com/relay-dev/relay/lambda/schedulertest"
+	"github.com/relay-dev/relay/infra/lambdainvoke/invoketest"
+	"github.com/relay-dev/relay/infra/scheduler/schedulertest"
 	"github.com/relay-dev/relay/relaycore"
 )
 

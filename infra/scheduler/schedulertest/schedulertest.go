@@ -23,7 +23,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"sort"
 	"strings"
@@ -32,9 +31,9 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	awsscheduler "github.com/aws/aws-sdk-go-v2/service/scheduler"
 
+	"github.com/relay-dev/relay/infra/internal/awstest"
 	"github.com/relay-dev/relay/infra/scheduler"
 )
 
@@ -64,12 +63,10 @@ type Server struct {
 	// URL is the endpoint's base URL (http://127.0.0.1:port).
 	URL string
 
-	srv        *httptest.Server
-	mu         sync.Mutex
-	pending    map[string]Schedule
-	stats      Stats
-	failStatus int
-	violations []string
+	ep      *awstest.Server
+	mu      sync.Mutex
+	pending map[string]Schedule
+	stats   Stats
 }
 
 // Start runs an endpoint until the test ends; protocol violations seen by
@@ -77,16 +74,8 @@ type Server struct {
 func Start(tb testing.TB) *Server {
 	tb.Helper()
 	s := &Server{pending: map[string]Schedule{}}
-	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
-	s.URL = s.srv.URL
-	tb.Cleanup(func() {
-		s.srv.Close()
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		for _, v := range s.violations {
-			tb.Errorf("schedulertest: %s", v)
-		}
-	})
+	s.ep = awstest.Start(tb, "schedulertest", s.serve)
+	s.URL = s.ep.URL
 	return s
 }
 
@@ -94,21 +83,17 @@ func Start(tb testing.TB) *Server {
 // credentials and a single attempt per call.
 func (s *Server) Client() *awsscheduler.Client {
 	return awsscheduler.New(awsscheduler.Options{
-		Region:           "us-east-1",
+		Region:           awstest.Region,
 		BaseEndpoint:     aws.String(s.URL),
-		Credentials:      credentials.NewStaticCredentialsProvider("relay", "relay", ""),
+		Credentials:      awstest.Credentials(),
 		RetryMaxAttempts: 1,
-		HTTPClient:       s.srv.Client(),
+		HTTPClient:       s.ep.HTTPClient(),
 	})
 }
 
 // Fail makes every following request fail with status (e.g. 500); 0
 // restores normal behaviour.
-func (s *Server) Fail(status int) {
-	s.mu.Lock()
-	s.failStatus = status
-	s.mu.Unlock()
-}
+func (s *Server) Fail(status int) { s.ep.Fail(status) }
 
 // Stats returns the counters.
 func (s *Server) Stats() Stats {
@@ -184,15 +169,16 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	s.stats.Requests++
 	sc, problem := parseCreate(r)
 	if problem != "" {
-		s.violations = append(s.violations, problem)
+		s.ep.Violation(problem)
 		s.stats.Failed++
 		writeError(w, http.StatusBadRequest, "ValidationException", problem)
 		return
 	}
+	fail := s.ep.Failing()
 	switch _, dup := s.pending[sc.Name]; {
-	case s.failStatus != 0:
+	case fail != 0:
 		s.stats.Failed++
-		writeError(w, s.failStatus, "InternalServerException", "injected failure")
+		writeError(w, fail, "InternalServerException", "injected failure")
 	case dup:
 		s.stats.Conflicts++
 		writeError(w, http.StatusConflict, "ConflictException", "Schedule "+sc.Name+" already exists.")
@@ -214,7 +200,7 @@ func parseCreate(r *http.Request) (Schedule, string) {
 	if err != nil || !scheduler.ValidName(name) {
 		return Schedule{}, fmt.Sprintf("invalid schedule name %q", rawName)
 	}
-	if !strings.HasPrefix(r.Header.Get("Authorization"), "AWS4-HMAC-SHA256 ") {
+	if !awstest.Signed(r) {
 		return Schedule{}, fmt.Sprintf("%s: request not signed with SigV4", name)
 	}
 	data, err := io.ReadAll(r.Body)
@@ -267,10 +253,7 @@ func parseAt(expr string) (time.Time, error) {
 	return t.UTC(), nil
 }
 
+// writeError answers in Scheduler's error shape.
 func writeError(w http.ResponseWriter, status int, typ, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("X-Amzn-ErrorType", typ)
-	w.WriteHeader(status)
-	data, _ := json.Marshal(map[string]string{"Message": msg})
-	_, _ = w.Write(data)
+	awstest.WriteError(w, status, typ, map[string]string{"Message": msg})
 }

@@ -24,15 +24,15 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/lambda"
+
+	"github.com/relay-dev/relay/infra/internal/awstest"
 )
 
 // QueueLen is C's capacity. A test that lets more continuations pile up
@@ -66,14 +66,12 @@ type Server struct {
 	// C receives every accepted invocation, in arrival order.
 	C <-chan Invocation
 
-	function   string
-	srv        *httptest.Server
-	queue      chan Invocation
-	mu         sync.Mutex
-	accepted   []Invocation
-	stats      Stats
-	failStatus int
-	violations []string
+	function string
+	ep       *awstest.Server
+	queue    chan Invocation
+	mu       sync.Mutex
+	accepted []Invocation
+	stats    Stats
 }
 
 // Start runs an endpoint that accepts async invokes of function (an ARN)
@@ -82,16 +80,8 @@ func Start(tb testing.TB, function string) *Server {
 	tb.Helper()
 	q := make(chan Invocation, QueueLen)
 	s := &Server{function: function, queue: q, C: q}
-	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
-	s.URL = s.srv.URL
-	tb.Cleanup(func() {
-		s.srv.Close()
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		for _, v := range s.violations {
-			tb.Errorf("invoketest: %s", v)
-		}
-	})
+	s.ep = awstest.Start(tb, "invoketest", s.serve)
+	s.URL = s.ep.URL
 	return s
 }
 
@@ -99,21 +89,17 @@ func Start(tb testing.TB, function string) *Server {
 // credentials and a single attempt per call.
 func (s *Server) Client() *lambda.Client {
 	return lambda.New(lambda.Options{
-		Region:           "us-east-1",
+		Region:           awstest.Region,
 		BaseEndpoint:     aws.String(s.URL),
-		Credentials:      credentials.NewStaticCredentialsProvider("relay", "relay", ""),
+		Credentials:      awstest.Credentials(),
 		RetryMaxAttempts: 1,
-		HTTPClient:       s.srv.Client(),
+		HTTPClient:       s.ep.HTTPClient(),
 	})
 }
 
 // Fail makes every following request fail with status (e.g. 429 or 500);
 // 0 restores normal behaviour.
-func (s *Server) Fail(status int) {
-	s.mu.Lock()
-	s.failStatus = status
-	s.mu.Unlock()
-}
+func (s *Server) Fail(status int) { s.ep.Fail(status) }
 
 // Stats returns the counters.
 func (s *Server) Stats() Stats {
@@ -136,24 +122,24 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	s.stats.Requests++
 	inv, problem := s.parse(r)
 	if problem != "" {
-		s.violations = append(s.violations, problem)
+		s.ep.Violation(problem)
 		s.stats.Failed++
 		writeError(w, http.StatusBadRequest, "InvalidRequestContentException", problem)
 		return
 	}
-	if s.failStatus != 0 {
+	if fail := s.ep.Failing(); fail != 0 {
 		s.stats.Failed++
 		typ := "ServiceException"
-		if s.failStatus == http.StatusTooManyRequests {
+		if fail == http.StatusTooManyRequests {
 			typ = "TooManyRequestsException"
 		}
-		writeError(w, s.failStatus, typ, "injected failure")
+		writeError(w, fail, typ, "injected failure")
 		return
 	}
 	select {
 	case s.queue <- inv:
 	default:
-		s.violations = append(s.violations, fmt.Sprintf("more than %d continuations queued and not taken: runaway chain? (%s hop %d)", QueueLen, inv.Source, inv.Hop))
+		s.ep.Violation(fmt.Sprintf("more than %d continuations queued and not taken: runaway chain? (%s hop %d)", QueueLen, inv.Source, inv.Hop))
 		s.stats.Failed++
 		writeError(w, http.StatusTooManyRequests, "TooManyRequestsException", "queue full")
 		return
@@ -177,7 +163,7 @@ func (s *Server) parse(r *http.Request) (Invocation, string) {
 	if q := r.URL.Query().Get("Qualifier"); q != "" {
 		return Invocation{}, fmt.Sprintf("invoke with qualifier %q: the fire function is invoked unqualified", q)
 	}
-	if !strings.HasPrefix(r.Header.Get("Authorization"), "AWS4-HMAC-SHA256 ") {
+	if !awstest.Signed(r) {
 		return Invocation{}, "invoke not signed with SigV4"
 	}
 	if typ := r.Header.Get("X-Amz-Invocation-Type"); typ != "Event" {
@@ -205,10 +191,7 @@ func (s *Server) parse(r *http.Request) (Invocation, string) {
 	return Invocation{FunctionName: name, Payload: data, Source: *ev.Source, Hop: *ev.Hop}, ""
 }
 
+// writeError answers in Lambda's error shape.
 func writeError(w http.ResponseWriter, status int, typ, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("X-Amzn-ErrorType", typ)
-	w.WriteHeader(status)
-	data, _ := json.Marshal(map[string]string{"Type": "User", "message": msg})
-	_, _ = w.Write(data)
+	awstest.WriteError(w, status, typ, map[string]string{"Type": "User", "message": msg})
 }
