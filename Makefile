@@ -101,11 +101,12 @@ bench: tools
 	RELAY_RIE=$(RIE) $(GO) test -count=1 -run '^$$' -bench . -benchtime 1x -timeout 60m $(PKGS)
 	$(GO) test -count=1 -run '^(TestFootprint|TestQueryFlood|TestPushFlood)$$' -v -timeout 60m ./edge/e2e -footprint
 
-## lint: gofmt, go vet, staticcheck (pinned, into .bin) and cfn-lint on template.yaml.
-## The packages with faultinject-tagged files (test-only hooks that
-## edge/e2e builds edged with) are also checked with that tag.
+## lint: gofmt, go vet, staticcheck (pinned, into .bin), cfn-lint on
+## template.yaml, and the 32-bit and arm64 builds (cross, below). The
+## packages with faultinject-tagged files (test-only hooks that edge/e2e
+## builds edged with) are also checked with that tag.
 FAULT_PKGS := ./edge/segstore
-lint: $(BIN)/.staticcheck-$(STATICCHECK_VERSION) lint-template
+lint: $(BIN)/.staticcheck-$(STATICCHECK_VERSION) lint-template cross
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	$(STATICCHECK) $(PKGS)
@@ -142,6 +143,7 @@ clean:
 ## stripped edged, edgectl and relay per platform in dist/<os>-<arch>/, and
 ## dist/SHA256SUMS. Each binary prints its version (module version, commit,
 ## platform) from the build info: edged -version, edgectl version, relay version.
+## The loop is scripts/dist.sh.
 DIST_PLATFORMS := linux/amd64 linux/arm64 linux/arm/7
 DIST_CMDS      := edged edgectl relay
 DIST_COMMIT    := $(shell git describe --always --dirty --abbrev=40 2>/dev/null)
@@ -150,26 +152,12 @@ DIST_LDFLAGS   := -s -w -X github.com/relay-dev/relay/internal/buildversion.comm
 .PHONY: dist cross test-arm
 
 dist:
-	rm -rf dist
-	@set -e; for p in $(DIST_PLATFORMS); do \
-		os=$${p%%/*}; rest=$${p#*/}; arch=$${rest%%/*}; arm=; \
-		case $$rest in */*) arm=$${rest#*/};; esac; \
-		dir=dist/$$os-$$arch$${arm:+v$$arm}; mkdir -p $$dir; \
-		for c in $(DIST_CMDS); do \
-			echo "build $$dir/$$c"; \
-			CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch GOARM=$$arm $(GO) build -buildvcs=true -trimpath \
-				-ldflags '$(DIST_LDFLAGS)' -o $$dir/$$c ./cmd/$$c; \
-		done; \
-	done
-	cd dist && sha256sum */* > SHA256SUMS
-	@cat dist/SHA256SUMS
-	@ls -l dist/*/ | awk 'NF > 5 { print $$5, $$9 } /:$$/ { print }'
+	GO='$(GO)' DIST_PLATFORMS='$(DIST_PLATFORMS)' DIST_CMDS='$(DIST_CMDS)' DIST_LDFLAGS='$(DIST_LDFLAGS)' scripts/dist.sh
 
 ## cross: every package, tests included, type-checks for 32-bit ARM and
 ## 386, and everything builds for arm64: the device targets and the classic
 ## 32-bit traps (untyped constants beyond int32, int-sized file offsets).
 ## Part of lint.
-lint: cross
 cross:
 	GOOS=linux GOARCH=arm GOARM=7 $(GO) vet $(PKGS)
 	GOOS=linux GOARCH=386 $(GO) build $(PKGS)
@@ -180,23 +168,7 @@ cross:
 ## qemu-user: qemu-aarch64, qemu-arm). See docs/edge.md. edge/e2e's harness
 ## builds the edged and edgectl it starts with the host's go command, so there
 ## only the test driver runs emulated; the other packages run entirely on ARM.
+## The loop is scripts/test-arm.sh.
 ARM_PKGS := ./relaycore ./infra/bolt ./infra/mem ./edge/...
 test-arm:
-	@command -v qemu-aarch64 >/dev/null && command -v qemu-arm >/dev/null || \
-		{ echo "test-arm needs qemu-aarch64 and qemu-arm (Debian: apt-get install qemu-user)"; exit 1; }
-	@set -e; rm -rf $(CURDIR)/.arm-tests; \
-	for t in arm64:qemu-aarch64: arm:qemu-arm:7; do \
-		arch=$${t%%:*}; rest=$${t#*:}; qemu=$${rest%%:*}; arm=$${rest#*:}; \
-		out=$(CURDIR)/.arm-tests/$$arch; mkdir -p $$out; \
-		echo "build $$arch test binaries"; \
-		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch GOARM=$$arm $(GO) test -c -o $$out/ $(ARM_PKGS); \
-		for pkg in $$($(GO) list -f '{{.ImportPath}}:{{.Dir}}:{{.Name}}' $(ARM_PKGS)); do \
-			dir=$${pkg#*:}; name=$${dir#*:}; dir=$${dir%%:*}; \
-			[ -f $$out/$$name.test ] || { echo "no tests  $$arch $${pkg%%:*}"; continue; }; \
-			start=$$(date +%s); \
-			(cd $$dir && $$qemu $$out/$$name.test -test.short -test.count=1 -test.timeout=10m >$$out/$$name.log 2>&1) || \
-				{ tail -50 $$out/$$name.log; echo "FAIL      $$arch $${pkg%%:*}"; exit 1; }; \
-			echo "ok        $$arch $${pkg%%:*} ($$(( $$(date +%s) - start ))s under $$qemu)"; \
-		done; \
-	done
-	rm -rf $(CURDIR)/.arm-tests
+	GO='$(GO)' ARM_PKGS='$(ARM_PKGS)' scripts/test-arm.sh
