@@ -146,8 +146,7 @@ func runRelay(b testing.TB, w workload, src, dst *Meter) (enq, apply, cleanup, r
 	}
 	for i := 0; i < w.rows; i += w.batchRows {
 		before := src.WriteUnits + src.IndexUnits
-		if _, err := relaycore.CommitRelayRows(ctx, src, clock, source, nil, time.Time{},
-			rowsFor(w, i, min(w.batchRows, w.rows-i)), relaycore.EnqueueConfig{}); err != nil {
+		if _, err := (&relaycore.RelayHandler{Source: src, Clock: clock}).Enqueue(ctx, source, rowsFor(w, i, min(w.batchRows, w.rows-i)), relaycore.EnqueueOptions{}); err != nil {
 			b.Fatal(err)
 		}
 		enq += src.WriteUnits + src.IndexUnits - before
@@ -289,8 +288,7 @@ func runRoundTrip(b *testing.B, w workload, src, dst *Meter, quarantine bool) ro
 		r.opWCU += src.WriteUnits + src.IndexUnits - before
 	}
 	for i := 0; i < w.rows; i += w.batchRows {
-		if _, err := relaycore.CommitRelayRows(ctx, src, relaycore.SystemClock{}, source, nil, time.Time{},
-			rowsFor(w, i, min(w.batchRows, w.rows-i)), relaycore.EnqueueConfig{}); err != nil {
+		if _, err := (&relaycore.RelayHandler{Source: src, Clock: relaycore.SystemClock{}}).Enqueue(ctx, source, rowsFor(w, i, min(w.batchRows, w.rows-i)), relaycore.EnqueueOptions{}); err != nil {
 			b.Fatal(err)
 		}
 		if i == 0 && quarantine {

@@ -38,8 +38,7 @@ func BenchmarkBoltThroughput(b *testing.B) {
 		ctx := context.Background()
 		start := time.Now()
 		for i := 0; i < rows; i += batch {
-			if _, err := relaycore.CommitRelayRows(ctx, src, relaycore.SystemClock{}, "src", nil, time.Time{},
-				rowsFor(w, i, batch), relaycore.EnqueueConfig{}); err != nil {
+			if _, err := (&relaycore.RelayHandler{Source: src, Clock: relaycore.SystemClock{}}).Enqueue(ctx, "src", rowsFor(w, i, batch), relaycore.EnqueueOptions{}); err != nil {
 				b.Fatal(err)
 			}
 		}

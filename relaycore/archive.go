@@ -149,7 +149,7 @@ func Requeue(ctx context.Context, st Store, clock Clock, source Partition, id ui
 		rows[i] = Row{Target: entry.Target, Puts: r.Puts, Deletes: r.Deletes}
 	}
 	cfg.IdempotencyKey = "requeue:" + fmt.Sprintf("%016x", id)
-	res, err := CommitRelayRows(ctx, st, clock, source, nil, time.Time{}, rows, cfg)
+	res, err := commitRelayRows(ctx, st, clock, source, nil, time.Time{}, rows, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("requeue %s/%d: %w", source, id, err)
 	}

@@ -14,7 +14,9 @@ import (
 	"time"
 )
 
-// EnqueueConfig tunes enqueue planning and commit. The zero value is usable.
+// EnqueueConfig tunes enqueue planning (PlanEnqueue) and the deprecated
+// CommitRelayRows and Requeue. RelayHandler.Enqueue builds one from the
+// handler's fields. The zero value is usable.
 type EnqueueConfig struct {
 	// SkewMargin is subtracted from the lease expiry to get the deadline, so
 	// a holder whose clock runs behind the lease's other contenders stops
@@ -250,14 +252,22 @@ type SourceBatch struct {
 	idemValue []byte
 }
 
-// EnqueueRelayRows validates rows and plans the chain of source batches that
-// commits them (it writes nothing). Rows are grouped by target, stably, and
+// EnqueueRelayRows plans; it does not enqueue.
+//
+// Deprecated: use PlanEnqueue (the same function, named for what it does).
+// EnqueueRelayRows stays for one release (CHANGELOG.md).
+func EnqueueRelayRows(snap RelayEnqueueSnapshot, rows []Row, caps Capabilities, cfg EnqueueConfig) ([]SourceBatch, error) {
+	return PlanEnqueue(snap, rows, caps, cfg)
+}
+
+// PlanEnqueue validates rows and plans the chain of source batches that
+// commits them (it writes nothing; RelayHandler.Enqueue commits them). Rows are grouped by target, stably, and
 // each target's rows get contiguous seqs; the promised order is per
 // (source, target), not across targets. Every batch carries the os guard and
 // put, exactly one relay kick (the durable alarm due now by the snapshot's
 // clock: put, or guarded unchanged when it is already due by then), the
 // lease guard when a lease is held, and row pages, within caps.
-func EnqueueRelayRows(snap RelayEnqueueSnapshot, rows []Row, caps Capabilities, cfg EnqueueConfig) ([]SourceBatch, error) {
+func PlanEnqueue(snap RelayEnqueueSnapshot, rows []Row, caps Capabilities, cfg EnqueueConfig) ([]SourceBatch, error) {
 	if snap.Lease == nil && snap.OS.LeaseRequired {
 		return nil, fmt.Errorf("enqueue %s: %w", snap.Source, ErrLeaseRequired)
 	}
@@ -627,12 +637,21 @@ type CommitResult struct {
 
 // CommitRelayRows validates, plans and commits rows to source's outbox,
 // with lease (required for a lease-required source; nil otherwise) and
-// deadline (zero: none). It commits the chain in order; after an os race it
-// re-reads os and re-plans only the uncommitted rows; an ambiguous store
-// error is resolved by re-reading os (and the batch's tag), so no seq is
-// reused or lost. A stale lease or passed deadline fails closed. After
-// anything committed it kicks cfg.Kicker once, best effort.
+// deadline (zero: none), as RelayHandler.Enqueue does.
+//
+// Deprecated: use RelayHandler.Enqueue, which takes the store, clock,
+// kicker, logger and target capabilities from the handler, wired once.
+// CommitRelayRows stays for one release (CHANGELOG.md).
 func CommitRelayRows(ctx context.Context, st Store, clock Clock, source Partition, lease *Lease, deadline time.Time, rows []Row, cfg EnqueueConfig) (res CommitResult, err error) {
+	return commitRelayRows(ctx, st, clock, source, lease, deadline, rows, cfg)
+}
+
+// commitRelayRows commits the chain in order; after an os race it re-reads
+// os and re-plans only the uncommitted rows; an ambiguous store error is
+// resolved by re-reading os (and the batch's tag), so no seq is reused or
+// lost. A stale lease or passed deadline fails closed. After anything
+// committed it kicks cfg.Kicker once, best effort.
+func commitRelayRows(ctx context.Context, st Store, clock Clock, source Partition, lease *Lease, deadline time.Time, rows []Row, cfg EnqueueConfig) (res CommitResult, err error) {
 	res.Seqs = make([]uint64, len(rows))
 	if len(rows) == 0 {
 		return res, nil
@@ -677,7 +696,7 @@ func CommitRelayRows(ctx context.Context, st Store, clock Clock, source Partitio
 		if err := snap.ReadTargets(ctx, st, sub); err != nil {
 			return res, err
 		}
-		plan, err := EnqueueRelayRows(snap, sub, caps, cfg)
+		plan, err := PlanEnqueue(snap, sub, caps, cfg)
 		if err != nil {
 			return res, err
 		}

@@ -9,8 +9,9 @@ import (
 	"time"
 )
 
-// RelayHandler pushes a source's queued rows to a separately supplied target
-// store. Distinct producers (sources) may upsert the same target key when
+// RelayHandler is the engine an embedder wires once: Enqueue commits rows
+// to a source's outbox in Source (and kicks Kicker), Alarm and Fire push
+// them to the separately supplied Target store. Distinct producers (sources) may upsert the same target key when
 // its value is identical; a key that is ever relay-deleted must have exactly
 // one producer, so that source's seqs order every update and delete of it.
 // Target rh records never expire.
@@ -52,6 +53,19 @@ type RelayHandler struct {
 	// called concurrently for different targets. The deterministic
 	// simulation runs with 1.
 	DeliverConcurrency int
+
+	// Enqueue's tuning; zero values take the defaults. PageBytes is the
+	// fill target of a row page as the store's item size (default 8192: a
+	// full page bills at most 8 KB). SkewMargin is kept between a lease's
+	// expiry and the last moment an enqueue under it may write, so a
+	// holder whose clock runs behind stops before its successor may take
+	// over (default 2s). IdempotencyTTL is how long an idempotency record
+	// answers retries (default DefaultIdempotencyTTL). MaxReplans bounds
+	// the os races one Enqueue tolerates before ErrContention (default 64).
+	PageBytes      int
+	SkewMargin     time.Duration
+	IdempotencyTTL time.Duration
+	MaxReplans     int
 }
 
 // DefaultQuarantineAfter is RelayHandler.QuarantineAfter's default: a target

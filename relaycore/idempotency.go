@@ -107,7 +107,7 @@ func rowsDigest(rows []Row) string {
 // failed: the record was written (or rewritten) since it was read.
 var errIdemTaken = errors.New("idempotency record changed")
 
-// commitIdempotent is CommitRelayRows with cfg.IdempotencyKey set: the rows
+// commitIdempotent is commitRelayRows with cfg.IdempotencyKey set: the rows
 // commit in one batch together with the idempotency record, or a live
 // record with the same digest answers with its seqs (Replayed) and nothing
 // is written.
@@ -134,7 +134,7 @@ func commitIdempotent(ctx context.Context, st Store, clock Clock, source Partiti
 		if err := snap.ReadTargets(ctx, st, rows); err != nil {
 			return err
 		}
-		plan, err := EnqueueRelayRows(snap, rows, caps, cfg)
+		plan, err := PlanEnqueue(snap, rows, caps, cfg)
 		if err != nil {
 			return err
 		}

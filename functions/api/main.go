@@ -14,7 +14,6 @@ import (
 
 	"github.com/relay-dev/relay/lambda/api"
 	"github.com/relay-dev/relay/lambda/env"
-	"github.com/relay-dev/relay/relaycore"
 )
 
 // VarRoutes names the variable selecting the route set.
@@ -33,8 +32,9 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 		fmt.Fprintln(stderr, "api: start:", err)
 		return 1
 	}
-	enq := relaycore.EnqueueConfig{Kicker: d.Kicker, TargetCaps: d.Target.Capabilities(), Logger: d.Logger}
-	h := &api.Handler{Source: d.Source, Target: d.Target, Clock: d.Clock, Enqueue: enq, Relay: d.Relay, Routes: routes, Logger: d.Logger}
+	// d.Relay carries the kicker, logger, clock and both stores (wired
+	// once in lambda/env): enqueues take them from it.
+	h := &api.Handler{Source: d.Source, Target: d.Target, Clock: d.Clock, Relay: d.Relay, Routes: routes, Logger: d.Logger}
 	d.Logger.Info("api: serving", "routes", string(routes))
 	lambda.StartWithOptions(h.Handle, lambda.WithContext(ctx))
 	return 0

@@ -49,8 +49,8 @@ func enqueue(t *testing.T, st relaycore.Store, kicker relaycore.Kicker, source r
 			Puts:   []relaycore.KV{{Key: fmt.Sprintf("k%d", i), Value: []byte(fmt.Sprintf("%s-%d", source, i))}},
 		}
 	}
-	cfg := relaycore.EnqueueConfig{Kicker: kicker}
-	if _, err := relaycore.CommitRelayRows(context.Background(), st, relaycore.SystemClock{}, source, nil, time.Time{}, rows, cfg); err != nil {
+	h := &relaycore.RelayHandler{Source: st, Clock: relaycore.SystemClock{}, Kicker: kicker}
+	if _, err := h.Enqueue(context.Background(), source, rows, relaycore.EnqueueOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -56,8 +56,7 @@ func TestDeliveryClassifiesTargetFailures(t *testing.T) {
 			// The source table goes around the faults.
 			src := dynamo.New(r.ep.Client(http.DefaultTransport), rigTable, dynamo.Options{})
 			clock := fixedClock(time.UnixMilli(1_800_000_000_000))
-			if _, err := relaycore.CommitRelayRows(t.Context(), src, clock, "s", nil, time.Time{},
-				[]relaycore.Row{{Target: "t", Puts: []relaycore.KV{{Key: "k", Value: []byte("v")}}}}, relaycore.EnqueueConfig{}); err != nil {
+			if _, err := (&relaycore.RelayHandler{Source: src, Clock: clock}).Enqueue(t.Context(), "s", []relaycore.Row{{Target: "t", Puts: []relaycore.KV{{Key: "k", Value: []byte("v")}}}}, relaycore.EnqueueOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			h := &relaycore.RelayHandler{Source: src, Target: r.store, Clock: clock}

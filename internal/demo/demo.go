@@ -208,20 +208,19 @@ func Run(ctx context.Context, cfg Config, stores Stores, progress io.Writer, log
 					if rows == nil {
 						return
 					}
-					ecfg := relaycore.EnqueueConfig{Kicker: ac, Logger: logger,
-						IdempotencyKey: fmt.Sprintf("demo:%s:%s:w%d:b%d", runID, source, wi, batch)}
+					opts := relaycore.EnqueueOptions{IdempotencyKey: fmt.Sprintf("demo:%s:%s:w%d:b%d", runID, source, wi, batch)}
 					var res relaycore.CommitResult
 					err := retry.do(wctx, func() error {
 						var err error
-						res, err = relaycore.CommitRelayRows(wctx, src, relaycore.SystemClock{}, source, nil, time.Time{}, rows, ecfg)
+						res, err = h.Enqueue(wctx, source, rows, opts)
 						if errors.Is(err, relaycore.ErrIdempotentRequestTooLarge) {
 							// The rows need several store batches, which
 							// an idempotency record cannot cover.
-							ecfg.IdempotencyKey = ""
-							res, err = relaycore.CommitRelayRows(wctx, src, relaycore.SystemClock{}, source, nil, time.Time{}, rows, ecfg)
+							opts.IdempotencyKey = ""
+							res, err = h.Enqueue(wctx, source, rows, opts)
 						}
 						return err
-					}, func(err error) bool { return ecfg.IdempotencyKey != "" || !relaycore.MayBeApplied(err) })
+					}, func(err error) bool { return opts.IdempotencyKey != "" || !relaycore.MayBeApplied(err) })
 					if err != nil {
 						errs <- fmt.Errorf("enqueue %s: %w", source, err)
 						return

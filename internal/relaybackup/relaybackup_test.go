@@ -10,7 +10,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/relay-dev/relay/infra/bolt"
 	"github.com/relay-dev/relay/internal/relaybackup"
@@ -177,7 +176,7 @@ func TestBackupUnderLoad(t *testing.T) {
 				n := next + uint64(i)
 				rows[i] = relaycore.Row{Target: targetOf(n), Puts: []relaycore.KV{{Key: keyOf(n), Value: []byte(fmt.Sprint(n))}}}
 			}
-			res, err := relaycore.CommitRelayRows(ctx, src, relaycore.SystemClock{}, source, nil, time.Time{}, rows, relaycore.EnqueueConfig{})
+			res, err := (&relaycore.RelayHandler{Source: src, Clock: relaycore.SystemClock{}}).Enqueue(ctx, source, rows, relaycore.EnqueueOptions{})
 			if err != nil {
 				if ctx.Err() == nil {
 					loadErr <- err
@@ -303,7 +302,7 @@ func TestCheckCatchesSkewedFiles(t *testing.T) {
 		n := uint64(i + 1)
 		rows[i] = relaycore.Row{Target: targetOf(n), Puts: []relaycore.KV{{Key: keyOf(n), Value: []byte(fmt.Sprint(n))}}}
 	}
-	res, err := relaycore.CommitRelayRows(t.Context(), src, relaycore.SystemClock{}, source, nil, time.Time{}, rows, relaycore.EnqueueConfig{})
+	res, err := (&relaycore.RelayHandler{Source: src, Clock: relaycore.SystemClock{}}).Enqueue(t.Context(), source, rows, relaycore.EnqueueOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

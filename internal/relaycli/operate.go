@@ -139,8 +139,7 @@ func (f *opFlags) open(cmd *cobra.Command) (*operator, error) {
 	// alarm due now; the sweep (DynamoDB) or `relay fire` (bbolt) runs it.
 	// Operator actions deliver nothing themselves: no budget.
 	relay := &relaycore.RelayHandler{Source: src, Target: dst}
-	h := &api.Handler{Source: src, Relay: relay, Routes: api.RoutesAll,
-		Enqueue: relaycore.EnqueueConfig{TargetCaps: dst.Capabilities()}}
+	h := &api.Handler{Source: src, Relay: relay, Routes: api.RoutesAll}
 	serve := func(ctx context.Context, r api.Request) (api.Response, error) {
 		r.Caller = by
 		return h.Serve(ctx, r), nil

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/relay-dev/relay/infra/bolt"
 	"github.com/relay-dev/relay/infra/dynamo"
@@ -199,8 +198,7 @@ func TestOperatorCommandsOnDynamo(t *testing.T) {
 		}
 	}
 	src, dst := dynamo.New(client, "prod-source", dynamo.Options{}), dynamo.New(client, "prod-target", dynamo.Options{})
-	if _, err := relaycore.CommitRelayRows(t.Context(), src, relaycore.SystemClock{}, "orders", nil, time.Time{},
-		[]relaycore.Row{{Target: "t1", Puts: []relaycore.KV{{Key: "k", Value: []byte("v1")}}}}, relaycore.EnqueueConfig{}); err != nil {
+	if _, err := (&relaycore.RelayHandler{Source: src, Clock: relaycore.SystemClock{}}).Enqueue(t.Context(), "orders", []relaycore.Row{{Target: "t1", Puts: []relaycore.KV{{Key: "k", Value: []byte("v1")}}}}, relaycore.EnqueueOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	flags := []string{"--store", "dynamo", "--endpoint", ep.URL, "--table-prefix", "prod-", "--source", "orders"}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -51,8 +50,10 @@ outbox in the bbolt file, and prints the seq of each row. Run 'relay fire' to de
 				return err
 			}
 			defer closeStores()
-			res, err := relaycore.CommitRelayRows(cmd.Context(), stores.Source, relaycore.SystemClock{},
-				relaycore.Partition(source), nil, time.Time{}, rows, relaycore.EnqueueConfig{})
+			// No Kicker: the commit makes the source's durable alarm due
+			// now, and `relay fire` runs it.
+			h := &relaycore.RelayHandler{Source: stores.Source, Target: stores.Target}
+			res, err := h.Enqueue(cmd.Context(), relaycore.Partition(source), rows, relaycore.EnqueueOptions{})
 			if err != nil {
 				return err
 			}

@@ -452,8 +452,7 @@ func TestNonUTF8TargetRoutes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = relaycore.CommitRelayRows(context.Background(), db.Store(relayserve.SourceTable), relaycore.SystemClock{}, "orders", nil,
-		time.Time{}, []relaycore.Row{{Target: "t\xff", Puts: []relaycore.KV{{Key: "k", Value: []byte("v")}}}}, relaycore.EnqueueConfig{})
+	_, err = (&relaycore.RelayHandler{Source: db.Store(relayserve.SourceTable), Clock: relaycore.SystemClock{}}).Enqueue(context.Background(), "orders", []relaycore.Row{{Target: "t\xff", Puts: []relaycore.KV{{Key: "k", Value: []byte("v")}}}}, relaycore.EnqueueOptions{})
 	if cerr := db.Close(); err == nil {
 		err = cerr
 	}

@@ -173,7 +173,6 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 	relay.Kicker = clock
 	h := &api.Handler{
 		Source: src, Relay: relay, Routes: api.RoutesAll, Logger: log, MaxBodyBytes: cfg.Limits.MaxBodyBytes,
-		Enqueue: relaycore.EnqueueConfig{Kicker: clock, TargetCaps: dst.Capabilities(), Logger: log},
 	}
 
 	var clockRunning, draining atomic.Bool

@@ -60,18 +60,21 @@ const (
 )
 
 // Handler serves API requests. Source is required; a nil Clock is the
-// system clock, a nil Logger discards. Enqueue configures CommitRelayRows
-// and archive requeues (its Kicker arms the fast-path alarm; its
-// TargetCaps should be the target store's limits so undeliverable rows are
-// refused at enqueue). Relay runs operator actions (it needs both stores:
-// a skip reads the target's rh); the operator routes answer 500 without
-// it. Target is the store of the target partitions, read by the target
+// system clock, a nil Logger discards. Relay takes enqueues and archive
+// requeues (RelayHandler.Enqueue: its Kicker arms the fast-path alarm, its
+// Target's limits refuse undeliverable rows at enqueue) and runs operator
+// actions (it needs both stores: a skip reads the target's rh); the
+// operator routes answer 500 without it. Enqueue is deprecated: set, or
+// with no Relay, enqueues and requeues go through it as before, with
+// Source and Clock. Target is the store of the target partitions, read by the target
 // read routes (nil: Relay's Target). Routes selects the routes served
 // (zero: RoutesProducer).
 type Handler struct {
-	Source  relaycore.Store
-	Target  relaycore.Store
-	Clock   relaycore.Clock
+	Source relaycore.Store
+	Target relaycore.Store
+	Clock  relaycore.Clock
+	// Deprecated: set Relay, wired once with the kicker, logger and both
+	// stores; Enqueue stays for one release (CHANGELOG.md).
 	Enqueue relaycore.EnqueueConfig
 	Relay   *relaycore.RelayHandler
 	Routes  RouteSet

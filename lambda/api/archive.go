@@ -243,7 +243,13 @@ func (h *Handler) requeue(ctx context.Context, m matched, req Request, log *slog
 	if e := decodeStrict(req, &in); e != nil {
 		return nil, e
 	}
-	seqs, err := relaycore.Requeue(ctx, h.Source, h.clock(), m.source, m.entry, h.Enqueue)
+	var seqs []uint64
+	var err error
+	if h.legacyEnqueue() {
+		seqs, err = relaycore.Requeue(ctx, h.Source, h.clock(), m.source, m.entry, h.Enqueue)
+	} else {
+		seqs, err = h.Relay.Requeue(ctx, m.source, m.entry)
+	}
 	if err != nil {
 		if e := operatorError(err); e != err {
 			return nil, e

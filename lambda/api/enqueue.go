@@ -10,7 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"mime"
-	"time"
+	"reflect"
 	"unicode/utf8"
 
 	"github.com/relay-dev/relay/lambda/event"
@@ -132,35 +132,52 @@ func (h *Handler) enqueue(ctx context.Context, m matched, req Request, log *slog
 		return nil, e
 	}
 	body := req.Body
-	cfg := h.Enqueue
+	var opts relaycore.EnqueueOptions
 	if key, ok := req.Headers[IdempotencyKeyHeader]; ok {
 		// Function URLs join a repeated header with commas, which no key
 		// contains, so a request with two keys is refused here too.
 		if err := relaycore.ValidIdempotencyKey(key); err != nil {
 			return nil, fail(400, "bad_request", "header Idempotency-Key: %v", err)
 		}
-		cfg.IdempotencyKey = key
+		opts.IdempotencyKey = key
 	}
 	rows, err := ParseRows(body, maxRows)
 	if err != nil {
 		return nil, err
 	}
-	var deadline time.Time
 	if dl, ok := ctx.Deadline(); ok {
-		deadline = dl.Add(-commitMargin)
+		opts.Deadline = dl.Add(-commitMargin)
 	}
-	res, err := relaycore.CommitRelayRows(ctx, h.Source, h.clock(), src, nil, deadline, rows, cfg)
+	res, err := h.commit(ctx, src, rows, opts)
 	if err != nil {
 		return nil, enqueueError(err, res)
 	}
 	if res.Replayed {
 		log.Info("api: idempotent replay, nothing written", "source", string(src), "rows", len(rows),
-			"first_seq", res.Seqs[0], "idempotency_key", cfg.IdempotencyKey)
+			"first_seq", res.Seqs[0], "idempotency_key", opts.IdempotencyKey)
 	} else {
 		log.Info("api: rows committed", "source", string(src), "rows", len(rows), "batches", res.Batches,
 			"first_seq", res.Seqs[0], "alarm_due_ms", res.AlarmDueMS)
 	}
 	return EnqueueResponse{Source: string(src), Seqs: res.Seqs, AlarmDueMS: res.AlarmDueMS, Replayed: res.Replayed}, nil
+}
+
+// legacyEnqueue reports whether enqueues and requeues go through the
+// deprecated Enqueue field (set, or no Relay to take them) rather than
+// Relay, which a host wires once with its clock, kicker and logger.
+func (h *Handler) legacyEnqueue() bool {
+	return h.Relay == nil || !reflect.ValueOf(h.Enqueue).IsZero()
+}
+
+// commit enqueues rows through Relay, or the deprecated Enqueue field.
+func (h *Handler) commit(ctx context.Context, src relaycore.Partition, rows []relaycore.Row, opts relaycore.EnqueueOptions) (relaycore.CommitResult, error) {
+	if !h.legacyEnqueue() {
+		return h.Relay.Enqueue(ctx, src, rows, opts)
+	}
+	cfg := h.Enqueue
+	cfg.IdempotencyKey = opts.IdempotencyKey
+	//lint:ignore SA1019 the deprecated Handler.Enqueue field keeps its meaning for one release
+	return relaycore.CommitRelayRows(ctx, h.Source, h.clock(), src, opts.Lease, opts.Deadline, rows, cfg)
 }
 
 // jsonContent refuses a body that is not declared application/json.
@@ -172,7 +189,7 @@ func jsonContent(req Request) *apiError {
 	return nil
 }
 
-// enqueueError maps a CommitRelayRows error to a response. Validation
+// enqueueError maps an enqueue error to a response. Validation
 // errors come before any write; the others may follow committed batches,
 // which res.Seqs reports.
 func enqueueError(err error, res relaycore.CommitResult) error {

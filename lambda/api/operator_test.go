@@ -533,8 +533,7 @@ func FuzzOperatorRequest(f *testing.F) {
 func TestNonUTF8TargetInRoutes(t *testing.T) {
 	r := newOpRig(t, api.RoutesAll)
 	const target = "t\xff\x00bin"
-	if _, err := relaycore.CommitRelayRows(t.Context(), r.src, relaycore.SystemClock{}, "orders", nil, time.Time{},
-		[]relaycore.Row{{Target: target, Puts: []relaycore.KV{{Key: "k", Value: []byte("v")}}}}, relaycore.EnqueueConfig{}); err != nil {
+	if _, err := (&relaycore.RelayHandler{Source: r.src, Clock: relaycore.SystemClock{}}).Enqueue(t.Context(), "orders", []relaycore.Row{{Target: target, Puts: []relaycore.KV{{Key: "k", Value: []byte("v")}}}}, relaycore.EnqueueOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	r.alarm(t)

@@ -138,7 +138,7 @@ func run(tb testing.TB, b backlog, hops int) figures {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	apiH := &api.Handler{Source: src, Clock: clock, Enqueue: relaycore.EnqueueConfig{Kicker: kicker, TargetCaps: tgt.Capabilities()}}
+	apiH := &api.Handler{Source: src, Clock: clock, Relay: &relaycore.RelayHandler{Source: src, Target: tgt, Clock: clock, Kicker: kicker}}
 	lam := invoketest.Start(tb, fireARN)
 	invoker, err := lambdainvoke.New(lambdainvoke.Config{Client: lam.Client(), FunctionARN: fireARN})
 	if err != nil {

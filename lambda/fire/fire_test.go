@@ -10,7 +10,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/relay-dev/relay/infra/mem"
 	"github.com/relay-dev/relay/lambda/event"
@@ -102,7 +101,7 @@ func (e *env) enqueue(t *testing.T, n int) {
 	for i := range rows {
 		rows[i] = relaycore.Row{Target: relaycore.Partition(fmt.Sprintf("t%03d", i)), Puts: []relaycore.KV{{Key: "k", Value: []byte(fmt.Sprint(i))}}}
 	}
-	if _, err := relaycore.CommitRelayRows(t.Context(), e.src, e.clock, e.source, nil, time.Time{}, rows, relaycore.EnqueueConfig{}); err != nil {
+	if _, err := (&relaycore.RelayHandler{Source: e.src, Clock: e.clock}).Enqueue(t.Context(), e.source, rows, relaycore.EnqueueOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/relay-dev/relay/infra/dynamo"
 	"github.com/relay-dev/relay/infra/dynamotest"
@@ -33,7 +32,7 @@ func TestAgeCost(t *testing.T) {
 		rows = append(rows, relaycore.Row{Target: relaycore.Partition(fmt.Sprintf("t%02d", i%60)),
 			Puts: []relaycore.KV{{Key: fmt.Sprintf("k%d", i), Value: bytes.Repeat([]byte("v"), 64)}}})
 	}
-	if _, err := relaycore.CommitRelayRows(t.Context(), src, clock, "orders", nil, time.Time{}, rows, relaycore.EnqueueConfig{}); err != nil {
+	if _, err := (&relaycore.RelayHandler{Source: src, Clock: clock}).Enqueue(t.Context(), "orders", rows, relaycore.EnqueueOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	relay := &relaycore.RelayHandler{Source: src, Target: tgt, Clock: clock}

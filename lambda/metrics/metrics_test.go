@@ -166,8 +166,7 @@ func CheckEMF(t *testing.T, out []byte) int {
 func TestAgeFromSourceState(t *testing.T) {
 	src := mem.New(relaycore.Capabilities{})
 	commit := t0.Add(-90 * time.Second)
-	if _, err := relaycore.CommitRelayRows(context.Background(), src, fixedClock{commit}, "orders", nil, time.Time{},
-		[]relaycore.Row{{Target: "t", Puts: []relaycore.KV{{Key: "k", Value: []byte("v")}}}}, relaycore.EnqueueConfig{}); err != nil {
+	if _, err := (&relaycore.RelayHandler{Source: src, Clock: fixedClock{commit}}).Enqueue(context.Background(), "orders", []relaycore.Row{{Target: "t", Puts: []relaycore.KV{{Key: "k", Value: []byte("v")}}}}, relaycore.EnqueueOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer

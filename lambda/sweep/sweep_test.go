@@ -59,7 +59,7 @@ func (e *env) enqueue(t *testing.T, sources ...string) {
 	t.Helper()
 	for _, s := range sources {
 		row := relaycore.Row{Target: "t", Puts: []relaycore.KV{{Key: "from/" + s, Value: []byte(s)}}}
-		if _, err := relaycore.CommitRelayRows(t.Context(), e.src, e.clock, relaycore.Partition(s), nil, time.Time{}, []relaycore.Row{row}, relaycore.EnqueueConfig{}); err != nil {
+		if _, err := (&relaycore.RelayHandler{Source: e.src, Clock: e.clock}).Enqueue(t.Context(), relaycore.Partition(s), []relaycore.Row{row}, relaycore.EnqueueOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		e.clock.Advance(time.Millisecond)

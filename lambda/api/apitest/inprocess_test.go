@@ -44,8 +44,7 @@ func newInProcess(t *testing.T) *inProcess {
 	relay := &relaycore.RelayHandler{Source: src, Target: dst, Budget: budget}
 	host := &inProcess{relay: relay, h: map[apitest.Role]*api.Handler{}}
 	for role, set := range map[apitest.Role]api.RouteSet{apitest.Producer: api.RoutesProducer, apitest.Operator: api.RoutesOperator} {
-		host.h[role] = &api.Handler{Source: src, Target: dst, Relay: relay, Routes: set,
-			Enqueue: relaycore.EnqueueConfig{TargetCaps: dst.Capabilities()}}
+		host.h[role] = &api.Handler{Source: src, Target: dst, Relay: relay, Routes: set}
 	}
 	return host
 }
