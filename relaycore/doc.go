@@ -97,7 +97,7 @@
 //   - takedown handoff: TakedownRequestTimer turns each ContentTakedownV1
 //     request a row carries into a durable record holding the request and
 //     a timer for the future takedown owner; it never acknowledges one.
-//   - idempotency key: EnqueueConfig.IdempotencyKey makes one enqueue
+//   - idempotency key: EnqueueOptions.IdempotencyKey makes one enqueue
 //     commit at most once: its rows and an x/idem/<key> record (digest of
 //     the rows, their seqs, expiry) land in one batch, and a retry with the
 //     same key and rows returns the stored seqs (CommitResult.Replayed)

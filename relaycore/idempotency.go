@@ -20,11 +20,11 @@ const IdemPrefix = "x/idem/"
 
 const idemEnd = "x/idem0" // first key after every idempotency record ('0' follows '/')
 
-// MaxIdempotencyKeyLen bounds EnqueueConfig.IdempotencyKey.
+// MaxIdempotencyKeyLen bounds EnqueueOptions.IdempotencyKey.
 const MaxIdempotencyKeyLen = 128
 
 // DefaultIdempotencyTTL is how long an idempotency record answers retries
-// when EnqueueConfig.IdempotencyTTL is zero.
+// when RelayHandler.IdempotencyTTL is zero.
 const DefaultIdempotencyTTL = 24 * time.Hour
 
 // idemGCPerAlarm bounds the expired idempotency records one alarm deletes,

@@ -30,7 +30,7 @@ type Config struct {
 	Sources        int    // sources (each with WritersPerSource writers)
 	Targets        int    // targets shared by all sources
 	RowsPerSource  int    // rows each source enqueues in total
-	BatchRows      int    // rows per CommitRelayRows call
+	BatchRows      int    // rows per Enqueue call
 	WritersPerSrc  int    // concurrent writers per source (os CAS races)
 	ValueBytes     int    // bytes per row value
 	FailingTarget  bool   // one target fails its first FailAttempts applies

@@ -10,7 +10,7 @@ import (
 // The server is alone on its file, so a source's os record is written by
 // its enqueues and its fires only. Enqueues that run at once race on that
 // record's compare-and-set, and of those in one group commit only one can
-// win; the rest re-plan, up to EnqueueConfig.MaxReplans (64) times before
+// win; the rest re-plan, up to RelayHandler.MaxReplans (64) times before
 // answering 503 unavailable. 300 enqueues at once to one source ran 138
 // of them out of re-plans. Taking turns commits as many enqueues of a
 // source per commit as racing did (one), spends no re-plans, and leaves

@@ -53,7 +53,7 @@ type EnqueueResponse struct {
 }
 
 // IdempotencyKeyHeader names the request header that makes an enqueue
-// idempotent (relaycore.EnqueueConfig.IdempotencyKey). Function URLs
+// idempotent (relaycore.EnqueueOptions.IdempotencyKey). Function URLs
 // deliver header names in lower case.
 const IdempotencyKeyHeader = "idempotency-key"
 
