@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -124,9 +123,6 @@ func GetArchive(ctx context.Context, st Store, source Partition, id uint64) (Arc
 	}
 	return es[0], items[0].Value, nil
 }
-
-// ErrArchiveNotFound: no archive entry has that id.
-var ErrArchiveNotFound = errors.New("archive entry not found")
 
 // Requeue enqueues an archive entry's rows again, for the same target, as
 // new rows (new seqs, in their original order), once: the enqueue uses the

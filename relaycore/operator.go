@@ -3,7 +3,6 @@ package relaycore
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"unicode/utf8"
@@ -16,6 +15,50 @@ import (
 // next one sees the new state. A live fire makes the action fail with
 // ErrSourceBusy; retrying a moment later is safe.
 
+// Action is an operator action on one target. Each is allowed in some
+// target states only (AllowedIn); the engine checks it under the source's
+// claim, and a host may ask first to refuse early.
+type Action string
+
+// The operator actions.
+const (
+	// ActionQuarantine holds the target's rows until ActionRelease;
+	// allowed from active and paused.
+	ActionQuarantine Action = "quarantine"
+	// ActionRelease ends a quarantine; allowed from quarantined.
+	ActionRelease Action = "release"
+	// ActionPause holds the target's rows on purpose until ActionResume;
+	// allowed from active.
+	ActionPause Action = "pause"
+	// ActionResume ends a pause; allowed from paused.
+	ActionResume Action = "resume"
+	// ActionSkip archives held rows without applying them; allowed from
+	// quarantined and paused, and it needs a reason.
+	ActionSkip Action = "skip"
+)
+
+// actionFrom is the one list of the states each action is allowed in.
+var actionFrom = map[Action][]TargetState{
+	ActionQuarantine: {StateActive, StatePaused},
+	ActionRelease:    {StateQuarantined},
+	ActionPause:      {StateActive},
+	ActionResume:     {StatePaused},
+	ActionSkip:       {StateQuarantined, StatePaused},
+}
+
+// AllowedIn reports whether a applies to a target in state s (false for an
+// unknown action). An action refused by it fails with a
+// *TargetStateError (ErrWrongState).
+func (a Action) AllowedIn(s TargetState) bool { return slices.Contains(actionFrom[a], s) }
+
+// check is the engine's state rule for a on target, as a refusal.
+func (a Action) check(target Partition, s TargetState) error {
+	if !a.AllowedIn(s) {
+		return &TargetStateError{Target: target, State: s, Action: a}
+	}
+	return nil
+}
+
 // Actor says who does an operator action and why. Reason is required for
 // skips; both are kept in the target's record (and in the archive for a
 // skip), bounded by MaxReasonLen and MaxActorLen bytes of UTF-8 without
@@ -25,13 +68,20 @@ type Actor struct {
 	Reason string
 }
 
-func (a Actor) validate(reasonRequired bool) error {
+// Validate checks a as the actor of action, as the engine does before the
+// action takes the source's claim: an error wrapping
+// ErrInvalidOperatorInput when the reason or actor is too long or not
+// text, when a skip has no reason, or when the action is unknown.
+func (a Actor) Validate(action Action) error {
+	if _, ok := actionFrom[action]; !ok {
+		return fmt.Errorf("%w: unknown action %q", ErrInvalidOperatorInput, action)
+	}
 	switch {
 	case len(a.Reason) > MaxReasonLen:
 		return fmt.Errorf("%w: reason is %d bytes, limit %d", ErrInvalidOperatorInput, len(a.Reason), MaxReasonLen)
 	case len(a.By) > MaxActorLen:
 		return fmt.Errorf("%w: actor is %d bytes, limit %d", ErrInvalidOperatorInput, len(a.By), MaxActorLen)
-	case reasonRequired && a.Reason == "":
+	case action == ActionSkip && a.Reason == "":
 		return fmt.Errorf("%w: a reason is required", ErrInvalidOperatorInput)
 	case !printable(a.Reason) || !printable(a.By):
 		return fmt.Errorf("%w: reason and actor must be UTF-8 text without control characters", ErrInvalidOperatorInput)
@@ -220,16 +270,16 @@ func (o *opRun) wake() error {
 	return nil
 }
 
-func (o *opRun) note(r *targetRec, action string, a Actor) {
-	r.Note = &OperatorNote{Action: action, By: a.By, Reason: a.Reason, AtMS: o.now}
+func (o *opRun) note(r *targetRec, action Action, a Actor) {
+	r.Note = &OperatorNote{Action: string(action), By: a.By, Reason: a.Reason, AtMS: o.now}
 }
 
 // setTargetState is quarantine and pause: rows, existing and new, are held
 // in order (what the outbox holds of them now at once, as far as the batch
 // has room; the rest from the next fire on); nothing is tried until
 // release/resume.
-func (h *RelayHandler) setTargetState(ctx context.Context, source, target Partition, state TargetState, action string, from []TargetState, a Actor) (TargetStatus, error) {
-	if err := a.validate(false); err != nil {
+func (h *RelayHandler) setTargetState(ctx context.Context, source, target Partition, state TargetState, action Action, a Actor) (TargetStatus, error) {
+	if err := a.Validate(action); err != nil {
 		return TargetStatus{}, err
 	}
 	var out TargetStatus
@@ -238,8 +288,8 @@ func (h *RelayHandler) setTargetState(ctx context.Context, source, target Partit
 		if err != nil {
 			return err
 		}
-		if !slices.Contains(from, r.State) {
-			return &TargetStateError{Target: target, State: r.State, Action: action}
+		if err := action.check(target, r.State); err != nil {
+			return err
 		}
 		before := r
 		r.setState(state, o.now)
@@ -316,13 +366,13 @@ func (o *opRun) holdOutbox(e targetEnq, r *targetRec) error {
 // active and paused; quarantining a quarantined target is an error
 // (TargetStateError), so a script notices it did nothing.
 func (h *RelayHandler) Quarantine(ctx context.Context, source, target Partition, a Actor) (TargetStatus, error) {
-	return h.setTargetState(ctx, source, target, StateQuarantined, "quarantine", []TargetState{StateActive, StatePaused}, a)
+	return h.setTargetState(ctx, source, target, StateQuarantined, ActionQuarantine, a)
 }
 
 // Pause stops delivery to target on purpose (maintenance): rows are held in
 // order and failures are not counted until Resume. Allowed from active.
 func (h *RelayHandler) Pause(ctx context.Context, source, target Partition, a Actor) (TargetStatus, error) {
-	return h.setTargetState(ctx, source, target, StatePaused, "pause", []TargetState{StateActive}, a)
+	return h.setTargetState(ctx, source, target, StatePaused, ActionPause, a)
 }
 
 // Release ends a quarantine: held rows are redriven oldest first, before
@@ -330,17 +380,17 @@ func (h *RelayHandler) Pause(ctx context.Context, source, target Partition, a Ac
 // alarm is made due now). If they fail again the target returns to
 // quarantine at once.
 func (h *RelayHandler) Release(ctx context.Context, source, target Partition, a Actor) (TargetStatus, error) {
-	return h.reactivate(ctx, source, target, StateQuarantined, "release", a)
+	return h.reactivate(ctx, source, target, ActionRelease, a)
 }
 
 // Resume ends a pause: held rows are delivered oldest first, before any
 // newer row, from the next fire on; failures count as usual.
 func (h *RelayHandler) Resume(ctx context.Context, source, target Partition, a Actor) (TargetStatus, error) {
-	return h.reactivate(ctx, source, target, StatePaused, "resume", a)
+	return h.reactivate(ctx, source, target, ActionResume, a)
 }
 
-func (h *RelayHandler) reactivate(ctx context.Context, source, target Partition, from TargetState, action string, a Actor) (TargetStatus, error) {
-	if err := a.validate(false); err != nil {
+func (h *RelayHandler) reactivate(ctx context.Context, source, target Partition, action Action, a Actor) (TargetStatus, error) {
+	if err := a.Validate(action); err != nil {
 		return TargetStatus{}, err
 	}
 	var out TargetStatus
@@ -349,15 +399,15 @@ func (h *RelayHandler) reactivate(ctx context.Context, source, target Partition,
 		if err != nil {
 			return err
 		}
-		if r.State != from {
-			return &TargetStateError{Target: target, State: r.State, Action: action}
+		if err := action.check(target, r.State); err != nil {
+			return err
 		}
 		before := r
 		r.setState(StateActive, o.now)
 		r.FailedRounds, r.FailedAttempts = 0, 0
 		if r.Held > 0 {
 			r.RetryMS = o.now
-			r.Released = from == StateQuarantined
+			r.Released = action == ActionRelease
 		}
 		o.note(&r, action, a)
 		o.putRec(before, r)
@@ -380,6 +430,19 @@ type SkipRequest struct {
 	Actor
 }
 
+// Validate checks req as the engine does before the skip reads anything:
+// its Actor (Actor.Validate with ActionSkip: a reason is required) and
+// 0 < ExpectFirst <= Through. The error wraps ErrInvalidOperatorInput.
+func (req SkipRequest) Validate() error {
+	if err := req.Actor.Validate(ActionSkip); err != nil {
+		return err
+	}
+	if req.ExpectFirst == 0 || req.Through < req.ExpectFirst {
+		return fmt.Errorf("%w: skip %d..%d: want 0 < expect_first <= through", ErrInvalidOperatorInput, req.ExpectFirst, req.Through)
+	}
+	return nil
+}
+
 // SkipResult reports a skip: the archive entry's id and the rows it holds.
 type SkipResult struct {
 	ArchiveID uint64       `json:"archive_id"`
@@ -397,11 +460,8 @@ type SkipResult struct {
 // (rh covers them) are cleaned, not archived. One request skips at most
 // what fits one source batch (ErrSkipTooLarge names how far it may go).
 func (h *RelayHandler) Skip(ctx context.Context, source Partition, req SkipRequest) (SkipResult, error) {
-	if err := req.Actor.validate(true); err != nil {
+	if err := req.Validate(); err != nil {
 		return SkipResult{}, err
-	}
-	if req.ExpectFirst == 0 || req.Through < req.ExpectFirst {
-		return SkipResult{}, fmt.Errorf("%w: skip %d..%d: want 0 < expect_first <= through", ErrInvalidOperatorInput, req.ExpectFirst, req.Through)
 	}
 	if err := h.skipPrecheck(ctx, source, req); err != nil {
 		return SkipResult{}, err
@@ -412,8 +472,8 @@ func (h *RelayHandler) Skip(ctx context.Context, source Partition, req SkipReque
 		if err != nil {
 			return err
 		}
-		if r.State != StateQuarantined && r.State != StatePaused {
-			return &TargetStateError{Target: req.Target, State: r.State, Action: "skip"}
+		if err := ActionSkip.check(req.Target, r.State); err != nil {
+			return err
 		}
 		pages, rh, first, err := h.readHeld(ctx, source, req.Target)
 		if err != nil {
@@ -497,7 +557,7 @@ func (h *RelayHandler) Skip(ctx context.Context, source Partition, req SkipReque
 		} else {
 			r.HeldFirst, r.HeldMS = remainingFirst, remainingMS
 		}
-		o.note(&r, "skip", req.Actor)
+		o.note(&r, ActionSkip, req.Actor)
 		entry := deadEntry{V: 1, TargetHex: targetHex(req.Target), First: first, Last: last, Rows: int(skipped),
 			By: req.By, Reason: req.Reason, AtMS: o.now, LastError: r.LastError}
 		if utf8.ValidString(string(req.Target)) {
@@ -524,8 +584,8 @@ func (h *RelayHandler) skipPrecheck(ctx context.Context, source Partition, req S
 	if err != nil {
 		return err
 	}
-	if r.State != StateQuarantined && r.State != StatePaused {
-		return &TargetStateError{Target: req.Target, State: r.State, Action: "skip"}
+	if err := ActionSkip.check(req.Target, r.State); err != nil {
+		return err
 	}
 	if r.Held > 0 && req.Through > r.HeldLast {
 		return fmt.Errorf("%w: through %d is past the last held seq %d", ErrSkipRange, req.Through, r.HeldLast)
@@ -579,53 +639,3 @@ func (req SkipRequest) conflict(first uint64) error {
 	}
 	return nil
 }
-
-// Operator errors.
-var (
-	// ErrSourceBusy: a fire holds the source's claim; retry shortly.
-	ErrSourceBusy = errors.New("source busy: a fire is running")
-	// ErrUnknownTarget: the source has no record of the target.
-	ErrUnknownTarget = errors.New("unknown target")
-	// ErrInvalidOperatorInput: a malformed operator request (reason too
-	// long, bad range); nothing was written.
-	ErrInvalidOperatorInput = errors.New("invalid operator request")
-	// ErrSkipRange: the skip goes past the target's last held row.
-	ErrSkipRange = errors.New("skip past the last held row")
-	// ErrSkipTooLarge: the skip does not fit one batch; skip in steps.
-	ErrSkipTooLarge = errors.New("skip too large for one request")
-	// ErrWrongState: the action does not apply in the target's state
-	// (TargetStateError says which).
-	ErrWrongState = errors.New("action not allowed in the target's state")
-	// ErrSkipConflict: the skip's expected first seq is not the target's
-	// first undelivered held row (SkipConflictError says which is).
-	ErrSkipConflict = errors.New("skip expectation does not hold")
-)
-
-// TargetStateError: action is not allowed while the target is in State.
-type TargetStateError struct {
-	Target Partition
-	State  TargetState
-	Action string
-}
-
-func (e *TargetStateError) Error() string {
-	return fmt.Sprintf("%s target %q: it is %s", e.Action, e.Target, e.State)
-}
-
-// Unwrap makes errors.Is(err, ErrWrongState) true.
-func (e *TargetStateError) Unwrap() error { return ErrWrongState }
-
-// SkipConflictError: the skip expected ExpectFirst to be the first
-// undelivered held row; Actual is (0: none is held).
-type SkipConflictError struct {
-	Target           Partition
-	Expected, Actual uint64
-	Reason           string
-}
-
-func (e *SkipConflictError) Error() string {
-	return fmt.Sprintf("skip target %q from %d: %s (first undelivered held seq: %d)", e.Target, e.Expected, e.Reason, e.Actual)
-}
-
-// Unwrap makes errors.Is(err, ErrSkipConflict) true.
-func (e *SkipConflictError) Unwrap() error { return ErrSkipConflict }

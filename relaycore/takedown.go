@@ -56,30 +56,6 @@ const (
 
 var takedownIDPattern = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]*$`)
 
-// ErrInvalidTakedown means a takedown request (or a row carrying one) is
-// malformed. From TakedownRequestTimer it blocks the target for the cycle
-// and leaves its rows queued: a request is never dropped, and never handed
-// off half-read. The concrete error is a *TakedownError.
-var ErrInvalidTakedown = errors.New("invalid takedown request")
-
-// TakedownError says which row and key carried a malformed takedown request
-// and why. It wraps ErrInvalidTakedown.
-type TakedownError struct {
-	Seq    uint64 // the row's seq (0 outside the relay)
-	Key    string
-	Reason string
-}
-
-func (e *TakedownError) Error() string {
-	if e.Seq == 0 {
-		return fmt.Sprintf("takedown request %q: %s", e.Key, e.Reason)
-	}
-	return fmt.Sprintf("takedown request %q in row %d: %s", e.Key, e.Seq, e.Reason)
-}
-
-// Unwrap makes errors.Is(err, ErrInvalidTakedown) true.
-func (e *TakedownError) Unwrap() error { return ErrInvalidTakedown }
-
 // ContentTakedownV1 is a real late-holder takedown request, retained until
 // the future takedown owner consumes it: content ContentID was still held by
 // node LateHolder when its takedown was requested at RequestedMS. Encoded as

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"slices"
 	"strconv"
 	"time"
 
@@ -120,75 +119,73 @@ func decodeStrict(req Request, out any) *apiError {
 	return nil
 }
 
-func checkReason(reason string, required bool) *apiError {
-	switch {
-	case len(reason) > relaycore.MaxReasonLen:
-		return fail(400, "bad_request", "reason is %d bytes, limit %d", len(reason), relaycore.MaxReasonLen)
-	case required && reason == "":
-		return fail(400, "bad_request", "reason is required")
+// precheck reads the target's status before the engine takes the source's
+// claim, so a request that cannot succeed (unknown target, wrong state)
+// writes nothing at all and does not make a running fire step aside. The
+// rule is the engine's (Action.AllowedIn), which checks it again under the
+// claim; this is only the cheap early no. (Skip needs none here: the
+// engine's Skip makes the same early check itself.)
+func (h *Handler) precheck(ctx context.Context, m matched, action relaycore.Action) error {
+	st, err := relaycore.GetTarget(ctx, h.Source, m.source, m.target)
+	if err != nil {
+		return operatorError(err)
+	}
+	if !action.AllowedIn(st.State) {
+		return operatorError(&relaycore.TargetStateError{Target: m.target, State: st.State, Action: action})
 	}
 	return nil
 }
 
-// precheck reads the target's status before the engine takes the source's
-// claim, so a request that cannot succeed (unknown target, wrong state)
-// writes nothing at all and does not make a running fire step aside. The
-// engine checks again under the claim; this is only the cheap early no.
-func (h *Handler) precheck(ctx context.Context, m matched, action string, from ...relaycore.TargetState) (relaycore.TargetStatus, error) {
-	st, err := relaycore.GetTarget(ctx, h.Source, m.source, m.target)
-	if err != nil {
-		return st, operatorError(err)
-	}
-	if !slices.Contains(from, st.State) {
-		return st, operatorError(&relaycore.TargetStateError{Target: m.target, State: st.State, Action: action})
-	}
-	return st, nil
+// stateActions are the engine's methods behind the state-changing routes.
+var stateActions = map[relaycore.Action]func(r *relaycore.RelayHandler, ctx context.Context, source, target relaycore.Partition, a relaycore.Actor) (relaycore.TargetStatus, error){
+	relaycore.ActionQuarantine: (*relaycore.RelayHandler).Quarantine,
+	relaycore.ActionRelease:    (*relaycore.RelayHandler).Release,
+	relaycore.ActionPause:      (*relaycore.RelayHandler).Pause,
+	relaycore.ActionResume:     (*relaycore.RelayHandler).Resume,
 }
 
-type stateAction func(r *relaycore.RelayHandler, ctx context.Context, source, target relaycore.Partition, a relaycore.Actor) (relaycore.TargetStatus, error)
-
-func (h *Handler) act(ctx context.Context, m matched, req Request, log *slog.Logger, action string, do stateAction, from ...relaycore.TargetState) (any, error) {
+func (h *Handler) act(ctx context.Context, m matched, req Request, log *slog.Logger, action relaycore.Action) (any, error) {
 	var in ActionRequest
 	if e := decodeStrict(req, &in); e != nil {
 		return nil, e
 	}
-	if e := checkReason(in.Reason, false); e != nil {
-		return nil, e
+	actor := relaycore.Actor{By: actorOf(req.Caller), Reason: in.Reason}
+	if err := actor.Validate(action); err != nil {
+		return nil, operatorError(err)
 	}
 	if h.Relay == nil {
 		return nil, fail(500, "internal", "operator actions are not configured on this endpoint")
 	}
-	if _, err := h.precheck(ctx, m, action, from...); err != nil {
+	if err := h.precheck(ctx, m, action); err != nil {
 		return nil, err
 	}
-	actor := relaycore.Actor{By: actorOf(req.Caller), Reason: in.Reason}
 	var st relaycore.TargetStatus
 	err := h.whileBusy(ctx, func() (err error) {
-		st, err = do(h.Relay, ctx, m.source, m.target, actor)
+		st, err = stateActions[action](h.Relay, ctx, m.source, m.target, actor)
 		return err
 	})
 	if err != nil {
 		return nil, operatorError(err)
 	}
-	log.Info("api: operator action", "action", action, "source", string(m.source), "target", string(m.target),
+	log.Info("api: operator action", "action", string(action), "source", string(m.source), "target", string(m.target),
 		"by", actor.By, "reason", actor.Reason, "state", string(st.State))
 	return TargetResponse{Source: string(m.source), Status: st}, nil
 }
 
 func (h *Handler) quarantine(ctx context.Context, m matched, req Request, log *slog.Logger) (any, error) {
-	return h.act(ctx, m, req, log, "quarantine", (*relaycore.RelayHandler).Quarantine, relaycore.StateActive, relaycore.StatePaused)
+	return h.act(ctx, m, req, log, relaycore.ActionQuarantine)
 }
 
 func (h *Handler) pause(ctx context.Context, m matched, req Request, log *slog.Logger) (any, error) {
-	return h.act(ctx, m, req, log, "pause", (*relaycore.RelayHandler).Pause, relaycore.StateActive)
+	return h.act(ctx, m, req, log, relaycore.ActionPause)
 }
 
 func (h *Handler) release(ctx context.Context, m matched, req Request, log *slog.Logger) (any, error) {
-	return h.act(ctx, m, req, log, "release", (*relaycore.RelayHandler).Release, relaycore.StateQuarantined)
+	return h.act(ctx, m, req, log, relaycore.ActionRelease)
 }
 
 func (h *Handler) resume(ctx context.Context, m matched, req Request, log *slog.Logger) (any, error) {
-	return h.act(ctx, m, req, log, "resume", (*relaycore.RelayHandler).Resume, relaycore.StatePaused)
+	return h.act(ctx, m, req, log, relaycore.ActionResume)
 }
 
 func (h *Handler) skip(ctx context.Context, m matched, req Request, log *slog.Logger) (any, error) {
@@ -196,82 +193,25 @@ func (h *Handler) skip(ctx context.Context, m matched, req Request, log *slog.Lo
 	if e := decodeStrict(req, &in); e != nil {
 		return nil, e
 	}
-	if e := checkReason(in.Reason, true); e != nil {
-		return nil, e
-	}
-	if in.ExpectFirst == 0 || in.Through < in.ExpectFirst {
-		return nil, fail(400, "bad_request", "skip %d..%d: want 0 < expect_first <= through", in.ExpectFirst, in.Through)
+	actor := relaycore.Actor{By: actorOf(req.Caller), Reason: in.Reason}
+	sr := relaycore.SkipRequest{Target: m.target, ExpectFirst: in.ExpectFirst, Through: in.Through, Actor: actor}
+	if err := sr.Validate(); err != nil {
+		return nil, operatorError(err)
 	}
 	if h.Relay == nil {
 		return nil, fail(500, "internal", "operator actions are not configured on this endpoint")
 	}
-	st, err := h.precheck(ctx, m, "skip", relaycore.StateQuarantined, relaycore.StatePaused)
-	if err != nil {
-		return nil, err
-	}
-	if st.HeldLast > 0 && in.Through > st.HeldLast {
-		// The engine refuses the same (ErrSkipRange) from the same record;
-		// saying it here writes nothing.
-		return nil, operatorError(errSkipRange(in.Through, st.HeldLast))
-	}
-	actor := relaycore.Actor{By: actorOf(req.Caller), Reason: in.Reason}
 	var res relaycore.SkipResult
-	err = h.whileBusy(ctx, func() (err error) {
-		res, err = h.Relay.Skip(ctx, m.source, relaycore.SkipRequest{Target: m.target, ExpectFirst: in.ExpectFirst, Through: in.Through, Actor: actor})
+	err := h.whileBusy(ctx, func() (err error) {
+		res, err = h.Relay.Skip(ctx, m.source, sr)
 		return err
 	})
 	if err != nil {
 		return nil, operatorError(err)
 	}
-	log.Info("api: operator action", "action", "skip", "source", string(m.source), "target", string(m.target),
+	log.Info("api: operator action", "action", string(relaycore.ActionSkip), "source", string(m.source), "target", string(m.target),
 		"by", actor.By, "reason", actor.Reason, "archive_id", res.ArchiveID, "rows", res.Rows, "first", res.First, "last", res.Last)
 	return SkipResponse{Source: string(m.source), SkipResult: res}, nil
-}
-
-type skipRangeError struct{ through, last uint64 }
-
-func errSkipRange(through, last uint64) error { return &skipRangeError{through, last} }
-
-func (e *skipRangeError) Error() string {
-	return "through " + strconv.FormatUint(e.through, 10) + " is past the last held seq " + strconv.FormatUint(e.last, 10)
-}
-
-func (e *skipRangeError) Unwrap() error { return relaycore.ErrSkipRange }
-
-// operatorError maps the engine's operator errors to responses; other
-// errors pass through (storage errors: 500).
-func operatorError(err error) error {
-	var (
-		stErr   *relaycore.TargetStateError
-		skipErr *relaycore.SkipConflictError
-		e       *apiError
-	)
-	switch {
-	case errors.As(err, &e):
-		return e
-	case errors.As(err, &skipErr):
-		e = fail(409, "skip_conflict", "%v: read the target again and skip from its first undelivered held row", err)
-		actual := skipErr.Actual
-		e.actualFirst = &actual
-	case errors.As(err, &stErr):
-		e = fail(409, "wrong_state", "%v", err)
-	case errors.Is(err, relaycore.ErrUnknownTarget):
-		e = fail(404, "unknown_target", "%v: the source never relayed to it", err)
-	case errors.Is(err, relaycore.ErrArchiveNotFound):
-		e = fail(404, "unknown_archive_entry", "%v", err)
-	case errors.Is(err, relaycore.ErrSkipRange):
-		e = fail(422, "skip_range", "%v", err)
-	case errors.Is(err, relaycore.ErrSkipTooLarge):
-		e = fail(422, "skip_too_large", "%v; skip in several requests", err)
-	case errors.Is(err, relaycore.ErrInvalidOperatorInput):
-		e = fail(400, "bad_request", "%v", err)
-	case errors.Is(err, relaycore.ErrSourceBusy), errors.Is(err, relaycore.ErrContention):
-		e = fail(503, "source_busy", "%v; nothing was changed, retry in a moment", err)
-		e.retryAfter = "1"
-	default:
-		return err
-	}
-	return e
 }
 
 // whileBusy runs op, and runs it again while it fails because a fire holds

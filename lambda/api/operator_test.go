@@ -195,6 +195,9 @@ func TestOperatorRefusals(t *testing.T) {
 		{"skip from zero", "POST", "/v1/sources/orders/targets/t2/skip", "", `{"expect_first":0,"through":2,"reason":"x"}`, 400, "bad_request"},
 		{"reason too long", "POST", tp + "quarantine", "", `{"reason":"` + long + `"}`, 400, "bad_request"},
 		{"reason with control characters", "POST", tp + "quarantine", "", `{"reason":"a\u0007b"}`, 400, "bad_request"},
+		// The engine's rule (Actor.Validate), before the target is read.
+		{"control characters, unknown target", "POST", "/v1/sources/orders/targets/nobody/pause", "", `{"reason":"a\u0007b"}`, 400, "bad_request"},
+		{"skip reason not UTF-8 text", "POST", "/v1/sources/orders/targets/t2/skip", "", `{"expect_first":2,"through":2,"reason":"a\u001bb"}`, 400, "bad_request"},
 		{"malformed json", "POST", tp + "quarantine", "", `{"reason":`, 400, "bad_request"},
 		{"no body", "POST", tp + "quarantine", "", ``, 400, "bad_request"},
 		{"unknown field", "POST", tp + "quarantine", "", `{"reason":"x","by":"mallory"}`, 400, "bad_request"},
