@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -187,42 +186,4 @@ func jsonContent(req Request) *apiError {
 		return fail(415, "unsupported_media_type", "content-type %q, want application/json", ct)
 	}
 	return nil
-}
-
-// enqueueError maps an enqueue error to a response. Validation
-// errors come before any write; the others may follow committed batches,
-// which res.Seqs reports.
-func enqueueError(err error, res relaycore.CommitResult) error {
-	var rowErr *relaycore.RowError
-	var e *apiError
-	switch {
-	case errors.As(err, &rowErr):
-		e = fail(400, "invalid_row", "%v", err)
-		e.row = &rowErr.Index
-		return e
-	case errors.Is(err, relaycore.ErrLeaseRequired):
-		e = fail(409, "lease_required", "%v: this source accepts rows only from a lease holder, which the API is not", err)
-	case errors.Is(err, relaycore.ErrIdempotencyKeyReused):
-		e = fail(409, "idempotency_key_reused", "%v: the Idempotency-Key was used for other rows within its lifetime; use a new key for new rows", err)
-	case errors.Is(err, relaycore.ErrIdempotentRequestTooLarge):
-		e = fail(413, "too_large", "%v: rows sent with an Idempotency-Key must commit in one batch; send fewer rows per request", err)
-	case errors.Is(err, relaycore.ErrInvalidIdempotencyKey):
-		e = fail(400, "bad_request", "header Idempotency-Key: %v", err)
-	case errors.Is(err, relaycore.ErrBatchTooLarge), errors.Is(err, relaycore.ErrValueTooLarge):
-		e = fail(413, "too_large", "%v", err)
-	case errors.Is(err, relaycore.ErrContention), errors.Is(err, relaycore.ErrDeadlineExceeded):
-		e = fail(503, "unavailable", "%v; rows with seq 0 in seqs were not committed and may be retried", err)
-		e.retryAfter = "1"
-	case errors.Is(err, relaycore.ErrCommitUnknown):
-		e = fail(500, "commit_unknown", "%v; rows with seq 0 in seqs may or may not have been committed (a retry with the same Idempotency-Key header commits them at most once)", err)
-	default:
-		e = fail(500, "internal", "%v", err)
-	}
-	for _, s := range res.Seqs {
-		if s != 0 {
-			e.seqs = res.Seqs
-			break
-		}
-	}
-	return e
 }

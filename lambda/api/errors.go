@@ -6,49 +6,102 @@ import (
 	"github.com/relay-dev/relay/relaycore"
 )
 
-// operatorAnswers maps the engine's operator errors to the API's answers:
-// status, error code and what the message adds for the caller
-// (docs/api.md's error table). The rules themselves (which action is
-// allowed in which state, what a valid reason is) are the engine's; this
-// table is all the API adds. The first entry whose err the error wraps
-// (errors.Is) answers; the message is the error's own text, then hint.
-var operatorAnswers = []struct {
-	err    error
+// An answer is what the API says for an engine error: the status, the
+// error code (docs/api.md's error table) and the message, format with the
+// error's own text as its one %v (what the caller should do next).
+type answer struct {
+	err    error // matched with errors.Is
 	status int
 	code   string
-	hint   string
-}{
-	{relaycore.ErrSkipConflict, 409, "skip_conflict", ": read the target again and skip from its first undelivered held row"},
-	{relaycore.ErrWrongState, 409, "wrong_state", ""},
-	{relaycore.ErrUnknownTarget, 404, "unknown_target", ": the source never relayed to it"},
-	{relaycore.ErrArchiveNotFound, 404, "unknown_archive_entry", ""},
-	{relaycore.ErrSkipRange, 422, "skip_range", ""},
-	{relaycore.ErrSkipTooLarge, 422, "skip_too_large", "; skip in several requests"},
-	{relaycore.ErrInvalidOperatorInput, 400, "bad_request", ""},
-	{relaycore.ErrSourceBusy, 503, "source_busy", "; nothing was changed, retry in a moment"},
-	{relaycore.ErrContention, 503, "source_busy", "; nothing was changed, retry in a moment"},
+	format string
 }
 
-// operatorError answers err by operatorAnswers; an *apiError and any other
-// error pass through (storage errors: 500). A skip conflict carries the
-// actual first held seq, a busy source a retry-after of one second.
-func operatorError(err error) error {
-	if e, ok := errors.AsType[*apiError](err); ok {
-		return e
+// The engine's errors, mapped to the API's answers: the whole of what the
+// API adds to them. The rules behind the errors (which action is allowed in
+// which state, what a valid reason or row is) are the engine's. The first
+// entry whose err the error wraps answers. One error may answer
+// differently by route: ErrContention is source_busy for an operator
+// action (nothing changed) and unavailable for an enqueue (seqs says what
+// committed).
+var (
+	operatorAnswers = []answer{
+		{relaycore.ErrSkipConflict, 409, "skip_conflict", "%v: read the target again and skip from its first undelivered held row"},
+		{relaycore.ErrWrongState, 409, "wrong_state", "%v"},
+		{relaycore.ErrUnknownTarget, 404, "unknown_target", "%v: the source never relayed to it"},
+		{relaycore.ErrArchiveNotFound, 404, "unknown_archive_entry", "%v"},
+		{relaycore.ErrSkipRange, 422, "skip_range", "%v"},
+		{relaycore.ErrSkipTooLarge, 422, "skip_too_large", "%v; skip in several requests"},
+		{relaycore.ErrInvalidOperatorInput, 400, "bad_request", "%v"},
+		{relaycore.ErrSourceBusy, 503, "source_busy", "%v; nothing was changed, retry in a moment"},
+		{relaycore.ErrContention, 503, "source_busy", "%v; nothing was changed, retry in a moment"},
 	}
-	for _, a := range operatorAnswers {
+	enqueueAnswers = []answer{
+		{relaycore.ErrInvalidRow, 400, "invalid_row", "%v"},
+		{relaycore.ErrLeaseRequired, 409, "lease_required", "%v: this source accepts rows only from a lease holder, which the API is not"},
+		{relaycore.ErrIdempotencyKeyReused, 409, "idempotency_key_reused", "%v: the Idempotency-Key was used for other rows within its lifetime; use a new key for new rows"},
+		{relaycore.ErrIdempotentRequestTooLarge, 413, "too_large", "%v: rows sent with an Idempotency-Key must commit in one batch; send fewer rows per request"},
+		{relaycore.ErrInvalidIdempotencyKey, 400, "bad_request", "header Idempotency-Key: %v"},
+		{relaycore.ErrBatchTooLarge, 413, "too_large", "%v"},
+		{relaycore.ErrValueTooLarge, 413, "too_large", "%v"},
+		{relaycore.ErrContention, 503, "unavailable", "%v; rows with seq 0 in seqs were not committed and may be retried"},
+		{relaycore.ErrDeadlineExceeded, 503, "unavailable", "%v; rows with seq 0 in seqs were not committed and may be retried"},
+		{relaycore.ErrCommitUnknown, 500, "commit_unknown", "%v; rows with seq 0 in seqs may or may not have been committed (a retry with the same Idempotency-Key header commits them at most once)"},
+	}
+)
+
+// answerFor is table's answer to err, with the details the typed errors
+// carry (a skip conflict's actual first held seq, a refused row's index)
+// and a retry-after of one second on a 503; nil when no entry matches.
+func answerFor(table []answer, err error) *apiError {
+	for _, a := range table {
 		if !errors.Is(err, a.err) {
 			continue
 		}
-		e := fail(a.status, a.code, "%v%s", err, a.hint)
+		e := fail(a.status, a.code, a.format, err)
 		if sc, ok := errors.AsType[*relaycore.SkipConflictError](err); ok && a.err == relaycore.ErrSkipConflict {
 			actual := sc.Actual
 			e.actualFirst = &actual
+		}
+		if re, ok := errors.AsType[*relaycore.RowError](err); ok && a.err == relaycore.ErrInvalidRow {
+			e.row = &re.Index
 		}
 		if a.status == 503 {
 			e.retryAfter = "1"
 		}
 		return e
 	}
+	return nil
+}
+
+// operatorError answers err by operatorAnswers; an *apiError and any other
+// error pass through (storage errors: 500).
+func operatorError(err error) error {
+	if e, ok := errors.AsType[*apiError](err); ok {
+		return e
+	}
+	if e := answerFor(operatorAnswers, err); e != nil {
+		return e
+	}
 	return err
+}
+
+// enqueueError answers an enqueue's error by enqueueAnswers (any other is
+// 500 internal). Validation errors come before any write; the others may
+// follow committed batches, which res.Seqs reports and the answer carries
+// (a refused row's answer carries none: nothing was written).
+func enqueueError(err error, res relaycore.CommitResult) error {
+	e := answerFor(enqueueAnswers, err)
+	if e == nil {
+		e = fail(500, "internal", "%v", err)
+	}
+	if e.code == "invalid_row" {
+		return e
+	}
+	for _, s := range res.Seqs {
+		if s != 0 {
+			e.seqs = res.Seqs
+			break
+		}
+	}
+	return e
 }
