@@ -68,14 +68,14 @@ var (
 	ErrCorruptRecord = errors.New("corrupt relay record")
 
 	// ErrContention means an engine compare-and-set kept losing to other
-	// writers (CommitRelayRows on os, a fire's checkpoint on rs, an alarm
+	// writers (an enqueue on os, a fire's checkpoint on rs, an alarm
 	// clearing its record, an operator action re-reading what an enqueue
 	// changed). What committed before it stays committed; retrying later
 	// is safe.
 	ErrContention = errors.New("relay compare-and-set lost too many races")
 )
 
-// These errors can be returned when enqueueing rows (CommitRelayRows).
+// These errors can be returned when enqueueing rows (RelayHandler.Enqueue).
 var (
 	// ErrInvalidRow means a relay row was refused before anything was
 	// written. The concrete error is a *RowError naming the row and the
@@ -94,7 +94,7 @@ var (
 	// outbox; the caller must not assume either.
 	ErrCommitUnknown = errors.New("relay enqueue outcome unknown")
 
-	// ErrInvalidIdempotencyKey means EnqueueConfig.IdempotencyKey is not
+	// ErrInvalidIdempotencyKey means EnqueueOptions.IdempotencyKey is not
 	// 1..128 bytes of [A-Za-z0-9._:-]. Nothing was read or written.
 	ErrInvalidIdempotencyKey = errors.New("invalid idempotency key")
 
