@@ -66,7 +66,7 @@ func (d *Daemon) resend(seg, peer string) (ledger.Record, bool, error) {
 // own: WANT names the lost segments with the size and digest they had,
 // and a peer that holds exactly that segment resends it (ledger.Resend)
 // and says so in its HOLDS. Whom to ask: the peer the segment came from,
-// and every peer this node had delivered it to (an acked record). Rounds
+// and every peer this node has a record for it with (holdersOf). Rounds
 // repeat, with relay.backoff between them, until every lost segment is
 // stored again; a new loss starts a round at once.
 
@@ -149,8 +149,14 @@ func (d *Daemon) askPeers(ctx context.Context, wanted []segstore.Wanted, first b
 	}
 }
 
-// holdersOf returns the known peers that should hold w: its source, and
-// every peer whose record for it is acked.
+// holdersOf returns the known peers that may hold w: its source, and
+// every peer this node has a record for it with, in any state. Not only
+// acked ones: a record that was acked and then made due again (a resend
+// the peer asked for, an operator's) and whose attempt then read the
+// damaged copy is failed or deadlettered now, although the peer holds the
+// segment; asking only acked peers left such a segment lost for good
+// (TestLostSegmentAskedOfPeersStillOwed). A peer that does not hold it
+// grants nothing, and the rounds back off.
 func (d *Daemon) holdersOf(w segstore.Wanted) []string {
 	set := map[string]bool{}
 	if p, ok := d.cfg.Peer(w.Source); ok && p.Address != "" {
@@ -161,7 +167,7 @@ func (d *Daemon) holdersOf(w segstore.Wanted) []string {
 		d.log.Error("reading the ledger for a lost segment failed", "segment", w.ID, "err", err)
 	}
 	for _, r := range recs {
-		if p, ok := d.cfg.Peer(r.PeerID); ok && p.Address != "" && r.State == ledger.StateAcked {
+		if p, ok := d.cfg.Peer(r.PeerID); ok && p.Address != "" {
 			set[p.ID] = true
 		}
 	}

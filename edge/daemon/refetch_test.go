@@ -216,3 +216,24 @@ func TestScrubFindsUnreadDamage(t *testing.T) {
 		})
 	}
 }
+
+// TestLostSegmentAskedOfPeersStillOwed: a's record for b is not acked
+// (here b is unreachable, so it failed; in TestLostSegmentRefetched it
+// was a resend whose attempt read a's damaged copy), yet b is whom a
+// must ask for a copy it loses: asking only acked peers left the segment
+// lost for good when the record had been acked and then made due again.
+func TestLostSegmentAskedOfPeersStillOwed(t *testing.T) {
+	dir := pkitest.New(t, "a", "b")
+	gone := listen(t)
+	bAddr := gone.Addr().String()
+	gone.Close() // b refuses every dial
+	relayLn, rpcLn := listen(t), listen(t)
+	a := startNode(t, nodeConfig(t, dir, "a", relayLn.Addr().String(), rpcLn.Addr().String(), []config.Peer{{ID: "b", Address: bAddr}}), relayLn, rpcLn)
+	put(t, a, "seg-1", bytes.Repeat([]byte("owed "), 100))
+	if r, err := a.d.led.Get("seg-1", "b"); err != nil || r.State == ledger.StateAcked {
+		t.Fatalf("a's record for b: %+v, %v; want one not acked", r, err)
+	}
+	if got := a.d.holdersOf(segstore.Wanted{ID: "seg-1"}); len(got) != 1 || got[0] != "b" {
+		t.Fatalf("holdersOf = %v, want [b]", got)
+	}
+}
