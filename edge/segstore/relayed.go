@@ -12,35 +12,11 @@ import (
 // segments at once). It returns the entries whose marker this call set;
 // ids not stored, or already marked, are skipped. Idempotent.
 func (s *Store) MarkRelayedAll(ids []string) ([]Entry, error) {
-	var marked []Entry
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		marked = marked[:0]
-		b := tx.Bucket(indexBucket)
-		now := s.opt.Now().UTC()
-		for _, id := range ids {
-			v := b.Get([]byte(id))
-			if v == nil {
-				continue
-			}
-			e, err := decodeEntry(id, v)
-			if err != nil {
-				return err
-			}
-			if e.Relayed {
-				continue
-			}
-			e.Relayed, e.RelayedAt = true, now
-			if err := putEntry(b, e); err != nil {
-				return err
-			}
-			marked = append(marked, e)
-		}
-		return nil
-	})
+	changed, err := s.setRelayedAll(ids, true)
 	if err != nil {
 		return nil, fmt.Errorf("mark relayed: %w", err)
 	}
-	return marked, nil
+	return changed, nil
 }
 
 // ClearRelayedAll is ClearRelayed for several segments in one transaction
@@ -49,10 +25,29 @@ func (s *Store) MarkRelayedAll(ids []string) ([]Entry, error) {
 // whose marker this call cleared, in the order given; ids not stored, or
 // not marked, are skipped. Idempotent.
 func (s *Store) ClearRelayedAll(ids []string) ([]string, error) {
-	var cleared []string
+	changed, err := s.setRelayedAll(ids, false)
+	if err != nil {
+		return nil, fmt.Errorf("clear relayed: %w", err)
+	}
+	cleared := make([]string, len(changed))
+	for i, e := range changed {
+		cleared[i] = e.ID
+	}
+	return cleared, nil
+}
+
+// setRelayedAll sets (relayed) or clears the relayed marker of every
+// stored id of ids whose marker differs, in one transaction, and returns
+// the entries it changed, as written, in the order given.
+func (s *Store) setRelayedAll(ids []string, relayed bool) ([]Entry, error) {
+	var changed []Entry
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		cleared = cleared[:0]
+		changed = changed[:0]
 		b := tx.Bucket(indexBucket)
+		at := time.Time{}
+		if relayed {
+			at = s.opt.Now().UTC()
+		}
 		for _, id := range ids {
 			v := b.Get([]byte(id))
 			if v == nil {
@@ -62,19 +57,16 @@ func (s *Store) ClearRelayedAll(ids []string) ([]string, error) {
 			if err != nil {
 				return err
 			}
-			if !e.Relayed {
+			if e.Relayed == relayed {
 				continue
 			}
-			e.Relayed, e.RelayedAt = false, time.Time{}
+			e.Relayed, e.RelayedAt = relayed, at
 			if err := putEntry(b, e); err != nil {
 				return err
 			}
-			cleared = append(cleared, id)
+			changed = append(changed, e)
 		}
 		return nil
 	})
-	if err != nil {
-		return nil, fmt.Errorf("clear relayed: %w", err)
-	}
-	return cleared, nil
+	return changed, err
 }
