@@ -105,7 +105,7 @@ func newRoot(stdout io.Writer) *cobra.Command {
 	root.PersistentFlags().StringVarP(&g.config, "config", "c", "", "edged config file to take rpc.listen from")
 	root.PersistentFlags().BoolVar(&g.json, "json", false, "print the RPC's JSON reply")
 	root.AddCommand(statusCmd(g), indexCmd(g), storageCmd(g), quotaCmd(g), ledgerCmd(g), deadletterCmd(g),
-		segmentCmd(g), assuranceCmd(g), relayCmd(g), pkiCmd(stdout))
+		segmentCmd(g), assuranceCmd(g), relayCmd(g), takedownCmd(g), pkiCmd(stdout))
 	root.AddCommand(versionCmd(stdout))
 	return root
 }
