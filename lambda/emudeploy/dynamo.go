@@ -1,0 +1,118 @@
+package emudeploy
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+)
+
+// DefaultDynamoLatency is the per-request latency added in front of the
+// DynamoDB-API endpoint: DynamoDB's developer guide promises
+// "single-digit millisecond" performance at any scale; a request here is
+// held for a uniformly random 2 to 8 ms (mean 5 ms) before the emulator
+// answers it, so that a fire delivering its targets one after another
+// pays those latencies in sequence and a concurrent one overlaps them, as
+// against DynamoDB.
+func DefaultDynamoLatency(r *rand.Rand) time.Duration {
+	return 2*time.Millisecond + time.Duration(r.Int64N(int64(6*time.Millisecond)))
+}
+
+// dynamoFront is the DynamoDB endpoint the functions reach: it holds each
+// request for the modelled latency, forwards it to the in-process
+// emulator, and records when each key of the target table was first
+// written by a committed transaction (the row's apply time).
+type dynamoFront struct {
+	rp          *httputil.ReverseProxy
+	latency     func(*rand.Rand) time.Duration
+	targetTable string
+
+	mu       sync.Mutex
+	rng      *rand.Rand
+	requests int
+	applied  map[string]time.Time // target key -> first commit
+	changed  chan struct{}        // closed and replaced at each new key
+}
+
+func newDynamoFront(upstream string, targetTable string, latency func(*rand.Rand) time.Duration, seed uint64) (*dynamoFront, error) {
+	u, err := url.Parse(upstream)
+	if err != nil {
+		return nil, err
+	}
+	return &dynamoFront{
+		rp: httputil.NewSingleHostReverseProxy(u), latency: latency, targetTable: targetTable,
+		rng: rand.New(rand.NewPCG(seed, 0x64796e)), applied: map[string]time.Time{}, changed: make(chan struct{}),
+	}, nil
+}
+
+func (d *dynamoFront) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	d.mu.Lock()
+	d.requests++
+	hold := time.Duration(0)
+	if d.latency != nil {
+		hold = d.latency(d.rng)
+	}
+	d.mu.Unlock()
+	time.Sleep(hold) // the request's latency, not synchronisation
+	op := r.Header.Get("X-Amz-Target")
+	if !strings.HasSuffix(op, ".TransactWriteItems") {
+		d.rp.ServeHTTP(w, r)
+		return
+	}
+	body, _ := io.ReadAll(r.Body)
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+	d.rp.ServeHTTP(rec, r)
+	if rec.status == http.StatusOK {
+		d.recordApplied(body)
+	}
+}
+
+// recordApplied notes the target-table keys a committed transaction put.
+func (d *dynamoFront) recordApplied(body []byte) {
+	var tx struct {
+		TransactItems []struct {
+			Put *struct {
+				TableName string
+				Item      map[string]struct{ S string }
+			}
+		}
+	}
+	if json.Unmarshal(body, &tx) != nil {
+		return
+	}
+	now := time.Now()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	fresh := false
+	for _, it := range tx.TransactItems {
+		if it.Put == nil || it.Put.TableName != d.targetTable {
+			continue
+		}
+		k := it.Put.Item["k"].S
+		if _, ok := d.applied[k]; !ok && k != "" {
+			d.applied[k] = now
+			fresh = true
+		}
+	}
+	if fresh {
+		close(d.changed)
+		d.changed = make(chan struct{})
+	}
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	s.status = code
+	s.ResponseWriter.WriteHeader(code)
+}

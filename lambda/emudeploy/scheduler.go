@@ -1,0 +1,230 @@
+package emudeploy
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/relay-dev/relay/infra/scheduler"
+)
+
+// DefaultPrecision is EventBridge Scheduler's: "All schedule types on
+// EventBridge Scheduler invoke their targets with 60 second precision"
+// (its user guide, "Schedule types").
+const DefaultPrecision = time.Minute
+
+// RunAt is when a one-time schedule at(at) runs: at a uniformly random
+// whole second of the precision window that starts at at. The guide's
+// example is a minute-resolution time (set for 1:00, it runs between
+// 1:00:00 and 1:00:59); for an at() with seconds, as the relay's kicks
+// are, the window is taken to start at the time itself, so a schedule
+// never runs early: a fire before its alarm is due would find nothing due.
+// This is the model docs/deploy.md's "up to ~60 s" states.
+func RunAt(at time.Time, precision time.Duration, r *rand.Rand) time.Time {
+	secs := int64(precision / time.Second)
+	if secs <= 1 {
+		return at
+	}
+	return at.Add(time.Duration(r.Int64N(secs)) * time.Second)
+}
+
+// SchedulerStats counts the Scheduler endpoint's work.
+type SchedulerStats struct {
+	// Requests counts CreateSchedule calls; Created of them armed a
+	// schedule, Conflicts found one of the name pending (409, which the
+	// relay counts as armed), Invalid broke the relay's contract.
+	Requests, Created, Conflicts, Invalid int
+	// Runs are one-time schedules that ran: each is a billed Scheduler
+	// invocation and one asynchronous invoke of the fire function.
+	Runs int
+	// Late sums, over the runs, how long after its at() time each ran.
+	Late time.Duration
+}
+
+// Scheduler is an EventBridge Scheduler endpoint that runs what it is
+// given: it speaks CreateSchedule (POST /schedules/{Name}), refuses a name
+// already pending (409 ConflictException) and, at RunAt of each accepted
+// one-time schedule, deletes it (ActionAfterCompletion DELETE frees the
+// name) and hands its input to the target. Requests the relay must never
+// send (flexible window on, no delete after completion, not at(), not
+// UTC, unsigned) are answered 400 and counted as Invalid.
+type Scheduler struct {
+	clk       Clock
+	precision time.Duration
+	latency   time.Duration
+	target    func(arn string, input []byte)
+
+	mu      sync.Mutex
+	rng     *rand.Rand
+	pending map[string]bool
+	stats   SchedulerStats
+	invalid []string
+}
+
+// NewScheduler returns a Scheduler whose schedules run target(arn, input)
+// at RunAt(at, precision); latency holds each response (the API request's
+// round trip); seed seeds the run seconds.
+func NewScheduler(clk Clock, precision, latency time.Duration, seed uint64, target func(arn string, input []byte)) *Scheduler {
+	return &Scheduler{clk: clk, precision: precision, latency: latency, target: target,
+		rng: rand.New(rand.NewPCG(seed, 0x736368)), pending: map[string]bool{}}
+}
+
+// Stats returns the counters.
+func (s *Scheduler) Stats() SchedulerStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stats
+}
+
+// Violations lists the invalid requests seen, each with its reason.
+func (s *Scheduler) Violations() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.invalid...)
+}
+
+// Pending is the number of armed schedules that have not run.
+func (s *Scheduler) Pending() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.pending)
+}
+
+// ServeHTTP answers one CreateSchedule request.
+func (s *Scheduler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.latency > 0 {
+		time.Sleep(s.latency) // the request's round trip, not synchronisation
+	}
+	name, sc, problem := parseCreate(r)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stats.Requests++
+	switch {
+	case problem != "":
+		s.stats.Invalid++
+		s.invalid = append(s.invalid, problem)
+		writeAWSError(w, http.StatusBadRequest, "ValidationException", map[string]string{"Message": problem})
+		return
+	case s.pending[name]:
+		s.stats.Conflicts++
+		writeAWSError(w, http.StatusConflict, "ConflictException", map[string]string{"Message": "Schedule " + name + " already exists."})
+		return
+	}
+	s.stats.Created++
+	s.pending[name] = true
+	run := RunAt(sc.at, s.precision, s.rng)
+	s.clk.AfterFunc(max(run.Sub(s.clk.Now()), 0), func() {
+		s.mu.Lock()
+		delete(s.pending, name)
+		s.stats.Runs++
+		s.stats.Late += s.clk.Now().Sub(sc.at)
+		s.mu.Unlock()
+		s.target(sc.arn, []byte(sc.input))
+	})
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = fmt.Fprintf(w, `{"ScheduleArn":"arn:aws:scheduler:us-east-1:123456789012:schedule/%s/%s"}`, sc.group, name)
+}
+
+type createRequest struct {
+	at                      time.Time
+	group, arn, role, input string
+}
+
+// parseCreate checks a request against what the relay's kicker sends
+// (infra/scheduler), as schedulertest does for the unit tests.
+func parseCreate(r *http.Request) (string, createRequest, string) {
+	raw, ok := strings.CutPrefix(r.URL.EscapedPath(), "/schedules/")
+	if r.Method != http.MethodPost || !ok {
+		return "", createRequest{}, fmt.Sprintf("unexpected request %s %s (only CreateSchedule is expected)", r.Method, r.URL.Path)
+	}
+	name, err := url.PathUnescape(raw)
+	if err != nil || !scheduler.ValidName(name) {
+		return "", createRequest{}, fmt.Sprintf("invalid schedule name %q", raw)
+	}
+	if !signed(r) {
+		return name, createRequest{}, name + ": request not signed with SigV4"
+	}
+	var b struct {
+		ActionAfterCompletion      string
+		ClientToken                string
+		Description                string
+		FlexibleTimeWindow         struct{ Mode string }
+		GroupName                  string
+		ScheduleExpression         string
+		ScheduleExpressionTimezone string
+		State                      string
+		Target                     struct{ Arn, RoleArn, Input string }
+	}
+	data, err := io.ReadAll(r.Body)
+	if err == nil {
+		dec := json.NewDecoder(strings.NewReader(string(data)))
+		dec.DisallowUnknownFields()
+		err = dec.Decode(&b)
+	}
+	if err != nil {
+		return name, createRequest{}, fmt.Sprintf("%s: body: %v", name, err)
+	}
+	inner, ok := strings.CutPrefix(b.ScheduleExpression, "at(")
+	inner, ok2 := strings.CutSuffix(inner, ")")
+	at, err := time.Parse("2006-01-02T15:04:05", inner)
+	switch {
+	case !ok || !ok2 || err != nil:
+		return name, createRequest{}, fmt.Sprintf("%s: expression %q is not at(yyyy-mm-ddThh:mm:ss)", name, b.ScheduleExpression)
+	case b.GroupName == "" || b.ScheduleExpressionTimezone != "UTC":
+		return name, createRequest{}, fmt.Sprintf("%s: group %q timezone %q, want a group and UTC", name, b.GroupName, b.ScheduleExpressionTimezone)
+	case b.FlexibleTimeWindow.Mode != "OFF" || b.ActionAfterCompletion != "DELETE":
+		return name, createRequest{}, fmt.Sprintf("%s: flexible window %q, after completion %q, want OFF and DELETE", name, b.FlexibleTimeWindow.Mode, b.ActionAfterCompletion)
+	case b.Target.Arn == "" || b.Target.RoleArn == "" || !json.Valid([]byte(b.Target.Input)):
+		return name, createRequest{}, name + ": target without Arn, RoleArn or JSON input"
+	}
+	return name, createRequest{at: at.UTC(), group: b.GroupName, arn: b.Target.Arn, role: b.Target.RoleArn, input: b.Target.Input}, ""
+}
+
+// Sweep runs a rate schedule: every period from a seeded phase within the
+// first period, it hands target the sweep function's event, as the
+// template's ScheduleV2 rate(1 minute) does (its input with Scheduler's
+// context attributes filled in). It stops when stop is closed.
+func Sweep(clk Clock, period time.Duration, seed uint64, stop <-chan struct{}, target func(input []byte)) {
+	r := rand.New(rand.NewPCG(seed, 0x737770))
+	phase := time.Duration(r.Int64N(int64(period)))
+	var n int
+	var tick func()
+	tick = func() {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		n++
+		in, _ := json.Marshal(map[string]string{
+			"scheduled_time": clk.Now().UTC().Truncate(time.Second).Format(time.RFC3339),
+			"execution_id":   fmt.Sprintf("emu%013d", n),
+		})
+		clk.AfterFunc(period, tick)
+		target(in)
+	}
+	clk.AfterFunc(phase, tick)
+}
+
+// signed reports whether r carries a SigV4 signature, as every request
+// from the real SDK clients does.
+func signed(r *http.Request) bool {
+	return strings.HasPrefix(r.Header.Get("Authorization"), "AWS4-HMAC-SHA256 ")
+}
+
+// writeAWSError answers an AWS JSON-protocol error: typ in
+// X-Amzn-ErrorType, which the SDK's deserializers read, and the service's
+// error shape as the body.
+func writeAWSError(w http.ResponseWriter, status int, typ string, body map[string]string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Amzn-ErrorType", typ)
+	w.WriteHeader(status)
+	data, _ := json.Marshal(body)
+	_, _ = w.Write(data)
+}
