@@ -12,6 +12,11 @@
 //	Failed      the last attempt failed; retry after NextAttemptAfter
 //	Deadletter  retry budget exhausted or segment gone (terminal for
 //	            automatic execution; an operator may retry or purge it)
+//	Cancelled   delivery ended on purpose by a takedown (terminal): this
+//	            node evicted the segment for one, or the peer refuses it
+//	            because it did (NACK evicted). Not a failure: never
+//	            retried, never deadlettered. Stored as Deadletter with a
+//	            flag, so older agents read it as terminal too.
 //
 // # Transitions
 //
@@ -31,10 +36,13 @@
 //	ReleaseDeferred        Scheduled | Failed deferred by Defer → same state, NextAttemptAfter back to what
 //	                       it was before the deferral (start-up: the deferring circuit died with its process)
 //	RescheduleReady        Failed with NextAttemptAfter ≤ now → Scheduled
-//	RemoveSettled          Acked → absent, for every record of a segment no longer stored whose
-//	                       records are all Acked and older than the retention (see RemoveSettled)
+//	RemoveSettled          Acked | Cancelled → absent, for every record of a segment no longer stored whose
+//	                       records are all Acked or Cancelled and older than the retention (see RemoveSettled)
 //	Defer                  Scheduled | Failed → same state, NextAttemptAfter moved later, no attempt counted
 //	                       (the relay's dial circuit: a peer known to be unreachable)
+//	Cancel                 Inflight → Cancelled (the peer answered NACK evicted)
+//	CancelSegmentIn        Scheduled | Inflight | Failed | Deadletter → Cancelled, every record of a segment,
+//	                       inside the takedown's eviction transaction
 //
 // Any other (state, operation) pair is refused with a *TransitionError
 // (errors.Is(err, ErrIllegalTransition)); an operation on an absent record

@@ -20,11 +20,17 @@ const (
 	StateAcked      State = 3
 	StateFailed     State = 4
 	StateDeadletter State = 5
+	// StateCancelled is never stored as 6: on disk it is StateDeadletter
+	// with "cancelled": true (see stored), so an edged older than it, whose
+	// start-up check refuses unknown states and would set the whole
+	// database aside, reads a cancelled record as a deadletter: terminal
+	// for it too.
+	StateCancelled State = 6
 )
 
 // States lists every state in numeric order.
 func States() []State {
-	return []State{StateScheduled, StateInflight, StateAcked, StateFailed, StateDeadletter}
+	return []State{StateScheduled, StateInflight, StateAcked, StateFailed, StateDeadletter, StateCancelled}
 }
 
 func (s State) String() string {
@@ -39,6 +45,8 @@ func (s State) String() string {
 		return "failed"
 	case StateDeadletter:
 		return "deadletter"
+	case StateCancelled:
+		return "cancelled"
 	}
 	return fmt.Sprintf("state(%d)", uint8(s))
 }
@@ -50,12 +58,14 @@ func ParseState(s string) (State, error) {
 			return st, nil
 		}
 	}
-	return 0, fmt.Errorf("unknown ledger state %q (scheduled, inflight, acked, failed, deadletter)", s)
+	return 0, fmt.Errorf("unknown ledger state %q (scheduled, inflight, acked, failed, deadletter, cancelled)", s)
 }
 
 // Terminal reports whether automatic execution never moves the record
-// again: Acked, and Deadletter (which only an operator moves).
-func (s State) Terminal() bool { return s == StateAcked || s == StateDeadletter }
+// again: Acked, Deadletter (which only an operator moves) and Cancelled.
+func (s State) Terminal() bool {
+	return s == StateAcked || s == StateDeadletter || s == StateCancelled
+}
 
 // pending reports whether records in s are in the pending index.
 func (s State) pending() bool { return s == StateScheduled || s == StateFailed }
@@ -105,12 +115,17 @@ type stored struct {
 	DeferredNS int64  `json:"deferred_ns,omitempty"`
 	LastError  string `json:"last_error,omitempty"`
 	UpdatedNS  int64  `json:"updated_ns"`
+	// Cancelled marks a StateCancelled record, stored as StateDeadletter.
+	Cancelled bool `json:"cancelled,omitempty"`
 }
 
 func encode(r Record) ([]byte, error) {
 	s := stored{
 		State: r.State, Attempts: r.Attempts, BudgetBase: r.BudgetBase,
 		NextNS: nanos(r.NextAttemptAfter), LastError: r.LastError, UpdatedNS: nanos(r.UpdatedAt),
+	}
+	if r.State == StateCancelled {
+		s.State, s.Cancelled = StateDeadletter, true
 	}
 	if r.State.pending() {
 		// A deferral ends with the record's claim (or any state change):
@@ -128,6 +143,14 @@ func decode(key, val []byte) (Record, error) {
 	var s stored
 	if err := json.Unmarshal(val, &s); err != nil {
 		return Record{}, fmt.Errorf("decode ledger record %s/%s: %w", seg, peer, err)
+	}
+	switch {
+	case s.State == StateCancelled:
+		return Record{}, fmt.Errorf("decode ledger record %s/%s: state %d is never stored", seg, peer, s.State)
+	case s.Cancelled && s.State != StateDeadletter:
+		return Record{}, fmt.Errorf("decode ledger record %s/%s: cancelled in state %d", seg, peer, s.State)
+	case s.Cancelled:
+		s.State = StateCancelled
 	}
 	r := Record{
 		SegmentID: seg, PeerID: peer, State: s.State, Attempts: s.Attempts, BudgetBase: s.BudgetBase,

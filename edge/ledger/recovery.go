@@ -201,7 +201,7 @@ func CheckRecords(tx *bolt.Tx) error {
 		if err != nil {
 			return err
 		}
-		if r.State < StateScheduled || r.State > StateDeadletter {
+		if r.State < StateScheduled || r.State > StateCancelled {
 			return fmt.Errorf("ledger record %s/%s: unknown state %d", r.SegmentID, r.PeerID, r.State)
 		}
 		if r.State.pending() {

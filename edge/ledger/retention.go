@@ -8,13 +8,15 @@ import (
 )
 
 // RemoveSettled deletes the records of segments that are settled and gone:
-// every record of the segment is Acked with UpdatedAt ≤ cutoff, and
+// every record of the segment is Acked or Cancelled with UpdatedAt ≤
+// cutoff, and
 // stored, asked inside the same transaction, says the segment is not held
 // locally. It returns the number of segments and records removed. One
 // write transaction, and none when nothing is to go; idempotent.
 //
 // Why each condition:
-//   - all Acked: a Deadletter record is the operator's only trace of a
+//   - all Acked or Cancelled (delivery ended on purpose: a takedown):
+//     a Deadletter record is the operator's only trace of a
 //     delivery that never happened; it goes when the operator purges it
 //     (Purge), never silently. Scheduled, Inflight and Failed are work.
 //   - not stored, checked in this transaction (stored must read the
@@ -90,7 +92,7 @@ func settledGone(tx *bolt.Tx, cutoff time.Time, stored func(tx *bolt.Tx, segment
 			flush()
 		}
 		group = append(group, r)
-		if r.State != StateAcked || r.UpdatedAt.After(cutoff) {
+		if r.State != StateAcked && r.State != StateCancelled || r.UpdatedAt.After(cutoff) {
 			settled = false
 		}
 		return nil

@@ -28,7 +28,7 @@ type Dialer interface {
 // Observer receives events for metrics. Every field is optional.
 type Observer struct {
 	// Attempt is called once per finished attempt with its outcome:
-	// "acked", "failed" or "deadletter".
+	// "acked", "failed", "deadletter", "postponed" or "cancelled".
 	Attempt func(peer, outcome string, bytes int64, d time.Duration)
 	// Relayed is called when a segment's success condition is first met.
 	Relayed func(segmentID string)
@@ -552,6 +552,13 @@ func (e *Executor) finish(rec ledger.Record, size int64, err error, elapsed time
 	log := e.log.With("segment", rec.SegmentID, "peer", rec.PeerID, "attempt", rec.Attempts)
 	if err == nil {
 		if _, terr := e.led.TransitionAcked(rec.SegmentID, rec.PeerID, now); terr != nil {
+			if cancelledMeanwhile(terr) {
+				// Taken down here while this attempt ran, and its last
+				// bytes had left before: the peer holds a copy. The
+				// takedown owner learns it from the peer's own report.
+				log.Warn("peer acknowledged a segment taken down here while it was being sent: the peer holds a copy", "bytes", size)
+				return
+			}
 			// The peer holds the segment but the ledger could not say so;
 			// the record stays Inflight and start-up reconciliation turns
 			// it into a failed attempt, which resends (re-ACKed).
@@ -576,6 +583,10 @@ func (e *Executor) failed(rec ledger.Record, err error, elapsed time.Duration) {
 	}
 	now := e.cfg.Now()
 	log := e.log.With("segment", rec.SegmentID, "peer", rec.PeerID, "attempt", rec.Attempts)
+	if refusedEvicted(err) {
+		e.cancel(rec, err, elapsed)
+		return
+	}
 	if errors.Is(err, errSegmentMissing) {
 		// Deadletter now rather than spending the retry budget: the
 		// source is gone and no retry can bring it back.
@@ -594,6 +605,13 @@ func (e *Executor) failed(rec ledger.Record, err error, elapsed time.Duration) {
 	}
 	r, terr := e.led.TransitionFailed(rec.SegmentID, rec.PeerID, err, now, e.cfg.Policy)
 	if terr != nil {
+		if cancelledMeanwhile(terr) {
+			// Taken down here while this attempt ran (its read was cut,
+			// or it found the segment gone): nothing to record.
+			e.observe(rec.PeerID, "cancelled", 0, elapsed)
+			log.Info("relay attempt ended: segment taken down here", "err", err)
+			return
+		}
 		log.Error("relay failure not recorded", "err", err, "record_err", terr)
 		return
 	}

@@ -32,7 +32,8 @@
 //
 // The node's private key signs the canonical bytes: an ECDSA key (what
 // edgectl pki issues: P-256) signs their SHA-256 (ASN.1 DER signature, as
-// x509.ECDSAWithSHA256), an Ed25519 key the bytes themselves. The algorithm
+// x509.ECDSAWithSHA256; deterministic, RFC 6979, so a receipt signed
+// twice has the same bytes), an Ed25519 key the bytes themselves. The algorithm
 // follows from the certificate's key, so a receipt names none that could be
 // swapped. Other key types are refused.
 //

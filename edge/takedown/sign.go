@@ -5,7 +5,6 @@ import (
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/ed25519"
-	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
@@ -78,9 +77,12 @@ func Sign(r Receipt, cert tls.Certificate) (Signed, error) {
 	switch signer.Public().(type) {
 	case *ecdsa.PublicKey:
 		sum := sha256.Sum256(msg)
-		sig, err = signer.Sign(rand.Reader, sum[:], crypto.SHA256)
+		// No random source: RFC 6979 deterministic signatures, so the same
+		// receipt always has the same bytes, and edge/ has no randomness
+		// outside pki and transport (ledger's TestNoPRNGInRelayPath).
+		sig, err = signer.Sign(nil, sum[:], crypto.SHA256)
 	case ed25519.PublicKey:
-		sig, err = signer.Sign(rand.Reader, msg, crypto.Hash(0))
+		sig, err = signer.Sign(nil, msg, crypto.Hash(0))
 	default:
 		return Signed{}, fmt.Errorf("sign receipt: %w: %T keys are not supported (ECDSA or Ed25519)", ErrSignature, signer.Public())
 	}

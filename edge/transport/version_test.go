@@ -16,6 +16,9 @@ import (
 func TestVersionNegotiation(t *testing.T) {
 	for _, tc := range []struct{ client, server, want int }{
 		{0, 0, wire.Version},
+		{4, 4, wire.Version4},
+		{4, 3, wire.Version3},
+		{3, 4, wire.Version3},
 		{3, 3, wire.Version3},
 		{3, 2, wire.Version2},
 		{2, 3, wire.Version2},

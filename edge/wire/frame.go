@@ -23,8 +23,14 @@ const (
 	// acknowledged (it found its copies damaged) asks a peer that holds
 	// them to send them again.
 	Version3 = 3
+	// Version4 is version 3 and NACK evicted: a receiver that took a
+	// segment down for a takedown refuses it for good, and the sender
+	// stops. Nothing else changes; the code needs a version of its own
+	// because a version 3 decoder refuses a NACK with an unknown code as a
+	// malformed message (docs/wire.md).
+	Version4 = 4
 	// Version is the highest version spoken here.
-	Version = Version3
+	Version = Version4
 )
 
 // ALPNProtocols returns the TLS application protocol names that offer

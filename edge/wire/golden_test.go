@@ -36,6 +36,7 @@ func goldenFrames(t testing.TB) map[string][]byte {
 		"query.frame":           frame(TypeQuery, must(EncodeSegments([]Offer{{SegmentID: "seg-0001", Size: 5, SHA256: helloSum}, {SegmentID: "empty.bin", Size: 0, SHA256: digest}}))),
 		"want.frame":            frame(TypeWant, must(EncodeSegments([]Offer{{SegmentID: "seg-0001", Size: 5, SHA256: helloSum}}))),
 		"hello-v3.frame":        frame(TypeHello, must(EncodeHello(Hello{Version: Version3, NodeID: "node-a", Window: 256}))),
+		"hello-v4.frame":        frame(TypeHello, must(EncodeHello(Hello{Version: Version4, NodeID: "node-a", Window: 256}))),
 		"holds.frame":           frame(TypeHolds, must(EncodeSegments([]Offer{{SegmentID: "seg-0001", Size: 5, SHA256: helloSum}}))),
 		"offer.frame":           frame(TypeOffer, must(EncodeOffer(Offer{SegmentID: "seg-0001", Size: 5, SHA256: helloSum}))),
 		"offer-empty.frame":     frame(TypeOffer, must(EncodeOffer(Offer{SegmentID: "empty.bin", Size: 0, SHA256: digest}))),
@@ -44,6 +45,7 @@ func goldenFrames(t testing.TB) map[string][]byte {
 		"ack.frame":             frame(TypeAck, []byte("seg-0001")),
 		"nack-quota.frame":      frame(TypeNack, must(EncodeNack(Nack{SegmentID: "seg-0001", Code: NackQuota, Message: "quota: 10 of 10 segments held"}))),
 		"nack-badrequest.frame": frame(TypeNack, must(EncodeNack(Nack{Code: NackBadRequest, Message: "decode offer: bad message"}))),
+		"nack-evicted.frame":    frame(TypeNack, must(EncodeNack(Nack{SegmentID: "seg-0001", Code: NackEvicted, Message: "segment evicted for takedown request req-1; it is not accepted again"}))),
 	}
 }
 

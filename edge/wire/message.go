@@ -133,9 +133,25 @@ const (
 	NackBadRequest NackCode = "bad_request"
 	// NackInternal: the receiver failed (e.g. disk error); retry later.
 	NackInternal NackCode = "internal"
+	// NackEvicted (version 4): the receiver evicted the segment for a
+	// takedown and keeps a tombstone of it: it will never store it again.
+	// The sender stops (its record is cancelled, not failed). Sent only on
+	// version 4 connections: an older peer, which would refuse the whole
+	// NACK as malformed, is answered bad_request instead (NackFor).
+	NackEvicted NackCode = "evicted"
 )
 
-var nackCodes = []NackCode{NackQuota, NackChecksum, NackTooLarge, NackBadRequest, NackInternal}
+var nackCodes = []NackCode{NackQuota, NackChecksum, NackTooLarge, NackBadRequest, NackInternal, NackEvicted}
+
+// NackFor is code as a peer speaking version understands it: a code that
+// version does not have becomes bad_request (the refusal stands; the
+// message says why).
+func NackFor(code NackCode, version int) NackCode {
+	if code == NackEvicted && version < Version4 {
+		return NackBadRequest
+	}
+	return code
+}
 
 // Nack is the NACK payload.
 type Nack struct {
