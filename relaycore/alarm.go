@@ -189,3 +189,55 @@ func firstRetry(ctx context.Context, st Store, source Partition) (int64, bool, e
 		after = pg.Next
 	}
 }
+
+// AlarmResult counts one alarm's fires and what it did with the alarm.
+type AlarmResult struct {
+	Fires int
+	// Busy: another fire held the claim; the alarm record was left as is,
+	// and the Kicker was asked to wake the source again at BusyRetryMS
+	// (when the claim met lapses; see FireResult.BusyRetryMS), so a claim
+	// left by a fire that crashed delays the source by ClaimTTL, not by a
+	// sweep.
+	Busy          bool
+	BusyRetryMS   int64
+	RowsInspected int
+	RowsDelivered int
+	RowsCleaned   int
+	TargetCalls   int
+	TargetReads   int
+	// TargetsBlock counts targets that joined the blocked set.
+	TargetsBlock int
+	// TargetsHeld, TargetsQuarantined, RowsHeld, TargetsRedriven: sums of
+	// the fires' figures.
+	TargetsHeld, TargetsQuarantined, RowsHeld, TargetsRedriven int
+	// Blocked is the blocked set's size and Hold the hold summary after
+	// the alarm's last fire (zero when busy).
+	Blocked int
+	Hold    HoldSummary
+	// Cleared: the outbox was empty and the alarm record was deleted.
+	Cleared bool
+	// Progress: the alarm's last fire made progress (delivered or cleaned
+	// rows, or moved its cursor past blocked rows), so the re-armed alarm is
+	// due at once; without it the alarm was re-armed with back-off.
+	// Runtimes use it to decide whether to continue the source right away.
+	Progress bool
+	// NextDueMS is the re-armed alarm's due time (0 when cleared or busy).
+	NextDueMS int64
+}
+
+func (a *AlarmResult) add(f FireResult) {
+	a.Fires++
+	a.RowsInspected += f.RowsInspected
+	a.RowsDelivered += f.RowsDelivered
+	a.RowsCleaned += f.RowsCleaned
+	a.TargetCalls += f.TargetCalls
+	a.TargetReads += f.TargetReads
+	a.TargetsBlock += f.TargetsBlocked
+	a.TargetsHeld += f.TargetsHeld
+	a.TargetsQuarantined += f.TargetsQuarantined
+	a.RowsHeld += f.RowsHeld
+	a.TargetsRedriven += f.TargetsRedriven
+	if !f.Busy {
+		a.Blocked, a.Hold = f.Blocked, f.Hold
+	}
+}

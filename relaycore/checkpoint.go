@@ -2,61 +2,35 @@ package relaycore
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
-	"sync"
 )
 
-// fireOnce is one attempt; retry reports an rs conflict at checkpoint with
-// no live competing claim (the target side is idempotent, so starting over
-// is safe). spent carries the budget used by earlier attempts.
-func (h *RelayHandler) fireOnce(ctx context.Context, source Partition, token string, keep bool, spent *fireSpend) (res FireResult, retry bool, err error) {
-	now := unixMS(h.clock().Now())
-	start, busy, err := h.claim(ctx, source, token, now, false)
-	if err != nil || busy {
-		res.Busy = busy
-		if busy {
-			res.BusyRetryMS = busyRetryMS(start.rs.Claim, now)
-		}
-		return res, false, err
-	}
-	res.NewCycle = start.rs.newCycle
-	f := h.newFireRun(ctx, source, start, now, spent, &res)
-	if err := f.collect(); err != nil {
-		return res, false, err
-	}
-	// Deliver: held rows that are due first, then the selected targets.
-	res.TargetsRedriven += len(f.redrive)
-	h.deliverTargets(ctx, source, f.redrive, &res, f.b, spent)
-	res.TargetsAttempted += len(f.sel)
-	h.deliverTargets(ctx, source, f.sel, &res, f.b, spent)
-	return f.checkpoint(token, keep)
-}
+// rsMaxBytes bounds an encoded rs: a full blocked set of longest names, each
+// at its worst encoding (blockedNameMaxJSON), plus the scalar fields.
+const rsMaxBytes = 512 + (MaxBlockedTargets+1)*blockedNameMaxJSON
 
-// deliverTargets delivers to each of tws: one after another, or up to
-// DeliverConcurrency at once. deliver touches only its own targetWork and,
-// under spent.mu, the budget and the result's counters.
-func (h *RelayHandler) deliverTargets(ctx context.Context, source Partition, tws []*targetWork, res *FireResult, b RelayBudget, spent *fireSpend) {
-	if h.DeliverConcurrency <= 1 || len(tws) <= 1 {
-		for _, tw := range tws {
-			h.deliver(ctx, source, tw, res, b, spent)
-		}
-		return
-	}
-	sem := make(chan struct{}, h.DeliverConcurrency)
-	var wg sync.WaitGroup
-	for _, tw := range tws {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			h.deliver(ctx, source, tw, res, b, spent)
-		}()
-	}
-	wg.Wait()
+// targetRecMaxBytes bounds an encoded target record: bounded strings
+// (error message, reason, actor) written by encodeJSON, at most two bytes
+// per input byte once sanitized, plus the numeric fields.
+const targetRecMaxBytes = 640 + 2*(maxErrorMessage+8) + 2*(MaxReasonLen+8) + 2*(MaxActorLen+8)
+
+// holdMaxBytes bounds the encoded q record.
+const holdMaxBytes = 400
+
+// CheckpointReserve is the room (as the store's item sizes) a fire
+// checkpoint keeps for rs, q, one target record and two retry markers, and
+// for moving a page aside (the delete of its outbox key and the longer held
+// key), besides the page itself: a page that fits beside it can always be
+// collected, rewritten or moved aside by a fire that meets it first, so
+// enqueue plans pages within MaxBatchBytes − CheckpointReserve.
+func CheckpointReserve(source Partition, caps Capabilities) int {
+	long := Partition(strings.Repeat("x", MaxPartitionLen))
+	return caps.ItemSize(source, KeyRS, rsMaxBytes) + caps.ItemSize(source, KeyHold, holdMaxBytes) +
+		caps.ItemSize(source, targetStateKey(long), targetRecMaxBytes) + 2*caps.ItemSize(source, retryKey(0, long), 0) +
+		caps.ItemSize(source, heldPageKey(long, 0), 0) + caps.ItemSize(source, PageKey(0), 0)
 }
 
 // autoActor is the note's actor when the engine quarantines a target.
@@ -69,8 +43,8 @@ var markerValue = []byte("1")
 // the new rs, the hold summary, every target record the fire changed, the
 // retry markers, and the page changes — delivered pages deleted, partly
 // delivered ones rewritten, and pages of targets that hold moved aside.
-func (f *fireRun) checkpoint(token string, keep bool) (FireResult, bool, error) {
-	h, res, cur := f.h, f.res, f.cur
+func (f *fireRun) checkpoint() (FireResult, bool, error) {
+	h, res, cur, token, keep := f.h, f.res, f.cur, f.token, f.keep
 	next := cur
 	next.Version++
 	next.Cursor, next.From = f.stop, f.stopFrom
@@ -407,3 +381,14 @@ func sanitize(s string, n int) string {
 }
 
 func encodeTargetRec(r targetRec) []byte { return encodeJSON(r) }
+
+func (tw *targetWork) firstUndelivered() (Row, *Page, bool) {
+	for _, pg := range tw.pages {
+		for _, r := range pg.Rows {
+			if r.Seq > tw.dt && r.Seq <= tw.rows[len(tw.rows)-1].Seq {
+				return r, pg, true
+			}
+		}
+	}
+	return Row{}, nil, false
+}

@@ -148,3 +148,30 @@ func (h *RelayHandler) releaseClaim(ctx context.Context, source Partition, token
 		loggerOr(h.Logger).Warn("relay claim release failed; the claim lapses after its ttl", "source", string(source), "err", err)
 	}
 }
+
+// claim is a fire's first step: take the source's claim under f.token and
+// set the attempt up from rs, os and q as claimed. busy: another live fire
+// holds the claim (res.Busy says so, with when to try again).
+func (f *fireRun) claim() (busy bool, err error) {
+	h, res := f.h, f.res
+	now := unixMS(h.clock().Now())
+	start, busy, err := h.claim(f.ctx, f.source, f.token, now, false)
+	if err != nil || busy {
+		res.Busy = busy
+		if busy {
+			res.BusyRetryMS = busyRetryMS(start.rs.Claim, now)
+		}
+		return busy, err
+	}
+	res.NewCycle = start.rs.newCycle
+	f.b, f.now, f.caps, f.start, f.cur, f.recs = h.budget(), now, h.Source.Capabilities(), start, start.rs.RelayState, map[Partition]*recSlot{}
+	f.itemsRoom, f.bytesRoom = 1<<30, 1<<30
+	if f.caps.MaxBatchItems > 0 {
+		f.itemsRoom = f.caps.MaxBatchItems - 2 // rs and q
+	}
+	if f.caps.MaxBatchBytes > 0 {
+		f.bytesRoom = f.caps.MaxBatchBytes - f.caps.ItemSize(f.source, KeyRS, rsMaxBytes) - f.caps.ItemSize(f.source, KeyHold, holdMaxBytes)
+	}
+	f.cur.Claim = start.rs.Claim
+	return false, nil
+}

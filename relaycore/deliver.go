@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 )
 
 func cmpU64(a, b uint64) int {
@@ -18,10 +19,43 @@ func cmpU64(a, b uint64) int {
 	return 0
 }
 
-// deliver applies tw's rows newer than the target's rh, in ascending seq,
+// deliver is a fire's third step: held rows that are due first, then the
+// targets the scan selected.
+func (f *fireRun) deliver() {
+	res := f.res
+	res.TargetsRedriven += len(f.redrive)
+	f.h.deliverTargets(f.ctx, f.source, f.redrive, res, f.b, f.spent)
+	res.TargetsAttempted += len(f.sel)
+	f.h.deliverTargets(f.ctx, f.source, f.sel, res, f.b, f.spent)
+}
+
+// deliverTargets delivers to each of tws: one after another, or up to
+// DeliverConcurrency at once. deliver touches only its own targetWork and,
+// under spent.mu, the budget and the result's counters.
+func (h *RelayHandler) deliverTargets(ctx context.Context, source Partition, tws []*targetWork, res *FireResult, b RelayBudget, spent *fireSpend) {
+	if h.DeliverConcurrency <= 1 || len(tws) <= 1 {
+		for _, tw := range tws {
+			h.deliverTarget(ctx, source, tw, res, b, spent)
+		}
+		return
+	}
+	sem := make(chan struct{}, h.DeliverConcurrency)
+	var wg sync.WaitGroup
+	for _, tw := range tws {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			h.deliverTarget(ctx, source, tw, res, b, spent)
+		}()
+	}
+	wg.Wait()
+}
+
+// deliverTarget applies tw's rows newer than the target's rh, in ascending seq,
 // in as many target batches as the limits and CallsPerTarget allow. It sets
 // tw.dt to the rh it last knew and tw.failed on a delivery or hook failure.
-func (h *RelayHandler) deliver(ctx context.Context, source Partition, tw *targetWork, res *FireResult, b RelayBudget, spent *fireSpend) {
+func (h *RelayHandler) deliverTarget(ctx context.Context, source Partition, tw *targetWork, res *FireResult, b RelayBudget, spent *fireSpend) {
 	log := loggerOr(h.Logger).With("source", string(source), "target", string(tw.target))
 	fail := func(class, msg string, err error) {
 		log.Warn("relay target failed: "+msg, "class", class, "err", err)

@@ -96,59 +96,6 @@ func (f *fireRun) collectDue(markers []dueMarker, rowsLeft int) error {
 	return nil
 }
 
-// collect selects the fire's work: held rows that are due and the outbox
-// scan. When both have work they share the fire fairly: they take turns
-// going first (rs.HeldFirst says who went first last time), and the first
-// may take at most half of the rows and of the checkpoint's room (but
-// always its first page) and redriveShare targets, the other the rest. Without the split, redrives whose pages
-// fill the checkpoint could starve the healthy targets behind them, and a
-// busy outbox could starve a redrive.
-func (f *fireRun) collect() error {
-	markers, err := f.dueMarkers()
-	if err != nil {
-		return err
-	}
-	if len(markers) == 0 {
-		return f.scan(f.b.TargetsPerFire, f.b.RowsPerFire)
-	}
-	half := func() {
-		f.capItems, f.capBytes = f.itemsRoom-f.itemsRoom/2, f.bytesRoom-f.bytesRoom/2
-		f.usedItems, f.usedBytes = 0, 0
-	}
-	uncap := func() { f.capItems, f.capBytes = 0, 0 }
-	// Alternate who goes first (rs remembers who did last time).
-	f.heldFirst, f.turnTaken = !f.cur.HeldFirst, true
-	if f.heldFirst {
-		half()
-		if err := f.collectDue(markers, f.b.RowsPerFire/2+f.b.RowsPerFire%2); err != nil {
-			return err
-		}
-		uncap()
-		rows := f.b.RowsPerFire
-		for _, tw := range f.redrive {
-			rows -= len(tw.rows)
-		}
-		return f.scan(f.b.TargetsPerFire-len(f.redrive), rows)
-	}
-	half()
-	if err := f.scan(max(1, f.b.TargetsPerFire-len(markers)), f.b.RowsPerFire/2+f.b.RowsPerFire%2); err != nil {
-		return err
-	}
-	uncap()
-	rows := f.b.RowsPerFire
-	for _, tw := range f.sel {
-		rows -= len(tw.rows)
-	}
-	if n := f.b.TargetsPerFire - len(f.sel); n < len(markers) {
-		if n <= 0 {
-			f.dueLeft = true
-			return nil
-		}
-		markers, f.dueLeft = markers[:n], true
-	}
-	return f.collectDue(markers, rows)
-}
-
 // collectHeld reads slot's held pages in seq order, up to rowsLeft rows
 // and the checkpoint's room. nil: not even the first page fits.
 func (f *fireRun) collectHeld(slot *recSlot, rowsLeft int) (*targetWork, error) {
