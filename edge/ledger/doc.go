@@ -21,7 +21,8 @@
 // # Transitions
 //
 //	EnsureScheduled        absent → Scheduled (any existing record is kept); EnsureScheduledAll: many
-//	                       segments in one transaction (start-up reconciliation)
+//	                       segments in one transaction; EnsureScheduledIn: in the caller's
+//	                       write transaction (start-up reconciliation, with the relayed markers)
 //	TryTransitionInflight  Scheduled → Inflight; Failed with NextAttemptAfter ≤ now → Inflight
 //	TransitionAcked        Inflight → Acked
 //	TransitionFailed       Inflight → Failed, or → Deadletter when the budget is spent

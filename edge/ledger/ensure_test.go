@@ -1,9 +1,13 @@
 package ledger
 
 import (
+	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 )
 
 // TestEnsureScheduledAllOneCommit: scheduling many segments is one write
@@ -45,5 +49,75 @@ func TestEnsureScheduledAllOneCommit(t *testing.T) {
 	}
 	if _, err := f.l.Get("ok", "p"); err == nil {
 		t.Fatal("a batch with an invalid id wrote part of itself")
+	}
+}
+
+// TestStandingAll: one read transaction answers each segment's Assurance
+// (as Assurance does, one read each) and the required peers it has no
+// record for; EnsureScheduledIn then writes exactly those records inside
+// the caller's transaction, and rolls back with it.
+func TestStandingAll(t *testing.T) {
+	f := newLedger(t, nil)
+	must[[]string](t)(f.l.EnsureScheduled("acked", []string{"p", "q"}, t0))
+	for _, p := range []string{"p", "q"} {
+		mustInflight(t, f.l, "acked", p, t0)
+		must[Record](t)(f.l.TransitionAcked("acked", p, t0))
+	}
+	must[[]string](t)(f.l.EnsureScheduled("half", []string{"p"}, t0))
+	mustInflight(t, f.l, "half", "p", t0)
+	must[Record](t)(f.l.TransitionAcked("half", "p", t0))
+	owed := []Owed{
+		{SegmentID: "acked", PeerIDs: []string{"p", "q"}},
+		{SegmentID: "half", PeerIDs: []string{"p", "q", "q"}}, // q twice: owed once
+		{SegmentID: "none", PeerIDs: []string{"q", "p"}},
+	}
+	for _, c := range []Condition{AllPeers, OnePeer} {
+		before := f.db.Stats().TxN
+		got := must[[]Standing](t)(f.l.StandingAll(owed, c))
+		if n := f.db.Stats().TxN - before; n != 1 {
+			t.Errorf("%s: %d read transactions, want 1", c, n)
+		}
+		for i, o := range owed {
+			a := must[Assurance](t)(f.l.Assurance(o.SegmentID, o.PeerIDs, c))
+			if !slices.Equal(got[i].AckedPeers, a.AckedPeers) || got[i].Met != a.Met {
+				t.Errorf("%s %s: standing %+v, Assurance %+v", c, o.SegmentID, got[i].Assurance, a)
+			}
+		}
+		if len(got[0].Unrecorded) != 0 || !slices.Equal(got[1].Unrecorded, []string{"q"}) || !slices.Equal(got[2].Unrecorded, []string{"q", "p"}) {
+			t.Errorf("%s: unrecorded %v, %v, %v; want [], [q], [q p]", c, got[0].Unrecorded, got[1].Unrecorded, got[2].Unrecorded)
+		}
+	}
+	if _, err := f.l.StandingAll([]Owed{{SegmentID: "s", PeerIDs: []string{"p"}}}, "most_peers"); !errors.Is(err, ErrUnknownCondition) {
+		t.Fatalf("unknown condition: %v", err)
+	}
+
+	missing := []Owed{{SegmentID: "half", PeerIDs: []string{"q"}}, {SegmentID: "none", PeerIDs: []string{"q", "p"}}}
+	boom := errors.New("the caller's other write failed")
+	err := f.db.Update(func(tx *bolt.Tx) error {
+		if _, err := f.l.EnsureScheduledIn(tx, missing, t0); err != nil {
+			return err
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatal(err)
+	}
+	if _, err := f.l.Get("none", "q"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a rolled back transaction kept its records: %v", err)
+	}
+	var created []Pair
+	if err := f.db.Update(func(tx *bolt.Tx) (err error) {
+		created, err = f.l.EnsureScheduledIn(tx, append(missing, owed[0]), t0)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if want := []Pair{{"half", "q"}, {"none", "q"}, {"none", "p"}}; !slices.Equal(created, want) {
+		t.Fatalf("created %v, want %v", created, want)
+	}
+	for _, st := range must[[]Standing](t)(f.l.StandingAll(owed, AllPeers)) {
+		if len(st.Unrecorded) != 0 {
+			t.Fatalf("still unrecorded after EnsureScheduledIn: %+v", st)
+		}
 	}
 }

@@ -124,3 +124,14 @@ func commits(t *testing.T, db *bolt.DB) int {
 	}
 	return id
 }
+
+// heldBy is a Held that asks exists about each segment.
+func heldBy(exists func(segmentID string) bool) Held {
+	return func(segs []string) ([]bool, error) {
+		held := make([]bool, len(segs))
+		for i, s := range segs {
+			held[i] = exists(s)
+		}
+		return held, nil
+	}
+}

@@ -218,27 +218,59 @@ func (l *Ledger) ensureScheduled(op string, owed []Owed, now time.Time) ([]Pair,
 		return nil, nil
 	}
 	var created []Pair
-	err = l.update(func(b buckets) error {
-		created = created[:0]
-		for _, o := range owed {
-			for _, p := range o.PeerIDs {
-				if _, ok, err := b.get(o.SegmentID, p); err != nil || ok {
-					if err != nil {
-						return err
-					}
-					continue
-				}
-				r := Record{SegmentID: o.SegmentID, PeerID: p, State: StateScheduled, NextAttemptAfter: now, UpdatedAt: now}
-				if err := b.put(nil, r); err != nil {
-					return err
-				}
-				created = append(created, Pair{SegmentID: o.SegmentID, PeerID: p})
-			}
-		}
-		return nil
+	err = l.update(func(b buckets) (err error) {
+		created, err = b.ensureScheduled(owed, now)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	return created, nil
+}
+
+// EnsureScheduledIn is EnsureScheduledAll inside tx, a write transaction
+// the caller opened on the shared database, which commits it: start-up
+// reconciliation writes a batch's new records and the segment index's
+// relayed markers in one commit (segstore's UpdateRelayed) instead of a
+// commit (two fsyncs) each.
+func (l *Ledger) EnsureScheduledIn(tx *bolt.Tx, owed []Owed, now time.Time) ([]Pair, error) {
+	const op = "EnsureScheduledIn"
+	for _, o := range owed {
+		for _, p := range o.PeerIDs {
+			if err := checkIDs(o.SegmentID, p); err != nil {
+				return nil, fmt.Errorf("%s: %w", op, err)
+			}
+		}
+	}
+	b, err := bucketsOf(tx)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	created, err := b.ensureScheduled(owed, now)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	return created, nil
+}
+
+// ensureScheduled writes a Scheduled record, due at now, for every pair
+// of owed that has none, and returns the pairs it wrote.
+func (b buckets) ensureScheduled(owed []Owed, now time.Time) ([]Pair, error) {
+	var created []Pair
+	for _, o := range owed {
+		for _, p := range o.PeerIDs {
+			if _, ok, err := b.get(o.SegmentID, p); err != nil || ok {
+				if err != nil {
+					return nil, err
+				}
+				continue
+			}
+			r := Record{SegmentID: o.SegmentID, PeerID: p, State: StateScheduled, NextAttemptAfter: now, UpdatedAt: now}
+			if err := b.put(nil, r); err != nil {
+				return nil, err
+			}
+			created = append(created, Pair{SegmentID: o.SegmentID, PeerID: p})
+		}
 	}
 	return created, nil
 }

@@ -312,7 +312,7 @@ func TestRecoverAfterReopen(t *testing.T) {
 	var asked []string
 	exists := func(seg string) bool { asked = append(asked, seg); return seg != "gone" }
 	now := t0.Add(time.Minute)
-	rep, err := l.Recover(now, testPolicy, exists)
+	rep, err := l.Recover(now, testPolicy, heldBy(exists))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -335,7 +335,7 @@ func TestRecoverAfterReopen(t *testing.T) {
 		t.Fatalf("kept/a %+v", ka)
 	}
 	// Idempotent: a second run changes nothing.
-	if rep, err := l.Recover(now, testPolicy, exists); err != nil || rep != (RecoveryReport{}) {
+	if rep, err := l.Recover(now, testPolicy, heldBy(exists)); err != nil || rep != (RecoveryReport{}) {
 		t.Fatalf("second recover: %+v %v", rep, err)
 	}
 }

@@ -89,8 +89,8 @@ func TestReleaseDeferredFirstDeferral(t *testing.T) {
 }
 
 // TestRecoverCommitsNothingWhenClean: a start with nothing to repair
-// reads the records and commits no write transaction (each would cost
-// two fsyncs).
+// reads the records once (it read them once per step, four times,
+// before) and commits no write transaction (each would cost two fsyncs).
 func TestRecoverCommitsNothingWhenClean(t *testing.T) {
 	f := newLedger(t, nil)
 	for i := range 50 {
@@ -100,15 +100,18 @@ func TestRecoverCommitsNothingWhenClean(t *testing.T) {
 	must[Record](t)(f.l.TransitionAcked("s00", "p", t0))
 	mustInflight(t, f.l, "s01", "p", t0)
 	must[Record](t)(f.l.TransitionFailed("s01", "p", fmt.Errorf("x"), t0, testPolicy)) // due t0+1s
-	before := commits(t, f.db)
-	rep := must[RecoveryReport](t)(f.l.Recover(t0, testPolicy, func(string) bool { return true }))
+	before, reads := commits(t, f.db), f.db.Stats().TxN
+	rep := must[RecoveryReport](t)(f.l.Recover(t0, testPolicy, heldBy(func(string) bool { return true })))
 	if rep != (RecoveryReport{}) {
 		t.Fatalf("clean ledger: %+v", rep)
+	}
+	if got := f.db.Stats().TxN - reads; got != 1 {
+		t.Fatalf("Recover on a clean ledger read the records %d times, want once", got)
 	}
 	if got := commits(t, f.db) - before; got != 0 {
 		t.Fatalf("Recover on a clean ledger committed %d write transactions, want 0", got)
 	}
-	rep = must[RecoveryReport](t)(f.l.Recover(t0.Add(time.Second), testPolicy, func(string) bool { return true }))
+	rep = must[RecoveryReport](t)(f.l.Recover(t0.Add(time.Second), testPolicy, heldBy(func(string) bool { return true })))
 	if rep.Rescheduled != 1 || commits(t, f.db)-before != 1 {
 		t.Fatalf("one due failure: %+v in %d commits, want 1 rescheduled in 1", rep, commits(t, f.db)-before)
 	}

@@ -1,9 +1,10 @@
 package relay
 
 import (
-	"errors"
 	"fmt"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/relay-dev/relay/edge/ledger"
 	"github.com/relay-dev/relay/edge/segstore"
@@ -44,22 +45,9 @@ type ReconcileReport struct {
 func (e *Executor) Reconcile() (ReconcileReport, error) {
 	var rep ReconcileReport
 	now := e.cfg.Now()
-	var statErr error
-	exists := func(id string) bool {
-		_, err := e.store.Stat(id)
-		if err != nil && !errors.Is(err, segstore.ErrNotFound) && statErr == nil {
-			statErr = err
-		}
-		// On a read error, claim the segment exists: deadlettering live
-		// work because of a transient error would be worse.
-		return !errors.Is(err, segstore.ErrNotFound)
-	}
 	var err error
-	if rep.RecoveryReport, err = e.led.Recover(now, e.cfg.Policy, exists); err != nil {
+	if rep.RecoveryReport, err = e.led.Recover(now, e.cfg.Policy, e.store.Held); err != nil {
 		return rep, fmt.Errorf("reconcile: %w", err)
-	}
-	if statErr != nil {
-		return rep, fmt.Errorf("reconcile: %w", statErr)
 	}
 	for after := ""; ; {
 		chunk, err := e.store.ListAfter(after, e.reconcileBatch)
@@ -85,8 +73,9 @@ func (e *Executor) Reconcile() (ReconcileReport, error) {
 	return rep, nil
 }
 
-// reconcileBatch is how many stored segments reconciliation schedules,
-// and clears relayed markers for, per transaction. Once per segment cost a
+// reconcileBatch is how many stored segments reconciliation reads the
+// ledger for, and schedules and clears relayed markers for, per
+// transaction. Once per segment cost a
 // commit (two fsyncs) for every segment owed to a new peer: after a peer
 // was added, or the database rebuilt, 10,000 segments took 2.7-2.8 s to
 // start. A batch bounds what one transaction holds (a few hundred KB of
@@ -94,68 +83,78 @@ func (e *Executor) Reconcile() (ReconcileReport, error) {
 // index is in memory at once.
 const reconcileBatch = 1024
 
-// reconcileChunk gives every segment of chunk a record for each required
-// peer that has none (one transaction), clears the relayed markers the
-// success condition no longer supports (one transaction), and then
-// completes what the condition calls for (markers, evictions). It returns
-// how many records it created and markers it cleared.
+// reconcileChunk reads the ledger's standing of every segment of chunk
+// (one read transaction), then, when anything is to change, gives each
+// segment a record for every required peer that has none, clears the
+// relayed markers the success condition no longer supports and sets those
+// it newly supports, all in one write transaction; then it evicts what
+// the condition allows (evict_on_relay). The chunk's entries are as fresh
+// as that: nothing else writes before the workers and the listener start.
+// It returns how many records it created and markers it cleared.
 func (e *Executor) reconcileChunk(chunk []segstore.Entry, now time.Time) (scheduled, unrelayed int, err error) {
 	owed := make([]ledger.Owed, len(chunk))
-	ids := make([]string, len(chunk))
 	for i, entry := range chunk {
 		owed[i] = ledger.Owed{SegmentID: entry.ID, PeerIDs: e.RequiredPeers(entry)}
-		ids[i] = entry.ID
 	}
-	created, err := e.led.EnsureScheduledAll(owed, now)
+	standing, err := e.led.StandingAll(owed, e.cfg.Condition)
 	if err != nil {
 		return 0, 0, err
 	}
-	if unrelayed, err = e.unrelayUnmet(chunk); err != nil {
-		return len(created), 0, err
+	var missing []ledger.Owed
+	var unmet, unmarked []string
+	var ready []met
+	for i, entry := range chunk {
+		st := standing[i]
+		if len(st.Unrecorded) > 0 {
+			missing = append(missing, ledger.Owed{SegmentID: entry.ID, PeerIDs: st.Unrecorded})
+		}
+		switch {
+		case entry.Relayed && !st.Met:
+			unmet = append(unmet, entry.ID)
+		case !entry.Relayed && st.Met:
+			unmarked = append(unmarked, entry.ID)
+		}
+		if st.Met {
+			ready = append(ready, met{entry: entry, required: owed[i].PeerIDs, acked: st.AckedPeers})
+		}
 	}
-	e.checkSuccessConditions(ids)
-	return len(created), unrelayed, nil
+	if len(missing)+len(unmet)+len(unmarked) > 0 {
+		var created []ledger.Pair
+		cleared, marked, err := e.store.UpdateRelayed(unmet, unmarked, func(tx *bolt.Tx) (err error) {
+			created, err = e.led.EnsureScheduledIn(tx, missing, now)
+			return err
+		})
+		if err != nil {
+			return 0, 0, err
+		}
+		scheduled, unrelayed = len(created), len(cleared)
+		e.logCleared(cleared, owed, standing, chunk)
+		e.reportRelayed(marked, ready)
+	}
+	if e.cfg.EvictOnRelay {
+		for _, m := range ready {
+			e.evictRelayed(m)
+		}
+	}
+	return scheduled, unrelayed, nil
 }
 
-// unrelayUnmet clears the relayed marker of every entry of chunk whose
-// success condition no longer holds, in one transaction, and returns how
-// many it cleared.
-func (e *Executor) unrelayUnmet(chunk []segstore.Entry) (int, error) {
-	type why struct {
-		acked, required []string
+// logCleared logs the relayed markers reconcileChunk cleared: each at
+// debug, and one line per batch at info (a peer added to a node holding
+// 10,000 segments clears 10,000 markers, and one line each drowned the
+// start's log).
+func (e *Executor) logCleared(cleared []segstore.Entry, owed []ledger.Owed, standing []ledger.Standing, chunk []segstore.Entry) {
+	if len(cleared) == 0 {
+		return
 	}
-	var unmet []string
-	whys := map[string]why{}
-	for _, entry := range chunk {
-		if !entry.Relayed {
-			continue
+	i := 0
+	for _, c := range cleared {
+		for chunk[i].ID != c.ID { // cleared is in chunk order
+			i++
 		}
-		required := e.RequiredPeers(entry)
-		a, err := e.led.Assurance(entry.ID, required, e.cfg.Condition)
-		if err != nil {
-			return 0, err
-		}
-		if !a.Met {
-			unmet = append(unmet, entry.ID)
-			whys[entry.ID] = why{a.AckedPeers, required}
-		}
+		e.log.Debug("relayed marker cleared: success condition no longer met", "segment", c.ID,
+			"condition", string(e.cfg.Condition), "acked_peers", standing[i].AckedPeers, "required", owed[i].PeerIDs)
 	}
-	if len(unmet) == 0 {
-		return 0, nil
-	}
-	cleared, err := e.store.ClearRelayedAll(unmet)
-	if err != nil {
-		return 0, err
-	}
-	// One line per batch: a peer added to a node holding 10,000 segments
-	// clears 10,000 markers, and one line each drowned the start's log.
-	for _, id := range cleared {
-		e.log.Debug("relayed marker cleared: success condition no longer met", "segment", id,
-			"condition", string(e.cfg.Condition), "acked_peers", whys[id].acked, "required", whys[id].required)
-	}
-	if len(cleared) > 0 {
-		e.log.Info("relayed markers cleared: success condition no longer met", "segments", len(cleared),
-			"first", cleared[0], "last", cleared[len(cleared)-1], "condition", string(e.cfg.Condition))
-	}
-	return len(cleared), nil
+	e.log.Info("relayed markers cleared: success condition no longer met", "segments", len(cleared),
+		"first", cleared[0].ID, "last", cleared[len(cleared)-1].ID, "condition", string(e.cfg.Condition))
 }

@@ -183,7 +183,7 @@ func commits(t *testing.T, db *bolt.DB) int {
 // reconciliation commits when every stored segment is owed to a new peer:
 // after the peer was added (a record each, and under all_peers each
 // relayed marker cleared) and after the database was rebuilt (every
-// record). It is a few per reconcileBatch segments, not one or two per
+// record). It is one per reconcileBatch segments, not one or two per
 // segment (80 here before batching), and none at all for a start with
 // nothing to do. The batch is made smaller than reconcileBatch so that two
 // batches take few segments to store.
@@ -233,9 +233,9 @@ func TestReconcileCommitsPerBatch(t *testing.T) {
 			t.Fatalf("%s: %+v in %d commits; want %d scheduled, %d unrelayed in %d commits", what, rep, got, wantScheduled, wantUnrelayed, wantCommits)
 		}
 	}
-	// c joined known_peers: per batch one transaction of records and one
-	// of cleared markers.
-	reconcile("peer added", n, n, 2*batches)
+	// c joined known_peers: per batch one transaction of records and
+	// cleared markers (two, one each, before they shared it).
+	reconcile("peer added", n, n, batches)
 	reconcile("restart", 0, 0, 0)
 
 	// The database was rebuilt: the index is back, the ledger is empty.
@@ -251,4 +251,74 @@ func TestReconcileCommitsPerBatch(t *testing.T) {
 	f.a.led = led
 	reconcile("database rebuilt", 2*n, 0, batches)
 	reconcile("restart", 0, 0, 0)
+}
+
+// reads is the number of read transactions started on db so far.
+func reads(db *bolt.DB) int { return db.Stats().TxN }
+
+// TestReconcileReadsPerBatch counts the read transactions start-up
+// reconciliation opens: two per reconcileBatch segments and a few more,
+// whatever the start (a plain restart, a peer added, the ledger rebuilt),
+// not three per segment (a Stat and two Assurance reads each) plus one
+// per recovery step: 130 here before, 7 or 8 now. Each read transaction
+// allocates the transaction, its buckets and cursors anew and decodes
+// the segment's records again: with 10,000 segments they were most of a
+// plain restart's garbage, which the start-up GC target (25) turned
+// into CPU time.
+func TestReconcileReadsPerBatch(t *testing.T) {
+	const batch, n, batches = 32, 40, 2
+	f := newFixture(t, ack, ack)
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	var ids []string
+	pairs := make([]ledger.Pair, n)
+	for i := range n {
+		id := fmt.Sprintf("s-%05d", i)
+		ids = append(ids, id)
+		f.a.put(t, id, []byte(id))
+		mustSchedule(t, f.a.led, id, now.Add(-time.Hour), "b")
+		pairs[i] = ledger.Pair{SegmentID: id, PeerID: "b"}
+	}
+	if _, err := f.a.led.ClaimBatch(pairs, now.Add(-time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.a.led.AckBatch(pairs, now.Add(-time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.a.store.MarkRelayedAll(ids); err != nil {
+		t.Fatal(err)
+	}
+	// Fixed: the recovery steps' one scan of the records (one each, four,
+	// before), the index page that comes back empty, and retention's scan. Per batch: the index page and
+	// one read of the ledger. With records pending (c's, once scheduled):
+	// one read of the index per ledger.HeldBatch of their segments.
+	reconcile := func(what string, pending int) {
+		t.Helper()
+		ex := f.executor(t, func(c *Config) {
+			c.Now = func() time.Time { return now }
+			c.Retention = 7 * 24 * time.Hour
+		})
+		ex.reconcileBatch = batch
+		before := reads(f.a.db)
+		rep, err := ex.Reconcile()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, want := reads(f.a.db)-before, 1+1+1+2*batches+pending
+		t.Logf("%s: %d segments, %d scheduled, %d unrelayed: %d read transactions", what, rep.Segments, rep.Scheduled, rep.Unrelayed, got)
+		if rep.Segments != n || got > want {
+			t.Errorf("%s: %d segments in %d read transactions; want %d segments in at most %d", what, rep.Segments, got, n, want)
+		}
+	}
+	reconcile("peer added", 0) // c is in known_peers (newFixture), b alone acked
+	reconcile("restart", 1)
+	if err := f.a.db.Update(func(tx *bolt.Tx) error { return tx.DeleteBucket([]byte("edge.ledger")) }); err != nil {
+		t.Fatal(err)
+	}
+	led, err := ledger.Open(f.a.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.a.led = led
+	reconcile("database rebuilt", 0)
+	reconcile("restart", 1)
 }

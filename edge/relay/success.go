@@ -60,26 +60,35 @@ func (e *Executor) checkSuccessConditions(ids []string) {
 			e.log.Error("success check: marking relayed failed", "segments", len(unmarked), "err", err)
 			return
 		}
-		// Workers finishing acks of one segment at once all get here;
-		// only the one whose call set the marker reports the success.
-		byID := map[string]met{}
-		for _, m := range ready {
-			byID[m.entry.ID] = m
-		}
-		for _, entry := range marked {
-			m := byID[entry.ID]
-			e.log.Info("relay success", "segment", entry.ID, "condition", string(e.cfg.Condition), "acks", len(m.acked),
-				"acked_peers", m.acked, "required", len(m.required))
-			if f := e.cfg.Observer.Relayed; f != nil {
-				f(entry.ID)
-			}
-		}
+		e.reportRelayed(marked, ready)
 	}
 	if !e.cfg.EvictOnRelay {
 		return
 	}
 	for _, m := range ready {
 		e.evictRelayed(m)
+	}
+}
+
+// reportRelayed logs and observes the success of each segment of marked,
+// whose relayed marker this process just set; ready holds their met.
+// Workers finishing acks of one segment at once all meet its condition;
+// only the one whose call set the marker reports the success.
+func (e *Executor) reportRelayed(marked []segstore.Entry, ready []met) {
+	if len(marked) == 0 {
+		return
+	}
+	byID := map[string]met{}
+	for _, m := range ready {
+		byID[m.entry.ID] = m
+	}
+	for _, entry := range marked {
+		m := byID[entry.ID]
+		e.log.Info("relay success", "segment", entry.ID, "condition", string(e.cfg.Condition), "acks", len(m.acked),
+			"acked_peers", m.acked, "required", len(m.required))
+		if f := e.cfg.Observer.Relayed; f != nil {
+			f(entry.ID)
+		}
 	}
 }
 

@@ -14,7 +14,7 @@ import (
 // ledger work allocates). Each page is its own read transaction, so
 // entries stored or removed between pages may or may not be seen.
 func (s *Store) ListAfter(after string, limit int) ([]Entry, error) {
-	var out []Entry
+	out := make([]Entry, 0, max(0, min(limit, 1024))) // reconciliation's page, without regrowing
 	err := s.db.View(func(tx *bolt.Tx) error {
 		c := tx.Bucket(indexBucket).Cursor()
 		k, v := c.Seek([]byte(after))

@@ -12,61 +12,66 @@ import (
 // segments at once). It returns the entries whose marker this call set;
 // ids not stored, or already marked, are skipped. Idempotent.
 func (s *Store) MarkRelayedAll(ids []string) ([]Entry, error) {
-	changed, err := s.setRelayedAll(ids, true)
+	_, marked, err := s.UpdateRelayed(nil, ids, nil)
 	if err != nil {
 		return nil, fmt.Errorf("mark relayed: %w", err)
 	}
-	return changed, nil
+	return marked, nil
 }
 
-// ClearRelayedAll is ClearRelayed for several segments in one transaction
-// (start-up reconciliation after a peer was added clears the marker of
-// every stored segment the new peer does not hold yet). It returns the ids
-// whose marker this call cleared, in the order given; ids not stored, or
-// not marked, are skipped. Idempotent.
-func (s *Store) ClearRelayedAll(ids []string) ([]string, error) {
-	changed, err := s.setRelayedAll(ids, false)
-	if err != nil {
-		return nil, fmt.Errorf("clear relayed: %w", err)
-	}
-	cleared := make([]string, len(changed))
-	for i, e := range changed {
-		cleared[i] = e.ID
-	}
-	return cleared, nil
-}
-
-// setRelayedAll sets (relayed) or clears the relayed marker of every
-// stored id of ids whose marker differs, in one transaction, and returns
-// the entries it changed, as written, in the order given.
-func (s *Store) setRelayedAll(ids []string, relayed bool) ([]Entry, error) {
-	var changed []Entry
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		changed = changed[:0]
-		b := tx.Bucket(indexBucket)
-		at := time.Time{}
-		if relayed {
-			at = s.opt.Now().UTC()
-		}
-		for _, id := range ids {
-			v := b.Get([]byte(id))
-			if v == nil {
-				continue
-			}
-			e, err := decodeEntry(id, v)
-			if err != nil {
+// UpdateRelayed clears the relayed marker of every stored id of clear
+// that has one and sets it on every stored id of mark that has none, in
+// one write transaction that first runs with (nil for none): the write of
+// another package on the shared database that belongs with the markers.
+// Start-up reconciliation writes a batch's new ledger records (ledger's
+// EnsureScheduledIn) with the markers the batch clears, in one commit
+// instead of two. It returns the entries it changed, as written, in the
+// order given; an error from with changes nothing. Idempotent when with
+// is.
+func (s *Store) UpdateRelayed(clear, mark []string, with func(tx *bolt.Tx) error) (cleared, marked []Entry, err error) {
+	err = s.db.Update(func(tx *bolt.Tx) error {
+		if with != nil {
+			if err := with(tx); err != nil {
 				return err
 			}
-			if e.Relayed == relayed {
-				continue
-			}
-			e.Relayed, e.RelayedAt = relayed, at
-			if err := putEntry(b, e); err != nil {
-				return err
-			}
-			changed = append(changed, e)
 		}
-		return nil
+		b, now := tx.Bucket(indexBucket), s.opt.Now().UTC()
+		var err error
+		if cleared, err = setRelayedIn(b, clear, false, time.Time{}); err != nil {
+			return err
+		}
+		marked, err = setRelayedIn(b, mark, true, now)
+		return err
 	})
-	return changed, err
+	if err != nil {
+		return nil, nil, fmt.Errorf("update relayed markers: %w", err)
+	}
+	return cleared, marked, nil
+}
+
+// setRelayedIn sets (relayed) or clears the relayed marker of every
+// stored id of ids whose marker differs, in the index bucket b of a write
+// transaction, and returns the entries it changed, as written, in the
+// order given; at is the RelayedAt of a marker set.
+func setRelayedIn(b *bolt.Bucket, ids []string, relayed bool, at time.Time) ([]Entry, error) {
+	var changed []Entry
+	for _, id := range ids {
+		v := b.Get([]byte(id))
+		if v == nil {
+			continue
+		}
+		e, err := decodeEntry(id, v)
+		if err != nil {
+			return nil, err
+		}
+		if e.Relayed == relayed {
+			continue
+		}
+		e.Relayed, e.RelayedAt = relayed, at
+		if err := putEntry(b, e); err != nil {
+			return nil, err
+		}
+		changed = append(changed, e)
+	}
+	return changed, nil
 }
