@@ -245,6 +245,10 @@ type SourceBatch struct {
 	// OSAfter is the os value this batch writes (the next link's guard).
 	OSAfter []byte
 
+	// armsAlarm: the batch writes the alarm (it was absent or due later),
+	// rather than guarding a wake-up already due; the enqueue must kick.
+	armsAlarm bool
+
 	// idemKey and idemValue: the idempotency record this batch writes
 	// (idempotent enqueue only), also evidence that an ambiguous commit
 	// landed.
@@ -386,7 +390,7 @@ func PlanEnqueue(snap RelayEnqueueSnapshot, rows []Row, caps Capabilities, cfg E
 		} else {
 			aw := alarmWrite(dueMS)
 			sb.Batch.Writes = append(sb.Batch.Writes, aw)
-			alarm, sb.AlarmDueMS = aw.Value, aw.Due
+			alarm, sb.AlarmDueMS, sb.armsAlarm = aw.Value, aw.Due, true
 		}
 		var batchTargets []Partition
 		runs := map[Partition][2]uint64{}
@@ -633,6 +637,86 @@ type CommitResult struct {
 	// same rows had committed them: Seqs are that call's, and this call
 	// wrote nothing.
 	Replayed bool
+	// Kick is what the commit did about waking the source's fire (see
+	// KickDecision); KickNone without a Kicker, on a replay or when
+	// nothing committed.
+	Kick KickDecision
+
+	armed bool // a committed batch wrote the alarm
+}
+
+// KickDecision is what an enqueue did about waking its source's fire after
+// it committed. It kicks only when no wake-up is on its way: the commit
+// reads the alarm record anyway, so a source that is already draining
+// costs no kick (with the fast kick, no Lambda invoke) per enqueue.
+type KickDecision uint8
+
+const (
+	// KickNone: no kick was considered (no Kicker, a replay, nothing
+	// committed).
+	KickNone KickDecision = iota
+	// KickSent: the commit armed the alarm (it was absent, or due later:
+	// a back-off or a held row's retry), or found it overdue by more than
+	// kickGrace with no fire holding the source's claim (the wake-up asked
+	// for is late or lost), and kicked.
+	KickSent
+	// KickPending: the alarm was already due, and fell due less than
+	// kickGrace ago: whoever armed it kicked then, and that fire is on its
+	// way.
+	KickPending
+	// KickClaimed: the alarm was overdue but a fire holds the source's
+	// claim; that fire re-arms the alarm and kicks when it ends, and the
+	// guard on the alarm record made sure it sees these rows.
+	KickClaimed
+)
+
+// String names the decision as the api function's logs do.
+func (d KickDecision) String() string {
+	switch d {
+	case KickSent:
+		return "sent"
+	case KickPending:
+		return "pending"
+	case KickClaimed:
+		return "claimed"
+	default:
+		return "none"
+	}
+}
+
+// kickGrace is how long after an alarm fell due an enqueue trusts the kick
+// that armed it: an async invoke normally starts the fire, which claims
+// the source, well within it. Past it, an unclaimed overdue alarm is
+// kicked again (a Scheduler re-arm's schedule may run up to a minute
+// late); kicks for one due time collapse in every Kicker.
+const kickGrace = 2 * time.Second
+
+// kickDecision decides whether the commit in res must kick: see
+// KickDecision. It reads rs only for an alarm overdue past kickGrace.
+// Any doubt (rs unreadable) kicks: a kick is cheap, a missed one costs up
+// to the sweep's minute.
+func kickDecision(ctx context.Context, st Store, clock Clock, source Partition, res CommitResult) KickDecision {
+	if res.armed {
+		return KickSent
+	}
+	now := unixMS(clock.Now())
+	if now-res.AlarmDueMS < kickGrace.Milliseconds() {
+		return KickPending
+	}
+	raw, found, err := st.Get(ctx, source, KeyRS)
+	if err != nil || !found {
+		return KickSent
+	}
+	rs, err := decodeRS(raw)
+	if err != nil {
+		return KickSent
+	}
+	// An operator action's claim lasts a few store calls and re-arms
+	// nothing: only a fire's claim means a fire will re-arm.
+	if c := rs.Claim; c != nil && c.UntilMS > now && !strings.HasPrefix(c.Owner, opTokenPrefix) {
+		return KickClaimed
+	}
+	return KickSent
 }
 
 // CommitRelayRows validates, plans and commits rows to source's outbox,
@@ -650,17 +734,22 @@ func CommitRelayRows(ctx context.Context, st Store, clock Clock, source Partitio
 // os and re-plans only the uncommitted rows; an ambiguous store error is
 // resolved by re-reading os (and the batch's tag), so no seq is reused or
 // lost. A stale lease or passed deadline fails closed. After anything
-// committed it kicks cfg.Kicker once, best effort.
+// committed it kicks cfg.Kicker once, best effort, unless a wake-up is
+// already on its way (kickDecision).
 func commitRelayRows(ctx context.Context, st Store, clock Clock, source Partition, lease *Lease, deadline time.Time, rows []Row, cfg EnqueueConfig) (res CommitResult, err error) {
 	res.Seqs = make([]uint64, len(rows))
 	if len(rows) == 0 {
 		return res, nil
 	}
 	defer func() {
-		if res.Batches > 0 && cfg.Kicker != nil {
-			if kerr := cfg.Kicker.Kick(ctx, source, res.AlarmDueMS); kerr != nil {
-				cfg.logger().Warn("relay kick failed; the durable alarm still holds", "source", string(source), "due_ms", res.AlarmDueMS, "err", kerr)
-			}
+		if res.Batches == 0 || cfg.Kicker == nil {
+			return
+		}
+		if res.Kick = kickDecision(ctx, st, clock, source, res); res.Kick != KickSent {
+			return
+		}
+		if kerr := cfg.Kicker.Kick(ctx, source, res.AlarmDueMS); kerr != nil {
+			cfg.logger().Warn("relay kick failed; the durable alarm still holds", "source", string(source), "due_ms", res.AlarmDueMS, "err", kerr)
 		}
 	}()
 	if cfg.IdempotencyKey != "" {
@@ -715,6 +804,7 @@ func commitRelayRows(ctx context.Context, st Store, clock Clock, source Partitio
 			}
 			res.Batches++
 			res.AlarmDueMS = b.AlarmDueMS
+			res.armed = res.armed || b.armsAlarm
 		}
 		if !lost {
 			return res, nil

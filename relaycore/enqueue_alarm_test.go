@@ -96,9 +96,59 @@ func TestEnqueueBatchCarriesOneRelayKick(t *testing.T) {
 	if a := e.inspect(e.source).Alarm; a == nil || a.DueMS != e.clock.Now().UnixMilli() || res.AlarmDueMS != a.DueMS {
 		t.Fatalf("alarm %+v (kick %d), want due now %d", a, res.AlarmDueMS, e.clock.Now().UnixMilli())
 	}
-	if len(kicker.kicks) != 4 {
-		t.Fatalf("%d kicks for 4 commits", len(kicker.kicks))
+	// Only the commits that armed the alarm kick: the two in between found
+	// a wake-up due moments ago, already kicked.
+	if len(kicker.kicks) != 2 {
+		t.Fatalf("%d kicks for 4 commits, 2 of which armed the alarm", len(kicker.kicks))
 	}
+}
+
+// TestEnqueueKickDecision: an enqueue kicks when it arms the alarm, and
+// when it finds the alarm overdue past the grace with no fire holding the
+// claim (the wake-up is late or lost); it sends none while a wake-up is on
+// its way (due moments ago) or a fire holds the claim, whatever the
+// alarm's age. An operator action's claim re-arms nothing, so it does not
+// count. Without the decision every commit kicks (4 kicks where 2 are
+// wanted here).
+func TestEnqueueKickDecision(t *testing.T) {
+	e := newEnv(t, "free")
+	kicker := &recordingKicker{}
+	e.h.Kicker = kicker
+	commit := func(want relaycore.KickDecision) relaycore.CommitResult {
+		t.Helper()
+		res, err := e.h.Enqueue(e.ctx, e.source, []relaycore.Row{put("t", "k", "v")}, relaycore.EnqueueOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Kick != want {
+			t.Fatalf("kick %s, want %s", res.Kick, want)
+		}
+		return res
+	}
+	claim := func(owner string, untilMS int64) {
+		t.Helper()
+		rs := fmt.Sprintf(`{"ver":9,"cycle_end":0,"cursor":0,"claim":{"owner":%q,"until_ms":%d}}`, owner, untilMS)
+		if err := e.src.Apply(e.ctx, e.source, relaycore.Batch{Writes: []relaycore.Write{{Key: relaycore.KeyRS, Value: []byte(rs)}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := commit(relaycore.KickSent) // absent alarm: armed
+	e.clock.Advance(time.Second)
+	commit(relaycore.KickPending) // due a second ago
+	e.clock.Advance(5 * time.Second)
+	claim("fire-token", e.clock.Now().Add(20*time.Second).UnixMilli())
+	commit(relaycore.KickClaimed) // overdue, but a fire works on it
+	claim("op-token", e.clock.Now().Add(time.Second).UnixMilli())
+	if res := commit(relaycore.KickSent); res.AlarmDueMS != first.AlarmDueMS {
+		t.Fatalf("kick due %d, want the pending alarm's %d", res.AlarmDueMS, first.AlarmDueMS)
+	}
+	claim("fire-token", e.clock.Now().UnixMilli()) // lapsed
+	commit(relaycore.KickSent)
+	if len(kicker.kicks) != 3 {
+		t.Fatalf("%d kicks, want 3", len(kicker.kicks))
+	}
+	e.h.Kicker = nil
+	commit(relaycore.KickNone)
 }
 
 // If the alarm changes between two links (an Alarm re-armed it), the second

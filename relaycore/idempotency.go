@@ -161,7 +161,7 @@ func commitIdempotent(ctx context.Context, st Store, clock Clock, source Partiti
 		landed, err := commitBatch(ctx, st, clock, source, b)
 		switch {
 		case err == nil && landed:
-			res.Seqs, res.Batches, res.AlarmDueMS = rec.Seqs, 1, b.AlarmDueMS
+			res.Seqs, res.Batches, res.AlarmDueMS, res.armed = rec.Seqs, 1, b.AlarmDueMS, b.armsAlarm
 			return nil
 		case errors.Is(err, errIdemTaken):
 			raw, found, gerr := st.Get(ctx, source, key)
