@@ -201,12 +201,13 @@ func TestSchedulerRoleInvokesOnlyFire(t *testing.T) {
 	}
 }
 
-// TestOnlyFireContinuesItself: lambda:InvokeFunction is granted to exactly
-// two principals, the scheduler role (alarm schedules) and the fire
-// function itself (continuations), each on the fire function's ARN and
-// nothing else; the sweep and api functions may invoke no function, and no
-// resource-based permission lets anything else invoke the fire function.
-func TestOnlyFireContinuesItself(t *testing.T) {
+// TestOnlyFireIsInvoked: lambda:InvokeFunction is granted to exactly
+// three principals, the scheduler role (alarm schedules), the fire
+// function itself (continuations) and the api function (the fast kick),
+// each on the fire function's ARN and nothing else; the sweep and ops
+// functions may invoke no function, and no resource-based permission lets
+// anything else invoke the fire function.
+func TestOnlyFireIsInvoked(t *testing.T) {
 	raw := loadRaw(t)
 	fire := fireARN(t)
 	holders := map[string]bool{}
@@ -233,7 +234,7 @@ func TestOnlyFireContinuesItself(t *testing.T) {
 			role = id
 		}
 	}
-	want := []string{fireFunctionID}
+	want := []string{fireFunctionID, "ApiFunction"}
 	if role != "" {
 		want = append(want, role)
 	}
@@ -244,7 +245,7 @@ func TestOnlyFireContinuesItself(t *testing.T) {
 	sort.Strings(got)
 	sort.Strings(want)
 	if !slices.Equal(got, want) || role != "SchedulerRole" {
-		t.Errorf("lambda:InvokeFunction granted to %v, want exactly FireFunction and SchedulerRole", got)
+		t.Errorf("lambda:InvokeFunction granted to %v, want exactly ApiFunction, FireFunction and SchedulerRole", got)
 	}
 	for id, r := range at(t, raw, "Resources").(map[string]any) {
 		if r.(map[string]any)["Type"] == "AWS::Lambda::Permission" {

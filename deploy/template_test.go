@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/relay-dev/relay/lambda/env"
 	"github.com/relay-dev/relay/lambda/fire"
 )
 
@@ -209,6 +210,53 @@ func TestContinuationHopsParameter(t *testing.T) {
 	}
 	if _, ok := at(t, raw, "Globals", "Function", "Environment", "Variables").(map[string]any)["CONTINUATION_HOPS"]; ok {
 		t.Error("CONTINUATION_HOPS is in Globals; only the fire function continues")
+	}
+}
+
+// functionVars returns the environment variables a function declares
+// itself (not the Globals').
+func functionVars(t *testing.T, raw map[string]any, id string) map[string]any {
+	t.Helper()
+	props := at(t, raw, "Resources", id, "Properties").(map[string]any)
+	if e, ok := props["Environment"].(map[string]any); ok {
+		vars, _ := e["Variables"].(map[string]any)
+		return vars
+	}
+	return nil
+}
+
+// TestFastKickAndConcurrencyParameters: FastKick (true|false, default
+// true, as lambda/env parses FAST_KICK) reaches the api function only,
+// the one whose role may invoke the fire function; DeliverConcurrency's
+// range and default are lambda/env's and it reaches the two functions
+// that deliver, fire and sweep.
+func TestFastKickAndConcurrencyParameters(t *testing.T) {
+	raw := loadRaw(t)
+	fk := at(t, raw, "Parameters", "FastKick")
+	if at(t, fk, "Default") != "true" || !slices.Equal(strs(t, at(t, fk, "AllowedValues")), []string{"true", "false"}) {
+		t.Errorf("FastKick parameter %v, want true|false defaulting to true", fk)
+	}
+	dc := at(t, raw, "Parameters", "DeliverConcurrency")
+	for key, want := range map[string]int{"Default": env.DefaultDeliverConcurrency, "MinValue": 1, "MaxValue": env.MaxDeliverConcurrency} {
+		if got, ok := at(t, dc, key).(int); !ok || got != want {
+			t.Errorf("DeliverConcurrency.%s = %v, want %d", key, at(t, dc, key), want)
+		}
+	}
+	global := at(t, raw, "Globals", "Function", "Environment", "Variables").(map[string]any)
+	for _, v := range []string{"FAST_KICK", "DELIVER_CONCURRENCY"} {
+		if _, ok := global[v]; ok {
+			t.Errorf("%s is in Globals", v)
+		}
+	}
+	for id := range functionDirs {
+		vars := functionVars(t, raw, id)
+		if got, want := vars["FAST_KICK"], map[bool]any{true: "${FastKick}"}[id == "ApiFunction"]; got != want {
+			t.Errorf("%s FAST_KICK = %v, want %v", id, got, want)
+		}
+		delivers := id == fireFunctionID || id == "SweepFunction"
+		if got, want := vars["DELIVER_CONCURRENCY"], map[bool]any{true: "${DeliverConcurrency}"}[delivers]; got != want {
+			t.Errorf("%s DELIVER_CONCURRENCY = %v, want %v", id, got, want)
+		}
 	}
 }
 

@@ -33,7 +33,12 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 		return 1
 	}
 	// d.Relay carries the kicker, logger, clock and both stores (wired
-	// once in lambda/env): enqueues take them from it.
+	// once in lambda/env): enqueues take them from it. Routes that enqueue
+	// kick fast (FAST_KICK): the operator route set is the ops function's,
+	// whose role may not invoke the fire function.
+	if routes != api.RoutesOperator {
+		d.UseFastKick()
+	}
 	h := &api.Handler{Source: d.Source, Target: d.Target, Clock: d.Clock, Relay: d.Relay, Routes: routes, Logger: d.Logger}
 	d.Logger.Info("api: serving", "routes", string(routes))
 	lambda.StartWithOptions(h.Handle, lambda.WithContext(ctx))

@@ -1,7 +1,9 @@
-// Package lambdainvoke continues a relay source without waiting for
-// EventBridge Scheduler: it invokes the fire function asynchronously
-// (Lambda Invoke with InvocationType Event) with the continuation event
-// {"source":"<id>","hop":N}.
+// Package lambdainvoke starts and continues relay fires without waiting
+// for EventBridge Scheduler: it invokes the fire function asynchronously
+// (Lambda Invoke with InvocationType Event). Kicker is the fast kick a
+// producer's function uses after an enqueue ({"source":"<id>"}, falling
+// back to Scheduler); Invoker continues a draining source from the fire
+// function itself ({"source":"<id>","hop":N}).
 //
 // Why: a one-time Scheduler schedule is sent at least five seconds ahead
 // (infra/scheduler.DefaultMinLead) and may run up to a minute late, so a

@@ -156,7 +156,7 @@ func (h *Handler) enqueue(ctx context.Context, m matched, req Request, log *slog
 			"first_seq", res.Seqs[0], "idempotency_key", opts.IdempotencyKey)
 	} else {
 		log.Info("api: rows committed", "source", string(src), "rows", len(rows), "batches", res.Batches,
-			"first_seq", res.Seqs[0], "alarm_due_ms", res.AlarmDueMS)
+			"first_seq", res.Seqs[0], "alarm_due_ms", res.AlarmDueMS, "kick", res.Kick.String())
 	}
 	return EnqueueResponse{Source: string(src), Seqs: res.Seqs, AlarmDueMS: res.AlarmDueMS, Replayed: res.Replayed}, nil
 }

@@ -30,23 +30,37 @@ import (
 
 // Variable names (template.yaml, Globals.Function.Environment).
 const (
-	VarPlan              = "PLAN"                     // free | paid (required)
-	VarLogLevel          = "LOG_LEVEL"                // DEBUG | INFO | WARN | ERROR (default INFO)
-	VarSourceTable       = "SOURCE_TABLE"             // source (outbox) table (required)
-	VarTargetTable       = "TARGET_TABLE"             // target table (required)
-	VarDueIndex          = "DUE_INDEX"                // must be dynamo.DueIndexName when set
-	VarScheduleGroup     = "SCHEDULE_GROUP"           // alarm schedule group (required)
-	VarSchedulerRoleARN  = "SCHEDULER_ROLE_ARN"       // role Scheduler assumes (required)
-	VarFireFunctionARN   = "FIRE_FUNCTION_ARN"        // schedule target (required)
-	VarDynamoDBEndpoint  = "RELAY_DYNAMODB_ENDPOINT"  // optional base URL (sam local, tests)
-	VarSchedulerEndpoint = "RELAY_SCHEDULER_ENDPOINT" // optional base URL (sam local, tests)
-	VarLambdaEndpoint    = "RELAY_LAMBDA_ENDPOINT"    // optional base URL for continuations (tests)
-	VarContinuationHops  = "CONTINUATION_HOPS"        // 0..fire.MaxContinuationHops (default fire.DefaultMaxHops)
-	VarMetricsNamespace  = "METRICS_NAMESPACE"        // CloudWatch namespace (default metrics.DefaultNamespace)
-	VarMetricsStack      = "METRICS_STACK"            // Stack dimension value (default "relay")
-	VarMetricsPerSource  = "METRICS_PER_SOURCE"       // true | false (default false): add the Source dimension
-	VarRegion            = "AWS_REGION"               // set by Lambda (required)
+	VarPlan               = "PLAN"                     // free | paid (required)
+	VarLogLevel           = "LOG_LEVEL"                // DEBUG | INFO | WARN | ERROR (default INFO)
+	VarSourceTable        = "SOURCE_TABLE"             // source (outbox) table (required)
+	VarTargetTable        = "TARGET_TABLE"             // target table (required)
+	VarDueIndex           = "DUE_INDEX"                // must be dynamo.DueIndexName when set
+	VarScheduleGroup      = "SCHEDULE_GROUP"           // alarm schedule group (required)
+	VarSchedulerRoleARN   = "SCHEDULER_ROLE_ARN"       // role Scheduler assumes (required)
+	VarFireFunctionARN    = "FIRE_FUNCTION_ARN"        // schedule target (required)
+	VarDynamoDBEndpoint   = "RELAY_DYNAMODB_ENDPOINT"  // optional base URL (sam local, tests)
+	VarSchedulerEndpoint  = "RELAY_SCHEDULER_ENDPOINT" // optional base URL (sam local, tests)
+	VarLambdaEndpoint     = "RELAY_LAMBDA_ENDPOINT"    // optional base URL for continuations (tests)
+	VarContinuationHops   = "CONTINUATION_HOPS"        // 0..fire.MaxContinuationHops (default fire.DefaultMaxHops)
+	VarFastKick           = "FAST_KICK"                // true | false (default true): the api function's fast kick
+	VarDeliverConcurrency = "DELIVER_CONCURRENCY"      // 1..MaxDeliverConcurrency (default DefaultDeliverConcurrency)
+	VarMetricsNamespace   = "METRICS_NAMESPACE"        // CloudWatch namespace (default metrics.DefaultNamespace)
+	VarMetricsStack       = "METRICS_STACK"            // Stack dimension value (default "relay")
+	VarMetricsPerSource   = "METRICS_PER_SOURCE"       // true | false (default false): add the Source dimension
+	VarRegion             = "AWS_REGION"               // set by Lambda (required)
 )
+
+// DefaultDeliverConcurrency is how many targets of a fire the fire and
+// sweep functions deliver at once (relaycore.RelayHandler.DeliverConcurrency,
+// as relay serve does): a fire's target batches are network round trips to
+// DynamoDB, so overlapping them divides a fire's time by up to this much.
+// Budgets and each target's order are unchanged (docs/engine.md).
+const DefaultDeliverConcurrency = 8
+
+// MaxDeliverConcurrency bounds DELIVER_CONCURRENCY: the paid plan's targets
+// per fire (more could never overlap) and well within the SDK's default
+// connection pool.
+const MaxDeliverConcurrency = 32
 
 // ErrConfig is wrapped by every error Parse returns.
 var ErrConfig = errors.New("invalid function configuration")
@@ -72,6 +86,14 @@ type Config struct {
 	// ContinuationHops bounds the fire function's self-invocations per
 	// kick (lambda/fire); 0 turns them off. Only the fire function uses it.
 	ContinuationHops int
+	// FastKick: the api function starts a fire due now with an async
+	// invoke of the fire function (lambdainvoke.Kicker), falling back to
+	// Scheduler; false kicks through Scheduler only (before the fast
+	// kick; the benchmarks' baseline). Only the api function uses it.
+	FastKick bool
+	// DeliverConcurrency is relaycore.RelayHandler.DeliverConcurrency for
+	// the fire and sweep functions' alarms.
+	DeliverConcurrency int
 	// MetricsNamespace, MetricsStack and MetricsPerSource configure the
 	// fire and sweep functions' EMF metrics (lambda/metrics).
 	MetricsNamespace string
@@ -144,6 +166,25 @@ func Parse(getenv func(string) string) (Config, error) {
 			bad("%s=%q: want an integer 0..%d", VarContinuationHops, v, fire.MaxContinuationHops)
 		} else {
 			c.ContinuationHops = n
+		}
+	}
+
+	c.FastKick = true
+	switch v := strings.ToLower(get(VarFastKick)); v {
+	case "", "true":
+	case "false":
+		c.FastKick = false
+	default:
+		bad("%s=%q: want true or false", VarFastKick, getenv(VarFastKick))
+	}
+
+	c.DeliverConcurrency = DefaultDeliverConcurrency
+	if v := get(VarDeliverConcurrency); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > MaxDeliverConcurrency {
+			bad("%s=%q: want an integer 1..%d (1: one target after another)", VarDeliverConcurrency, v, MaxDeliverConcurrency)
+		} else {
+			c.DeliverConcurrency = n
 		}
 	}
 

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+
 	"github.com/relay-dev/relay/lambda/fire"
 	"github.com/relay-dev/relay/relaycore"
 )
@@ -65,6 +67,10 @@ func TestParseRefuses(t *testing.T) {
 		{"hops above lambda's loop detection", func(m map[string]string) { m[VarContinuationHops] = "15" }, []string{`CONTINUATION_HOPS="15": want an integer 0..14`}},
 		{"negative hops", func(m map[string]string) { m[VarContinuationHops] = "-1" }, []string{`CONTINUATION_HOPS="-1"`}},
 		{"hops not a number", func(m map[string]string) { m[VarContinuationHops] = "many" }, []string{`CONTINUATION_HOPS="many"`}},
+		{"fast kick", func(m map[string]string) { m[VarFastKick] = "yes" }, []string{`FAST_KICK="yes": want true or false`}},
+		{"no concurrency", func(m map[string]string) { m[VarDeliverConcurrency] = "0" }, []string{`DELIVER_CONCURRENCY="0": want an integer 1..32`}},
+		{"concurrency above the paid plan's targets", func(m map[string]string) { m[VarDeliverConcurrency] = "33" }, []string{`DELIVER_CONCURRENCY="33"`}},
+		{"concurrency not a number", func(m map[string]string) { m[VarDeliverConcurrency] = "lots" }, []string{`DELIVER_CONCURRENCY="lots"`}},
 		{"metrics namespace", func(m map[string]string) { m[VarMetricsNamespace] = "AWS/Lambda" }, []string{`METRICS_NAMESPACE="AWS/Lambda"`}},
 		{"metrics stack", func(m map[string]string) { m[VarMetricsStack] = "caf\u00e9" }, []string{"METRICS_STACK", "dimension value"}},
 		{"metrics per source", func(m map[string]string) { m[VarMetricsPerSource] = "yes" }, []string{`METRICS_PER_SOURCE="yes": want true or false`}},
@@ -96,6 +102,27 @@ func TestParseContinuationHops(t *testing.T) {
 		c, err := Parse(getenv(m))
 		if err != nil || c.ContinuationHops != want {
 			t.Errorf("CONTINUATION_HOPS=%q: %d, %v; want %d", in, c.ContinuationHops, err, want)
+		}
+	}
+}
+
+// TestParseFastKickAndConcurrency: FAST_KICK defaults to true (false is
+// the Scheduler-only kick), DELIVER_CONCURRENCY to 8.
+func TestParseFastKickAndConcurrency(t *testing.T) {
+	for in, want := range map[string]bool{"": true, "true": true, " TRUE ": true, "false": false, "False": false} {
+		m := valid()
+		m[VarFastKick] = in
+		c, err := Parse(getenv(m))
+		if err != nil || c.FastKick != want {
+			t.Errorf("FAST_KICK=%q: %v, %v; want %v", in, c.FastKick, err, want)
+		}
+	}
+	for in, want := range map[string]int{"": DefaultDeliverConcurrency, "1": 1, " 16 ": 16, "32": MaxDeliverConcurrency} {
+		m := valid()
+		m[VarDeliverConcurrency] = in
+		c, err := Parse(getenv(m))
+		if err != nil || c.DeliverConcurrency != want {
+			t.Errorf("DELIVER_CONCURRENCY=%q: %d, %v; want %d", in, c.DeliverConcurrency, err, want)
 		}
 	}
 }
@@ -136,5 +163,39 @@ func TestLoadRefusesBeforeWiring(t *testing.T) {
 	m[VarPlan] = "gold"
 	if _, err := Load(t.Context(), getenv(m), &bytes.Buffer{}); !errors.Is(err, ErrConfig) {
 		t.Fatalf("Load err = %v, want ErrConfig", err)
+	}
+}
+
+// TestWireFastKick: the fast kicker is built when FAST_KICK is on and only
+// a function that asks (the api function) kicks through it; the fire,
+// sweep and ops functions keep the Scheduler kicker. DELIVER_CONCURRENCY
+// reaches the relay handler.
+func TestWireFastKick(t *testing.T) {
+	for _, fast := range []bool{true, false} {
+		m := valid()
+		m[VarFastKick] = map[bool]string{true: "true", false: "false"}[fast]
+		m[VarDeliverConcurrency] = "5"
+		c, err := Parse(getenv(m))
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := Wire(c, aws.Config{Region: "eu-west-1"}, slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Relay.Kicker != relaycore.Kicker(d.Kicker) || d.Relay.DeliverConcurrency != 5 {
+			t.Fatalf("FAST_KICK=%v: relay kicker %T, concurrency %d", fast, d.Relay.Kicker, d.Relay.DeliverConcurrency)
+		}
+		if (d.FastKicker != nil) != fast {
+			t.Fatalf("FAST_KICK=%v: fast kicker %v", fast, d.FastKicker)
+		}
+		d.UseFastKick()
+		want := relaycore.Kicker(d.Kicker)
+		if fast {
+			want = d.FastKicker
+		}
+		if d.Relay.Kicker != want {
+			t.Errorf("FAST_KICK=%v: after UseFastKick the relay kicks through %T", fast, d.Relay.Kicker)
+		}
 	}
 }

@@ -35,9 +35,16 @@ type Deps struct {
 	// Kicker arms one-time alarm schedules for the fire function.
 	Kicker *scheduler.Kicker
 	// Invoker continues a source by invoking the fire function
-	// asynchronously; only the fire function uses it (its IAM policy is
-	// the only one granting lambda:InvokeFunction).
+	// asynchronously; only the fire function uses it.
 	Invoker *lambdainvoke.Invoker
+	// FastKicker starts a fire due now with an async invoke of the fire
+	// function and hands the rest to Kicker; nil when FAST_KICK=false.
+	// Only the api function uses it (UseFastKick): its role and the fire
+	// function's are the only ones granting lambda:InvokeFunction, each on
+	// the fire function alone. The fire function keeps Kicker for its
+	// re-arms (its continuations are the bounded fast path there), and the
+	// sweep and ops functions keep Kicker too.
+	FastKicker *lambdainvoke.Kicker
 	// Relay runs fires and alarms with the plan's budget, kicking through
 	// Kicker when it re-arms.
 	Relay *relaycore.RelayHandler
@@ -123,13 +130,32 @@ func Wire(cfg Config, awsCfg aws.Config, logger *slog.Logger) (*Deps, error) {
 		Kicker:  kicker,
 		Invoker: invoker,
 	}
+	if cfg.FastKick {
+		d.FastKicker, err = lambdainvoke.NewKicker(lambdainvoke.KickerConfig{
+			Client: lc, FunctionARN: cfg.FireFunctionARN, Fallback: kicker, Now: clock.Now, Logger: logger,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("wire: %w", err)
+		}
+	}
 	d.Relay = &relaycore.RelayHandler{
-		Source: d.Source,
-		Target: d.Target,
-		Budget: cfg.Budget,
-		Clock:  clock,
-		Kicker: kicker,
-		Logger: logger,
+		Source:             d.Source,
+		Target:             d.Target,
+		Budget:             cfg.Budget,
+		Clock:              clock,
+		Kicker:             kicker,
+		Logger:             logger,
+		DeliverConcurrency: cfg.DeliverConcurrency,
 	}
 	return d, nil
+}
+
+// UseFastKick makes Relay kick through FastKicker, when FAST_KICK is on:
+// the api function's enqueues (and its requeues and redrives under the
+// all route set) then start a fire due now at once. Only a function whose
+// role may invoke the fire function calls it (template.yaml: ApiFunction).
+func (d *Deps) UseFastKick() {
+	if d.FastKicker != nil {
+		d.Relay.Kicker = d.FastKicker
+	}
 }

@@ -70,10 +70,11 @@ func (r *rig) checkDelivered(source relaycore.Partition, rows []api.RowJSON, seq
 
 // TestEnqueueFireQuery: rows enqueued through the api function are
 // delivered by the fire invocation their kick arms, and the api's queries
-// report it.
+// report it. The kick here is the Scheduler-only one (FAST_KICK=false);
+// fastkick_test.go covers the default.
 func TestEnqueueFireQuery(t *testing.T) {
 	r := newRig(t)
-	apiFn := r.start("ApiFunction", nil)
+	apiFn := r.start("ApiFunction", map[string]string{"FAST_KICK": "false"})
 	fireFn := r.start("FireFunction", nil)
 
 	var enq api.EnqueueResponse
@@ -127,16 +128,17 @@ func TestEnqueueFireQuery(t *testing.T) {
 	}
 }
 
-// TestLostKickHealedBySweep: the kick is lost (Scheduler down during the
-// enqueue, and a schedule that never runs); the enqueue still succeeds and
-// the sweep, listing the overdue durable alarm through the due index,
-// delivers the rows.
+// TestLostKickHealedBySweep: the kick is lost (Lambda refuses the fast
+// kick's invoke and Scheduler is down for its fallback); the enqueue still
+// succeeds and the sweep, listing the overdue durable alarm through the
+// due index, delivers the rows.
 func TestLostKickHealedBySweep(t *testing.T) {
 	r := newRig(t)
 	apiFn := r.start("ApiFunction", nil)
 	sweepFn := r.start("SweepFunction", nil)
 
 	r.sched.Fail(http.StatusInternalServerError)
+	r.lam["ApiFunction"].Fail(http.StatusInternalServerError)
 	var enq api.EnqueueResponse
 	apiCall(t, apiFn, readEvent(t, "api-enqueue.json"), 200, &enq)
 	if n := len(r.sched.Pending()); n != 0 {
@@ -144,6 +146,9 @@ func TestLostKickHealedBySweep(t *testing.T) {
 	}
 	if st := r.sched.Stats(); st.Failed == 0 {
 		t.Fatalf("scheduler stats %+v: the kick never reached it", st)
+	}
+	if st := r.lam["ApiFunction"].Stats(); st.Failed == 0 || st.Accepted != 0 {
+		t.Fatalf("lambda stats %+v: the fast kick never reached it, or was queued", st)
 	}
 	r.sched.Fail(0)
 

@@ -12,10 +12,12 @@
 // through the handler or an emulator, drop it, run it twice). Nothing runs
 // by itself.
 //
-// Requests that break the relay's contract (another function, a
-// synchronous invoke, an unsigned request, an event that is not
-// {"source":"...","hop":N} with N ≥ 1) are answered 400 and reported as
-// test errors when the test ends.
+// It takes both events the relay sends: a fast kick {"source":"..."}
+// (lambdainvoke.Kicker; Hop 0) and a continuation {"source":"...","hop":N}
+// with N ≥ 1 (lambdainvoke.Invoker). Requests that break the relay's
+// contract (another function, a synchronous invoke, an unsigned request,
+// any other event) are answered 400 and reported as test errors when the
+// test ends.
 package invoketest
 
 import (
@@ -48,7 +50,8 @@ type Invocation struct {
 	// Payload is the event body; Source and Hop are decoded from it.
 	Payload []byte
 	Source  string
-	Hop     int
+	// Hop is the continuation's hop; 0 for a fast kick.
+	Hop int
 }
 
 // Stats counts requests.
@@ -185,8 +188,10 @@ func (s *Server) parse(r *http.Request) (Invocation, string) {
 	switch {
 	case ev.Source == nil || *ev.Source == "":
 		return Invocation{}, fmt.Sprintf("event %s: no source", data)
-	case ev.Hop == nil || *ev.Hop < 1:
-		return Invocation{}, fmt.Sprintf("event %s: a continuation carries hop ≥ 1", data)
+	case ev.Hop == nil:
+		return Invocation{FunctionName: name, Payload: data, Source: *ev.Source}, "" // a fast kick
+	case *ev.Hop < 1:
+		return Invocation{}, fmt.Sprintf("event %s: a continuation carries hop ≥ 1 (a fast kick carries none)", data)
 	}
 	return Invocation{FunctionName: name, Payload: data, Source: *ev.Source, Hop: *ev.Hop}, ""
 }
