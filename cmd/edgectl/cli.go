@@ -127,8 +127,8 @@ func statusCmd(g *globals) *cobra.Command {
 				}
 				fmt.Fprintf(w, "segments\t%d stored, %d relayed\n", s.Segments, s.Relayed)
 				fmt.Fprintf(w, "storage\t%s\n", usageLine(s.Usage))
-				fmt.Fprintf(w, "ledger\tscheduled %d, inflight %d, failed %d, acked %d, deadletter %d\n",
-					s.Ledger["scheduled"], s.Ledger["inflight"], s.Ledger["failed"], s.Ledger["acked"], s.Ledger["deadletter"])
+				fmt.Fprintf(w, "ledger\tscheduled %d, inflight %d, failed %d, acked %d, deadletter %d, cancelled %d\n",
+					s.Ledger["scheduled"], s.Ledger["inflight"], s.Ledger["failed"], s.Ledger["acked"], s.Ledger["deadletter"], s.Ledger["cancelled"])
 			})
 		},
 	}
@@ -274,7 +274,7 @@ func ledgerCmd(g *globals) *cobra.Command {
 			}, printRecords)
 		},
 	}
-	cmd.Flags().StringVar(&state, "state", "", "only this state: scheduled, inflight, failed, acked, deadletter, or all")
+	cmd.Flags().StringVar(&state, "state", "", "only this state: scheduled, inflight, failed, acked, deadletter, cancelled, or all")
 	return cmd
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/relay-dev/relay/edge/rpc"
 	"github.com/relay-dev/relay/edge/takedown"
 )
 
@@ -19,8 +21,83 @@ func takedownCmd(g *globals) *cobra.Command {
 		Use:   "takedown",
 		Short: "Evict segments for takedown requests; list and verify signed eviction receipts",
 	}
-	cmd.AddCommand(takedownVerifyCmd(g))
+	cmd.AddCommand(takedownEvictCmd(g), takedownReceiptsCmd(g), takedownVerifyCmd(g))
 	return cmd
+}
+
+func takedownEvictCmd(g *globals) *cobra.Command {
+	var request string
+	c := &cobra.Command{
+		Use:   "evict SEG --request ID",
+		Short: "Evict a stored segment for a takedown request and print its signed receipt",
+		Long: "Evict SEG for the takedown request ID, through the running edged: its index entry and content go,\n" +
+			"its deliveries to every peer are cancelled (not failed, not retried), a tombstone refuses any later\n" +
+			"offer of it (NACK evicted) or ingest, and a receipt signed with this node's key is stored\n" +
+			"(edgectl takedown receipts). Asking again for the same request returns the same receipt; a segment\n" +
+			"this node never held is an error, and nothing is signed for it.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if request == "" {
+				return errors.New("--request: the takedown request id is required")
+			}
+			return call(g, cmd, func(c *rpc.Client, ctx context.Context) (rpc.TakedownReply, error) {
+				return c.Takedown(ctx, rpc.TakedownRequest{Segment: args[0], Request: request})
+			}, func(w io.Writer, r rpc.TakedownReply) {
+				what := "evicted"
+				if !r.Evicted {
+					what = "taken down before"
+				}
+				fmt.Fprintf(w, "segment\t%s (%d bytes, sha256 %s)\n", r.Segment, r.Size, r.SHA256)
+				fmt.Fprintf(w, "%s\tat %s for request %s\n", what, r.EvictedAt.UTC().Format(time.RFC3339Nano), r.Request)
+				if r.Evicted {
+					fmt.Fprintf(w, "deliveries cancelled\t%d\n", r.Cancelled)
+				}
+				fmt.Fprintf(w, "receipt\t%s\n", r.Receipt)
+			})
+		},
+	}
+	c.Flags().StringVar(&request, "request", "", "the takedown request id the receipt names")
+	return c
+}
+
+func takedownReceiptsCmd(g *globals) *cobra.Command {
+	var segment string
+	var lines bool
+	c := &cobra.Command{
+		Use:   "receipts [--segment SEG] [--json-lines]",
+		Short: "List the signed takedown receipts this node stored",
+		Long: "List the receipts of the segments this node took down. --json-lines prints them as a receipt file\n" +
+			"(one receipt per line), which `edgectl takedown verify FILE --ca ca.crt` checks offline.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if lines {
+				c, err := g.client()
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				rs, err := c.Receipts(cmd.Context(), segment)
+				if err != nil {
+					return err
+				}
+				for _, r := range rs.Receipts {
+					fmt.Fprintln(g.out, r.Receipt)
+				}
+				return nil
+			}
+			return call(g, cmd, func(c *rpc.Client, ctx context.Context) (rpc.Receipts, error) {
+				return c.Receipts(ctx, segment)
+			}, func(w io.Writer, rs rpc.Receipts) {
+				fmt.Fprintln(w, "SEGMENT\tREQUEST\tSHA256\tEVICTED")
+				for _, r := range rs.Receipts {
+					fmt.Fprintf(w, "%s\t%s\t%.16s…\t%s\n", r.Segment, r.Request, r.SHA256, r.EvictedAt.UTC().Format(time.RFC3339))
+				}
+			})
+		},
+	}
+	c.Flags().StringVar(&segment, "segment", "", "only this segment's receipts")
+	c.Flags().BoolVar(&lines, "json-lines", false, "print the receipts as a receipt file (one JSON line each)")
+	return c
 }
 
 func takedownVerifyCmd(g *globals) *cobra.Command {

@@ -32,6 +32,7 @@ type metrics struct {
 	repairs        *prometheus.CounterVec
 	fullEvictions  prometheus.Counter
 	throttled      *prometheus.CounterVec
+	takedowns      *prometheus.CounterVec
 }
 
 func newMetrics(d *Daemon) *metrics {
@@ -89,9 +90,12 @@ func newMetrics(d *Daemon) *metrics {
 		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "edged_relay_throttled_seconds_total", Help: "Time outbound writes waited for relay.bandwidth tokens, by peer.",
 		}, []string{"peer"}),
+		takedowns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edged_takedowns_total", Help: "Takedown evictions asked of this node, by result (evicted: the segment was removed and a receipt signed; receipt: it had been taken down already and the receipt for the request was returned or signed; refused: not held, or no receipt could be signed: nothing changed).",
+		}, []string{"result"}),
 	}
 	m.reg.MustRegister(m.inbound, m.nacks, m.protocolErrors, m.rejected, m.shed, m.reloadErrors, m.attempts, m.sentBytes, m.attemptSecs,
-		m.relayed, m.evicted, m.deferred, m.dials, m.removed, m.repairs, m.fullEvictions, m.throttled,
+		m.relayed, m.evicted, m.deferred, m.dials, m.removed, m.repairs, m.fullEvictions, m.throttled, m.takedowns,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		storeCollector{d})
 	return m

@@ -255,6 +255,9 @@ func (d *Daemon) protocolError(log *slog.Logger, reason string, err error) {
 }
 
 func (d *Daemon) nack(ctx context.Context, c *wire.Conn, log *slog.Logger, n wire.Nack) bool {
+	// A code the peer's version lacks (evicted, before version 4) would
+	// make it refuse the whole NACK as malformed; it is told bad_request.
+	n.Code = wire.NackFor(n.Code, c.Version())
 	d.met.nacks.WithLabelValues(string(n.Code)).Inc()
 	if err := c.SendNack(ctx, n); err != nil {
 		log.Debug("nack not sent", "err", err)
@@ -274,6 +277,10 @@ func nackCode(err error) wire.NackCode {
 		return wire.NackTooLarge
 	case errors.Is(err, segstore.ErrChecksum):
 		return wire.NackChecksum
+	case errors.Is(err, segstore.ErrEvicted):
+		// Taken down here: refused for good (bad_request to a peer older
+		// than version 4, see nack).
+		return wire.NackEvicted
 	case errors.Is(err, segstore.ErrInvalid), errors.Is(err, segstore.ErrDigestConflict), errors.Is(err, segstore.ErrSize):
 		return wire.NackBadRequest
 	}

@@ -154,6 +154,20 @@ func (c *Client) Resend(ctx context.Context, req ResendRequest) (Resent, error) 
 	return postJSON[Resent](ctx, c, "/v1/relay/resend", req)
 }
 
+// Takedown is POST /v1/takedown/evict.
+func (c *Client) Takedown(ctx context.Context, req TakedownRequest) (TakedownReply, error) {
+	return postJSON[TakedownReply](ctx, c, "/v1/takedown/evict", req)
+}
+
+// Receipts is GET /v1/takedown/receipts (segment "" lists all).
+func (c *Client) Receipts(ctx context.Context, segment string) (Receipts, error) {
+	p := "/v1/takedown/receipts"
+	if segment != "" {
+		p += "?segment=" + url.QueryEscape(segment)
+	}
+	return getJSON[Receipts](ctx, c, p)
+}
+
 // PutSegment uploads size bytes from body as segment id; sha256hex is the
 // content's digest, which the daemon verifies before storing.
 func (c *Client) PutSegment(ctx context.Context, id string, size int64, sha256hex string, body io.Reader) (Ingested, error) {

@@ -44,6 +44,13 @@ type Backend interface {
 	// whatever its record says (ledger.Resend): the peer lost its copy.
 	// A segment not stored, or a peer not in known_peers, is ErrNotFound.
 	Resend(ctx context.Context, req ResendRequest) (Resent, error)
+	// Takedown evicts a segment for a takedown request and returns its
+	// signed receipt (daemon.Daemon.Takedown). A segment neither stored
+	// nor evicted is ErrNotFound; a malformed request id ErrBadRequest.
+	Takedown(ctx context.Context, req TakedownRequest) (TakedownReply, error)
+	// Receipts lists the stored takedown receipts, of one segment or
+	// ("") of all.
+	Receipts(ctx context.Context, segment string) (Receipts, error)
 	// Healthy is nil while the daemon is serving.
 	Healthy() error
 }
@@ -140,6 +147,23 @@ func NewServer(b Backend, g prometheus.Gatherer, log *slog.Logger, opt ServerOpt
 			return
 		}
 		v, err := b.Resend(r.Context(), req)
+		s.reply(w, r, v, err)
+	})
+	mux.HandleFunc("POST /v1/takedown/evict", func(w http.ResponseWriter, r *http.Request) {
+		var req TakedownRequest
+		if err := decodeJSON(s.paced(w, r, maxJSONBody), &req); err != nil {
+			s.reply(w, r, nil, err)
+			return
+		}
+		if req.Segment == "" || req.Request == "" {
+			s.reply(w, r, nil, fmt.Errorf(`%w: "segment" and "request" are both required`, ErrBadRequest))
+			return
+		}
+		v, err := b.Takedown(r.Context(), req)
+		s.reply(w, r, v, err)
+	})
+	mux.HandleFunc("GET /v1/takedown/receipts", func(w http.ResponseWriter, r *http.Request) {
+		v, err := b.Receipts(r.Context(), r.URL.Query().Get("segment"))
 		s.reply(w, r, v, err)
 	})
 	mux.HandleFunc("POST /v1/segments", s.ingest)
@@ -334,7 +358,8 @@ func statusOf(err error) int {
 		return http.StatusBadRequest
 	case errors.Is(err, ledger.ErrNotFound), errors.Is(err, segstore.ErrNotFound), errors.Is(err, os.ErrNotExist):
 		return http.StatusNotFound
-	case errors.Is(err, ledger.ErrIllegalTransition), errors.Is(err, segstore.ErrDigestConflict), errors.Is(err, segstore.ErrBusy):
+	case errors.Is(err, ledger.ErrIllegalTransition), errors.Is(err, segstore.ErrDigestConflict), errors.Is(err, segstore.ErrBusy),
+		errors.Is(err, segstore.ErrEvicted):
 		return http.StatusConflict
 	case errors.Is(err, segstore.ErrTooLarge):
 		return http.StatusRequestEntityTooLarge

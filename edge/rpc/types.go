@@ -255,6 +255,44 @@ type Resent struct {
 	Resent bool   `json:"resent"`
 }
 
+// TakedownRequest is the body of POST /v1/takedown/evict: evict Segment
+// for the takedown request Request (an id of edge/takedown's rule).
+type TakedownRequest struct {
+	Segment string `json:"segment"`
+	Request string `json:"request"`
+}
+
+// TakedownReply is the reply of POST /v1/takedown/evict. Evicted is true
+// when this call removed the segment, false when it had been taken down
+// before (the receipt is then the stored one for this request, or a new
+// one for the same eviction). Cancelled counts the delivery records this
+// call cancelled. Receipt is one line of a receipt file (docs/takedown.md).
+type TakedownReply struct {
+	Segment   string    `json:"segment"`
+	Request   string    `json:"request"`
+	SHA256    string    `json:"sha256"`
+	Size      int64     `json:"size"`
+	EvictedAt time.Time `json:"evicted_at"`
+	Evicted   bool      `json:"evicted"`
+	Cancelled int       `json:"cancelled"`
+	Receipt   string    `json:"receipt"`
+}
+
+// Receipts is the reply of GET /v1/takedown/receipts, in (segment,
+// request) order.
+type Receipts struct {
+	Receipts []Receipt `json:"receipts"`
+}
+
+// Receipt is one stored receipt: what it states, and the receipt file line.
+type Receipt struct {
+	Segment   string    `json:"segment"`
+	Request   string    `json:"request"`
+	SHA256    string    `json:"sha256"`
+	EvictedAt time.Time `json:"evicted_at"`
+	Receipt   string    `json:"receipt"`
+}
+
 // IngestFile is the JSON body of POST /v1/segments.
 type IngestFile struct {
 	Path string `json:"path"`

@@ -91,6 +91,16 @@
 // entry is not relayed: the relay ledger, lost with the database, is
 // re-derived by the daemon.
 //
+// # Takedowns and tombstones
+//
+// Takedown evicts a segment for a takedown request and, in the
+// transaction that removes its index entry, records a tombstone and the
+// caller's receipt (and runs the caller's Seal, which cancels the ledger's
+// records): a crash leaves the segment, or the tombstone and receipt with
+// the content an orphan for the next Open to remove. A tombstoned id is
+// refused by Reserve from then on (ErrEvicted), and a Reader open on it
+// when it was taken down fails before its last bytes. See takedown.go.
+//
 // # Quota
 //
 // The quota bounds stored bytes, stored segment count and the size of one

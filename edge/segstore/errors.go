@@ -10,6 +10,13 @@ var ErrNotFound = errors.New("segment not found")
 // (the wire protocol's idempotent re-ACK). Nothing was written.
 var ErrAlreadyHave = errors.New("segment already stored")
 
+// ErrEvicted means the segment was taken down here (Store.Takedown): its
+// tombstone refuses it for good, whoever offers it. Nothing was written.
+// (NACK evicted; bad_request to a peer older than wire version 4.) A
+// Reader opened before the takedown returns it instead of the segment's
+// last bytes.
+var ErrEvicted = errors.New("segment evicted for a takedown")
+
 // ErrDigestConflict means a segment with that id is stored with a
 // different digest or size. Nothing was written. (NACK bad_request.)
 var ErrDigestConflict = errors.New("segment id already stored with a different digest")

@@ -48,6 +48,13 @@ import (
 //	         durable (as if the pack's fsync failed: every packed segment
 //	         of the group fails)
 //
+// One more point is not a write's and does not fail anything:
+//
+//	kill-unindex  the process kills itself (SIGKILL, as kill -9) right
+//	              after an eviction's index transaction commits (for a
+//	              takedown: the tombstone and receipt), before the file
+//	              or pack record is removed
+//
 // A packed segment (storage.pack_max_bytes) passes write, copied, packed,
 // syncfs and dirsync; created, synced and renamed are a segment file's.
 // Other words match nothing. Evictions and start-up repair are not
@@ -66,6 +73,13 @@ func (s *Store) injectFaults() {
 	}
 	if s.fault == nil {
 		s.fault = func(st step) error {
+			if st == stepUnindex && faultOn(ctl, "kill-unindex") {
+				// kill -9 of this process right after an eviction's index
+				// commit (a takedown's: tombstone and receipt committed),
+				// before its file or pack record is removed.
+				syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				select {} // the signal is on its way
+			}
 			switch st {
 			case stepCreated, stepCopied, stepSynced, stepRenamed, stepDirSync, stepPacked:
 			default:

@@ -232,6 +232,8 @@ type Store struct {
 	// under mu.
 	live   []Quarantined
 	wanted map[string]bool
+	// tombs are the ids taken down (takedown.go), under mu.
+	tombs map[string]bool
 
 	// mem and held are the receive memory budgets (Options.ReceiveMemory,
 	// budget.go): segments staged in memory, and what Hold hands out.
@@ -279,6 +281,9 @@ func Open(dir string, db *bolt.DB, opt Options) (*Store, error) {
 		return nil, fmt.Errorf("open segment store: %w", err)
 	}
 	if err := s.loadWanted(); err != nil {
+		return nil, fmt.Errorf("open segment store: %w", err)
+	}
+	if err := s.loadTombs(); err != nil {
 		return nil, fmt.Errorf("open segment store: %w", err)
 	}
 	return s, nil

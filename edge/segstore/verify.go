@@ -63,6 +63,11 @@ func (r *Reader) Read(p []byte) (int, error) {
 	v.read += int64(n)
 	var reason string
 	switch {
+	case v.read == v.e.Size && v.s.takenDown(v.e.ID):
+		// Taken down while being read: the last bytes stay here, so the
+		// peer never holds a whole copy made after the takedown.
+		v.err = fmt.Errorf("read %s: %w", v.e.ID, errTakenDown)
+		return 0, v.err
 	case v.read == v.e.Size:
 		if got := hex.EncodeToString(v.h.Sum(nil)); got != v.e.SHA256 {
 			reason = fmt.Sprintf("read back: content sha256 %s, index entry %s", got, v.e.SHA256)

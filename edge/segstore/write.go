@@ -76,6 +76,9 @@ func (s *Store) reserve(source, id string, size int64, sha256hex string) (*Reser
 	if s.busy[id] {
 		return nil, fmt.Errorf("reserve %s: %w", id, ErrBusy)
 	}
+	if s.tombs[id] {
+		return nil, fmt.Errorf("reserve %s: %w", id, ErrEvicted)
+	}
 	e, err := s.Stat(id)
 	switch {
 	case err == nil && e.SHA256 == digest && e.Size == size:
@@ -610,21 +613,29 @@ func (s *Store) EvictIf(id string, gate func(tx *bolt.Tx) error) error {
 	if err := s.hit(stepUnindex); err != nil {
 		return fmt.Errorf("evict %s: %w", id, err)
 	}
-	if loc.pack != "" {
-		s.evictPacked(loc) // best effort: the next start punches what is left
-		if err := s.hit(stepUnlinked); err != nil {
-			return fmt.Errorf("evict %s: %w", id, err)
-		}
-		return nil
-	}
-	if err := os.Remove(filepath.Join(s.dir, id)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("evict %s: index entry removed, file left for the next start-up scan: %w", id, err)
-	}
-	if err := s.hit(stepUnlinked); err != nil {
+	if err := s.unlinkEvicted(id, loc); err != nil {
 		return fmt.Errorf("evict %s: %w", id, err)
 	}
+	return nil
+}
+
+// unlinkEvicted removes the content of a segment whose index entry is
+// gone: its pack record punched (or left to its last reader), or its file
+// removed and the directory fsynced. What an error or a crash leaves is an
+// orphan, which the next Open removes.
+func (s *Store) unlinkEvicted(id string, loc location) error {
+	if loc.pack != "" {
+		s.evictPacked(loc) // best effort: the next start punches what is left
+		return s.hit(stepUnlinked)
+	}
+	if err := os.Remove(filepath.Join(s.dir, id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("index entry removed, file left for the next start-up scan: %w", err)
+	}
+	if err := s.hit(stepUnlinked); err != nil {
+		return err
+	}
 	if err := syncDir(s.dir); err != nil {
-		return fmt.Errorf("evict %s: fsync dir: %w", id, err)
+		return fmt.Errorf("fsync dir: %w", err)
 	}
 	return nil
 }
