@@ -439,7 +439,7 @@ func TestDefaultsDocumented(t *testing.T) {
 		"relay.workers":                "4",
 		"relay.ack_timeout":            d.Relay.AckTimeout.String(),
 		"relay.window":                 "256",
-		"relay.max_protocol_version":   "3",
+		"relay.max_protocol_version":   "4",
 		"relay.push_max_bytes":         "65536",
 		"relay.dial_timeout":           d.Relay.DialTimeout.String(),
 		"relay.inbound_min_rate":       ByteSize(d.Relay.InboundMinRate).String(),
