@@ -62,7 +62,9 @@ $(VULNDB)/index/db.json:
 	rm -rf $(VULNDB)
 	$(BIN)/indexdb -vulns "$$($(GO) env GOMODCACHE)/golang.org/x/vulndb@$(VULNDB_VERSION)/data/osv" -out $(VULNDB)
 
-## test: everything, with the race detector. Needs only loopback networking.
+## test: everything, with the race detector. Needs only loopback networking,
+## and Debian's postgresql package for infra/postgres and the simulation on
+## PostgreSQL (they skip without it, unless RELAY_REQUIRE_POSTGRES=1, as CI sets).
 ## test: everything with the race detector, except that the deterministic
 ## simulation runs its default seeds without it (it schedules one store call
 ## at a time, and -race makes it about ten times slower) and a tenth of them

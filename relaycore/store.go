@@ -173,7 +173,8 @@ type ScanPage struct {
 // Store is the storage contract the engine consumes: partitions of ordered
 // string keys with byte values, strongly consistent reads, and conditional
 // atomic batches. Implementations: infra/bolt (embedded default),
-// infra/dynamo (DynamoDB), infra/mem (tests and simulation). The shared
+// infra/dynamo (DynamoDB), infra/postgres (PostgreSQL), infra/mem (tests
+// and simulation). The shared
 // conformance suite in relaycore/storetest runs against each of them.
 //
 // Error rules (the ones delivery code lives or dies by):

@@ -18,13 +18,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/relay-dev/relay/infra/postgres/pgtest"
 	"github.com/relay-dev/relay/relaycore/sim"
 )
 
 var (
 	flagSeeds = flag.Int("seeds", 0, "run this many seeds on -store (0: the default mix on every store)")
 	flagSeed  = flag.Uint64("seed", 1, "first seed of a -seeds run")
-	flagStore = flag.String("store", "mem", "store for a -seeds run: mem, bolt or dynamo")
+	flagStore = flag.String("store", "mem", "store for a -seeds run: mem, bolt, dynamo or postgres")
 	flagSteps = flag.Int("steps", 0, "chaos budget in store calls per seed (0: the store's default)")
 	flagDrop  = flag.String("drop", "", "comma-separated writer indexes to leave out (as printed by a shrunk failure)")
 	flagTrace = flag.Bool("simtrace", false, "print the trace of every seed (use with -seeds=1)")
@@ -44,7 +45,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(400)
 	}
-	os.Exit(m.Run())
+	os.Exit(pgtest.Main(m))
 }
 
 // opener makes fresh stores for one run (see sim.Config.Open).
@@ -68,11 +69,12 @@ func backends() []backend {
 		{name: "mem", seeds: 300, first: 1, steps: 400, setup: memOpener},
 		{name: "bolt", seeds: 200, first: 100_001, steps: 300, setup: boltOpener},
 		{name: "dynamo", seeds: 100, first: 200_001, steps: 120, query: 4, noWide: true, setup: dynamoOpener},
+		{name: "postgres", seeds: 200, first: 300_001, steps: 120, query: 4, setup: postgresOpener},
 	}
 }
 
 // TestSimulation runs seeds in parallel (GOMAXPROCS workers). Without
-// -seeds it runs the default mix on mem, bolt and dynamo; with -seeds=N
+// -seeds it runs the default mix on mem, bolt, dynamo and postgres; with -seeds=N
 // it runs seeds -seed..-seed+N-1 on -store. A failing seed is shrunk and
 // printed with its trace and the command that reproduces it.
 func TestSimulation(t *testing.T) {

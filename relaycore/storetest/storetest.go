@@ -1,5 +1,5 @@
 // Package storetest is the conformance suite for relaycore.Store. Every
-// implementation (infra/mem, infra/bolt, infra/dynamo) calls Run from its own
+// implementation (infra/mem, infra/bolt, infra/dynamo, infra/postgres) calls Run from its own
 // tests, so the engine can rely on the written contract rather than on one
 // store's habits.
 //
