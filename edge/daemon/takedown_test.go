@@ -6,10 +6,12 @@ import (
 	"crypto/x509"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -167,4 +169,107 @@ func offerPipelined(t *testing.T, ctx context.Context, c *wire.Conn, o wire.Offe
 		t.Fatalf("offer %s: %v, want a NACK", o.SegmentID, res[0].Err)
 	}
 	return ne.Nack.Code
+}
+
+// TestTakedownWhileInFlight: b's attempt to send seg-1 to a is in flight
+// (its dial held at a gate) when b takes seg-1 down. The attempt then
+// finds its record cancelled and records nothing: the record stays
+// cancelled, not failed or deadlettered, and a never stores seg-1.
+func TestTakedownWhileInFlight(t *testing.T) {
+	dir := pkitest.New(t, "a", "b")
+	aRelay, aRPC, bRelay, bRPC := listen(t), listen(t), listen(t), listen(t)
+	aCfg := nodeConfig(t, dir, "a", aRelay.Addr().String(), aRPC.Addr().String(), nil)
+	aCfg.AcceptFrom = []string{"b"}
+	a := startNode(t, aCfg, aRelay, aRPC)
+	g := newHoldGate(t, aRelay.Addr().String())
+	bCfg := nodeConfig(t, dir, "b", bRelay.Addr().String(), bRPC.Addr().String(), []config.Peer{{ID: "a", Address: g.ln.Addr().String()}})
+	b := startNode(t, bCfg, bRelay, bRPC)
+	ctx := context.Background()
+	put(t, b, "seg-1", bytes.Repeat([]byte("in flight "), 1000))
+	<-g.accepted
+	waitUntil(t, "b's attempt in flight", func() bool {
+		r, ok := recordOf(t, b, "seg-1", "a")
+		return ok && r.State == ledger.StateInflight.String()
+	})
+	rep, err := b.client.Takedown(ctx, rpc.TakedownRequest{Segment: "seg-1", Request: "req-1"})
+	if err != nil || !rep.Evicted || rep.Cancelled != 1 {
+		t.Fatalf("takedown: %+v %v", rep, err)
+	}
+	close(g.release)
+	waitUntil(t, "b's attempt ended", func() bool {
+		m, _ := b.client.Metrics(ctx)
+		return strings.Contains(m, `edged_relay_attempts_total{outcome="cancelled",peer="a"} 1`)
+	})
+	r, _ := recordOf(t, b, "seg-1", "a")
+	if r.State != ledger.StateCancelled.String() || !strings.Contains(r.LastError, "takedown request req-1") {
+		t.Fatalf("b's record: %+v", r)
+	}
+	if stored(a, "seg-1") {
+		t.Fatal("a stored seg-1 after the takedown")
+	}
+}
+
+// holdGate accepts connections to target and holds them, forwarding
+// nothing, until release is closed; accepted is closed at the first.
+type holdGate struct {
+	ln                net.Listener
+	accepted, release chan struct{}
+}
+
+func newHoldGate(t *testing.T, target string) *holdGate {
+	g := &holdGate{ln: listen(t), accepted: make(chan struct{}), release: make(chan struct{})}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		first := true
+		for {
+			c, err := g.ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			if first {
+				close(g.accepted)
+				first = false
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-g.release
+				up, err := net.Dial("tcp", target)
+				if err != nil {
+					c.Close()
+					return
+				}
+				mu.Lock()
+				conns = append(conns, up)
+				mu.Unlock()
+				wg.Add(1)
+				go func() { defer wg.Done(); io.Copy(up, c); up.Close(); c.Close() }()
+				io.Copy(c, up)
+				c.Close()
+				up.Close()
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		g.ln.Close()
+		select {
+		case <-g.release:
+		default:
+			close(g.release)
+		}
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return g
 }
