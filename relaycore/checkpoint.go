@@ -43,56 +43,78 @@ var markerValue = []byte("1")
 // the new rs, the hold summary, every target record the fire changed, the
 // retry markers, and the page changes — delivered pages deleted, partly
 // delivered ones rewritten, and pages of targets that hold moved aside.
+// Its parts run in the order they add to the batch.
 func (f *fireRun) checkpoint() (FireResult, bool, error) {
-	h, res, cur, token, keep := f.h, f.res, f.cur, f.token, f.keep
-	next := cur
-	next.Version++
-	next.Cursor, next.From = f.stop, f.stopFrom
+	c := &checkpointBatch{f: f, next: f.cur, newBlocked: slices.Clone(f.cur.Blocked), quarantineAfter: f.h.quarantineAfter()}
+	c.next.Version++
+	c.next.Cursor, c.next.From = f.stop, f.stopFrom
 	if f.turnTaken {
-		next.HeldFirst = f.heldFirst
+		c.next.HeldFirst = f.heldFirst
 	}
-	newBlocked := slices.Clone(cur.Blocked)
-	var writes []Write
-	var codec pageCodec
-	quarantineAfter := h.quarantineAfter()
+	c.heldRows()
+	c.selected()
+	c.heldPages()
+	c.records()
+	c.nextRS()
+	return c.apply()
+}
 
-	// clean deletes tw's delivered rows from its pages (rewriting a partly
-	// delivered page under its key); moveTo, when set, moves the remaining
-	// rows aside under the held prefix instead.
-	clean := func(tw *targetWork, slot *recSlot, moveAside bool) {
-		for _, pg := range tw.pages {
-			i, _ := slices.BinarySearchFunc(pg.Rows, tw.dt+1, func(r Row, s uint64) int { return cmpU64(r.Seq, s) })
-			res.RowsCleaned += i
-			slot.rec.Done += uint64(i)
-			if tw.held {
-				slot.rec.Held -= min(slot.rec.Held, uint64(i))
-			}
-			switch {
-			case i == len(pg.Rows):
-				writes = append(writes, Write{Key: pg.Key, Delete: true})
-			case moveAside:
-				rest := *pg
-				rest.Rows = pg.Rows[i:]
-				rest.First = rest.Rows[0].Seq
-				writes = append(writes, Write{Key: pg.Key, Delete: true}, Write{Key: heldKeyFor(*pg), Value: codec.encode(rest)})
-				addHeld(&slot.rec, rest)
-				res.RowsHeld += len(rest.Rows)
-			case i > 0:
-				rest := *pg
-				rest.Rows = pg.Rows[i:]
-				rest.First = rest.Rows[0].Seq
-				// Never longer than the page's rows with full keys, which the
-				// planner kept within the item limit.
-				writes = append(writes, Write{Key: pg.Key, Value: codec.encode(rest)})
-			}
+// checkpointBatch is a checkpoint as its parts build it.
+type checkpointBatch struct {
+	f               *fireRun
+	next            RelayState  // rs as the checkpoint writes it
+	nextRaw         []byte      // next, encoded (nextRS)
+	newBlocked      []Partition // the blocked set, before it is sorted into next
+	writes          []Write     // the batch's writes, but rs's (nextRS puts it first)
+	codec           pageCodec
+	quarantineAfter int
+	// records' outcome: the hold summary as written, the earliest retry
+	// marker left (0: none) and whether one is due already.
+	q         holdSummary
+	nextRetry int64
+	more      bool
+}
+
+// clean deletes tw's delivered rows from its pages (rewriting a partly
+// delivered page under its key); moveAside, when set, moves the remaining
+// rows aside under the held prefix instead.
+func (c *checkpointBatch) clean(tw *targetWork, slot *recSlot, moveAside bool) {
+	res := c.f.res
+	for _, pg := range tw.pages {
+		i, _ := slices.BinarySearchFunc(pg.Rows, tw.dt+1, func(r Row, s uint64) int { return cmpU64(r.Seq, s) })
+		res.RowsCleaned += i
+		slot.rec.Done += uint64(i)
+		if tw.held {
+			slot.rec.Held -= min(slot.rec.Held, uint64(i))
 		}
-		slot.rec.Through = max(slot.rec.Through, tw.dt)
+		switch {
+		case i == len(pg.Rows):
+			c.writes = append(c.writes, Write{Key: pg.Key, Delete: true})
+		case moveAside:
+			rest := *pg
+			rest.Rows = pg.Rows[i:]
+			rest.First = rest.Rows[0].Seq
+			c.writes = append(c.writes, Write{Key: pg.Key, Delete: true}, Write{Key: heldKeyFor(*pg), Value: c.codec.encode(rest)})
+			addHeld(&slot.rec, rest)
+			res.RowsHeld += len(rest.Rows)
+		case i > 0:
+			rest := *pg
+			rest.Rows = pg.Rows[i:]
+			rest.First = rest.Rows[0].Seq
+			// Never longer than the page's rows with full keys, which the
+			// planner kept within the item limit.
+			c.writes = append(c.writes, Write{Key: pg.Key, Value: c.codec.encode(rest)})
+		}
 	}
+	slot.rec.Through = max(slot.rec.Through, tw.dt)
+}
 
-	// Held rows that were due.
+// heldRows records the held rows that were due.
+func (c *checkpointBatch) heldRows() {
+	f, h, res := c.f, c.f.h, c.f.res
 	for _, tw := range f.redrive {
 		slot := f.recs[tw.target]
-		clean(tw, slot, false)
+		c.clean(tw, slot, false)
 		r := &slot.rec
 		// Held counts exactly (moves add pages' rows, cleaning removes
 		// them); the first held row is known when the fire saw it, else the
@@ -105,7 +127,7 @@ func (f *fireRun) checkpoint() (FireResult, bool, error) {
 		}
 		if tw.failed {
 			r.failed(tw, f.now)
-			if r.Released || r.FailedRounds >= quarantineAfter {
+			if r.Released || r.FailedRounds >= c.quarantineAfter {
 				why := fmt.Sprintf("%d failed rounds in a row", r.FailedRounds)
 				if r.Released {
 					why = "its held rows failed again after a release"
@@ -121,68 +143,77 @@ func (f *fireRun) checkpoint() (FireResult, bool, error) {
 		r.succeeded()
 		r.RetryMS = f.now // more held rows are due at once; cleared below when none are left
 	}
+}
 
-	// Targets selected by the outbox scan.
+// selected records the targets selected by the outbox scan.
+func (c *checkpointBatch) selected() {
+	f, h, res := c.f, c.f.h, c.f.res
 	for _, tw := range f.sel {
 		slot := f.recs[tw.target]
 		r := &slot.rec
 		if tw.failed {
 			r.failed(tw, f.now)
 			switch {
-			case (r.FailedRounds >= quarantineAfter || len(newBlocked) >= MaxBlockedTargets) && !f.roomToHold(tw, slot):
+			case (r.FailedRounds >= c.quarantineAfter || len(c.newBlocked) >= MaxBlockedTargets) && !f.roomToHold(tw, slot):
 				// No room left in this checkpoint to move its rows aside:
 				// the cursor pauses before them instead. The next fire meets
 				// the target first, with room kept for that (it has failed).
-				clean(tw, slot, false)
-				if row, pg, ok := tw.firstUndelivered(); ok && row.Seq-1 < next.Cursor {
-					next.Cursor, next.From = row.Seq-1, pg.Key
+				c.clean(tw, slot, false)
+				if row, pg, ok := tw.firstUndelivered(); ok && row.Seq-1 < c.next.Cursor {
+					c.next.Cursor, c.next.From = row.Seq-1, pg.Key
 				}
-			case r.FailedRounds >= quarantineAfter:
-				clean(tw, slot, true)
+			case r.FailedRounds >= c.quarantineAfter:
+				c.clean(tw, slot, true)
 				r.setState(StateQuarantined, f.now)
 				r.Note = &OperatorNote{Action: "quarantine", By: autoActor, Reason: fmt.Sprintf("%d failed rounds in a row", r.FailedRounds), AtMS: f.now}
 				res.TargetsQuarantined++
-			case len(newBlocked) < MaxBlockedTargets:
-				clean(tw, slot, false)
-				newBlocked = append(newBlocked, tw.target)
+			case len(c.newBlocked) < MaxBlockedTargets:
+				c.clean(tw, slot, false)
+				c.newBlocked = append(c.newBlocked, tw.target)
 				res.TargetsBlocked++
 			default:
 				// The blocked set is full: rather than end the cycle (which
 				// would retry the same targets from the head for ever), the
 				// target's rows are moved aside and retried on its own
 				// schedule, while the scan goes on past them.
-				clean(tw, slot, true)
+				c.clean(tw, slot, true)
 				r.RetryMS = f.now + h.RetryDelay(r.FailedRounds).Milliseconds()
 				res.TargetsHeld++
 			}
 			continue
 		}
 		r.succeeded()
-		clean(tw, slot, false)
+		c.clean(tw, slot, false)
 		r.Next, r.NextMS = 0, 0
 		if row, pg, ok := tw.firstUndelivered(); ok {
 			r.Next, r.NextMS = row.Seq, row.CommitMS
-			if row.Seq-1 < next.Cursor {
-				next.Cursor, next.From = row.Seq-1, pg.Key
+			if row.Seq-1 < c.next.Cursor {
+				c.next.Cursor, c.next.From = row.Seq-1, pg.Key
 			}
 		} else {
 			res.TargetsDelivered++
 		}
 	}
+}
 
-	// Pages of targets that hold.
+// heldPages moves the pages of targets that hold aside.
+func (c *checkpointBatch) heldPages() {
+	f, res := c.f, c.f.res
 	for _, m := range f.moves {
 		slot := f.recs[m.page.Target]
-		writes = append(writes, Write{Key: m.page.Key, Delete: true}, Write{Key: heldKeyFor(m.page), Value: m.raw})
+		c.writes = append(c.writes, Write{Key: m.page.Key, Delete: true}, Write{Key: heldKeyFor(m.page), Value: m.raw})
 		addHeld(&slot.rec, m.page)
 		res.RowsHeld += len(m.page.Rows)
 	}
+}
 
-	// Target records, retry markers and the hold summary.
-	q := f.start.q
-	qBefore := q
-	nextRetry := f.nextDue
-	more := f.dueLeft
+// records writes the target records, retry markers and the hold summary.
+func (c *checkpointBatch) records() {
+	f := c.f
+	c.q = f.start.q
+	qBefore := c.q
+	c.nextRetry = f.nextDue
+	c.more = f.dueLeft
 	for _, t := range slices.Sorted(maps.Keys(f.recs)) {
 		slot := f.recs[t]
 		r := &slot.rec
@@ -206,63 +237,74 @@ func (f *fireRun) checkpoint() (FireResult, bool, error) {
 		want := ""
 		if r.RetryMS > 0 {
 			want = retryKey(r.RetryMS, t)
-			if nextRetry == 0 || r.RetryMS < nextRetry {
-				nextRetry = r.RetryMS
+			if c.nextRetry == 0 || r.RetryMS < c.nextRetry {
+				c.nextRetry = r.RetryMS
 			}
-			more = more || r.RetryMS <= f.now
+			c.more = c.more || r.RetryMS <= f.now
 		}
 		if have != want {
 			if have != "" {
-				writes = append(writes, Write{Key: have, Delete: true})
+				c.writes = append(c.writes, Write{Key: have, Delete: true})
 			}
 			if want != "" {
-				writes = append(writes, Write{Key: want, Value: markerValue})
+				c.writes = append(c.writes, Write{Key: want, Value: markerValue})
 			}
 		}
 		if raw := encodeTargetRec(*r); !bytes.Equal(raw, encodeTargetRec(slot.before)) {
-			writes = append(writes, Write{Key: targetStateKey(t), Value: raw})
-			q.account(slot.before, *r)
+			c.writes = append(c.writes, Write{Key: targetStateKey(t), Value: raw})
+			c.q.account(slot.before, *r)
 		}
 	}
-	if q != qBefore {
-		q.Version++
-		writes = append(writes, Write{Key: KeyHold, Value: encodeJSON(q)})
+	if c.q != qBefore {
+		c.q.Version++
+		c.writes = append(c.writes, Write{Key: KeyHold, Value: encodeJSON(c.q)})
 	}
+}
 
-	slices.Sort(newBlocked)
-	next.Blocked = slices.Compact(newBlocked)
-	if next.Cursor >= next.CycleEnd {
-		next.From = ""
+// nextRS finishes the new rs (blocked set, cursor, idle count, the claim
+// kept or not) and the fire's result, and puts rs first in the batch.
+func (c *checkpointBatch) nextRS() {
+	f, h, res, cur := c.f, c.f.h, c.f.res, c.f.cur
+	slices.Sort(c.newBlocked)
+	c.next.Blocked = slices.Compact(c.newBlocked)
+	if c.next.Cursor >= c.next.CycleEnd {
+		c.next.From = ""
 	}
 
 	// spent.delivered includes this fire's earlier attempts.
 	moved := res.RowsCleaned > 0 || res.RowsHeld > 0
 	res.Progress = f.spent.delivered > 0 || moved ||
-		(!res.NewCycle && next.Cursor > cur.Cursor && res.TargetsBlocked == 0)
+		(!res.NewCycle && c.next.Cursor > cur.Cursor && res.TargetsBlocked == 0)
 	if f.spent.delivered > 0 || moved {
-		next.Idle = 0
+		c.next.Idle = 0
 	} else if !res.Progress {
-		next.Idle++
+		c.next.Idle++
 	}
-	completed := next.Cursor >= next.CycleEnd
-	res.More = !(completed && len(next.Blocked) == 0 && f.start.os.NextSeq-1 == next.CycleEnd) || more
+	completed := c.next.Cursor >= c.next.CycleEnd
+	res.More = !(completed && len(c.next.Blocked) == 0 && f.start.os.NextSeq-1 == c.next.CycleEnd) || c.more
 	if res.Progress {
 		res.NextDueMS = f.now
 	} else {
-		res.NextDueMS = f.now + h.Backoff(next.Idle).Milliseconds()
+		res.NextDueMS = f.now + h.Backoff(c.next.Idle).Milliseconds()
 	}
-	res.NextRetryMS = nextRetry
-	res.Hold = HoldSummary(q)
-	next.Claim = nil
-	if keep && res.continues() {
-		next.Claim = &Claim{Owner: token, UntilMS: unixMS(h.clock().Now()) + h.claimTTL().Milliseconds()}
+	res.NextRetryMS = c.nextRetry
+	res.Hold = HoldSummary(c.q)
+	c.next.Claim = nil
+	if f.keep && res.continues() {
+		c.next.Claim = &Claim{Owner: f.token, UntilMS: unixMS(h.clock().Now()) + h.claimTTL().Milliseconds()}
 	}
-	res.Blocked, res.Cursor, res.CycleEnd = len(next.Blocked), next.Cursor, next.CycleEnd
-	nextRaw := encodeJSON(next)
-	writes = append([]Write{{Key: KeyRS, Value: nextRaw}}, writes...)
+	res.Blocked, res.Cursor, res.CycleEnd = len(c.next.Blocked), c.next.Cursor, c.next.CycleEnd
+	c.nextRaw = encodeJSON(c.next)
+	c.writes = append([]Write{{Key: KeyRS, Value: c.nextRaw}}, c.writes...)
+}
 
+// apply sends the batch guarded on rs as claimed, and settles a conflict or
+// an unknown outcome by reading rs: landed, taken over by another fire
+// (busy), or a conflict that makes the fire start over (retry).
+func (c *checkpointBatch) apply() (FireResult, bool, error) {
+	f, h, res := c.f, c.f.h, c.f.res
 	pre := []Precondition{{Key: KeyRS, Value: f.start.rsRaw}}
-	err := h.Source.Apply(f.ctx, f.source, Batch{Preconditions: pre, Writes: writes})
+	err := h.Source.Apply(f.ctx, f.source, Batch{Preconditions: pre, Writes: c.writes})
 	if err == nil {
 		return f.recorded(), false, nil
 	}
@@ -277,11 +319,11 @@ func (f *fireRun) checkpoint() (FireResult, bool, error) {
 		res.unrecorded()
 		return *res, false, fmt.Errorf("fire %s: checkpoint: %v; re-read rs: %w", f.source, err, rerr)
 	}
-	if found && bytes.Equal(raw, nextRaw) {
+	if found && bytes.Equal(raw, c.nextRaw) {
 		return f.recorded(), false, nil // it landed
 	}
 	if found {
-		if other, derr := decodeRS(raw); derr == nil && other.Claim != nil && other.Claim.Owner != token && other.Claim.UntilMS > unixMS(h.clock().Now()) {
+		if other, derr := decodeRS(raw); derr == nil && other.Claim != nil && other.Claim.Owner != f.token && other.Claim.UntilMS > unixMS(h.clock().Now()) {
 			res.Busy = true // another fire took over; our deliveries are idempotent
 			res.BusyRetryMS = busyRetryMS(other.Claim, unixMS(h.clock().Now()))
 			res.unrecorded()
