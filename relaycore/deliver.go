@@ -113,33 +113,9 @@ func (h *RelayHandler) deliverTarget(ctx context.Context, source Partition, tw *
 			fail(ErrorClassTooLarge, "row does not fit one target batch", fmt.Errorf("row %d: %w", pending[0].Seq, ErrBatchTooLarge))
 			return
 		}
-		var hookWrites []Write
-		for {
-			items, size := targetLoad(source, tw.target, pending[:n], tc)
-			req := HookRequest{Source: source, Target: tw.target, Rows: slices.Clone(pending[:n]), Attempt: attempt,
-				RoomItems: room(tc.MaxBatchItems, items), RoomBytes: room(tc.MaxBatchBytes, size)}
-			hookWrites, err = h.hook().BeforeApply(ctx, req)
-			if err != nil {
-				fail(ErrorClassHook, "hook", err)
-				return
-			}
-			if err := checkHookWrites(hookWrites, pending[:n]); err != nil {
-				fail(ErrorClassHook, "hook writes", err)
-				return
-			}
-			extra := 0
-			for _, w := range hookWrites {
-				extra += tc.ItemSize(tw.target, w.Key, len(w.Value))
-			}
-			m := fitRows(source, tw.target, pending[:n], tc, len(hookWrites), extra)
-			if m == n {
-				break
-			}
-			if m == 0 {
-				fail(ErrorClassHook, "hook additions leave no room for a row", ErrBatchTooLarge)
-				return
-			}
-			n = m // shrink and ask the hook again for the smaller group
+		hookWrites, n, ok := h.askHook(ctx, source, tw.target, pending, n, attempt, tc, fail)
+		if !ok {
+			return
 		}
 		last := pending[n-1].Seq
 		batch := targetBatch(rhKey, raw, found, last, pending[:n], hookWrites)
@@ -188,6 +164,39 @@ func (h *RelayHandler) deliverTarget(ctx context.Context, source Partition, tw *
 		}
 		tw.dt = max(tw.dt, rh)
 		pending = newer(pending)
+	}
+}
+
+// askHook asks the hook for its writes beside pending[:n], shrinking n
+// until the rows and the writes fit one target batch. ok false: the hook
+// failed, or its writes leave no room for a row (fail says which).
+func (h *RelayHandler) askHook(ctx context.Context, source, target Partition, pending []Row, n, attempt int, tc Capabilities, fail func(class, msg string, err error)) ([]Write, int, bool) {
+	for {
+		items, size := targetLoad(source, target, pending[:n], tc)
+		req := HookRequest{Source: source, Target: target, Rows: slices.Clone(pending[:n]), Attempt: attempt,
+			RoomItems: room(tc.MaxBatchItems, items), RoomBytes: room(tc.MaxBatchBytes, size)}
+		hookWrites, err := h.hook().BeforeApply(ctx, req)
+		if err != nil {
+			fail(ErrorClassHook, "hook", err)
+			return nil, 0, false
+		}
+		if err := checkHookWrites(hookWrites, pending[:n]); err != nil {
+			fail(ErrorClassHook, "hook writes", err)
+			return nil, 0, false
+		}
+		extra := 0
+		for _, w := range hookWrites {
+			extra += tc.ItemSize(target, w.Key, len(w.Value))
+		}
+		m := fitRows(source, target, pending[:n], tc, len(hookWrites), extra)
+		if m == n {
+			return hookWrites, n, true
+		}
+		if m == 0 {
+			fail(ErrorClassHook, "hook additions leave no room for a row", ErrBatchTooLarge)
+			return nil, 0, false
+		}
+		n = m // shrink and ask the hook again for the smaller group
 	}
 }
 

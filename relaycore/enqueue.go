@@ -294,24 +294,7 @@ func PlanEnqueue(snap RelayEnqueueSnapshot, rows []Row, caps Capabilities, cfg E
 	}
 	pages := planPages(snap.Source, snap.OS.NextSeq, rows, caps, cfg)
 
-	var leasePre *Precondition
-	if snap.Lease != nil {
-		lraw := snap.leaseRaw
-		if lraw == nil {
-			lraw = snap.Lease.encode()
-		}
-		leasePre = &Precondition{Key: KeyLease, Value: lraw}
-	}
-	fixedItems := 2
-	if leasePre != nil {
-		fixedItems++
-	}
-	osMax := OutboxState{NextSeq: math.MaxUint64, Version: math.MaxUint64, LastCommitMS: math.MaxInt64, LeaseRequired: true}
-	for range recentTags {
-		osMax.Recent = append(osMax.Recent, strings.Repeat("x", maxTagLen))
-	}
-	fixedBytes := caps.ItemSize(snap.Source, KeyOS, len(encodeJSON(osMax))) +
-		caps.ItemSize(snap.Source, KeyAlarm, len(alarmWrite(math.MaxInt64).Value))
+	leasePre, fixedItems, fixedBytes := batchFixed(snap, caps)
 
 	commitMS := max(snap.NowMS, snap.OS.LastCommitMS)
 	prevOS := snap.OS
@@ -341,22 +324,7 @@ func PlanEnqueue(snap RelayEnqueueSnapshot, rows []Row, caps Capabilities, cfg E
 	}
 	var out []SourceBatch
 	for i := 0; i < len(pages); {
-		items, size := fixedItems, fixedBytes
-		j := i
-		inBatch := map[Partition]bool{}
-		for j < len(pages) {
-			s, n := caps.ItemSize(snap.Source, PageKey(pages[j].first), pages[j].size), 1
-			if t := pages[j].target; !inBatch[t] {
-				// The batch rewrites the target's enqueue-side record.
-				s, n = s+caps.ItemSize(snap.Source, targetEnqKey(t), targetEnqMaxBytes), 2
-			}
-			if (caps.MaxBatchItems > 0 && items+n > caps.MaxBatchItems) || (caps.MaxBatchBytes > 0 && size+s > caps.MaxBatchBytes) {
-				break
-			}
-			inBatch[pages[j].target] = true
-			items, size = items+n, size+s
-			j++
-		}
+		j := batchEnd(snap.Source, pages, i, fixedItems, fixedBytes, caps)
 		if j == i {
 			return nil, fmt.Errorf("plan enqueue %s: a page does not fit one batch: %w", snap.Source, ErrBatchTooLarge)
 		}
@@ -392,25 +360,7 @@ func PlanEnqueue(snap RelayEnqueueSnapshot, rows []Row, caps Capabilities, cfg E
 			sb.Batch.Writes = append(sb.Batch.Writes, aw)
 			alarm, sb.AlarmDueMS, sb.armsAlarm = aw.Value, aw.Due, true
 		}
-		var batchTargets []Partition
-		runs := map[Partition][2]uint64{}
-		for _, pg := range pages[i:j] {
-			sb.Batch.Writes = append(sb.Batch.Writes, Write{Key: PageKey(pg.first), Value: assemblePage(pg.first, commitMS, tag, pg.target, pg.flags, pg.body)})
-			sb.Rows = append(sb.Rows, pg.rows...)
-			run, ok := runs[pg.target]
-			if !ok {
-				batchTargets = append(batchTargets, pg.target)
-				run[0] = pg.first
-			}
-			run[1] = pg.first + uint64(len(pg.rows)) - 1
-			runs[pg.target] = run
-		}
-		// A target's rows in one batch have contiguous seqs (one run).
-		for _, t := range batchTargets {
-			run := runs[t]
-			enq[t] = enq[t].add(run[0], run[1], commitMS)
-			sb.Batch.Writes = append(sb.Batch.Writes, Write{Key: targetEnqKey(t), Value: encodeJSON(enq[t])})
-		}
+		sb.addPages(pages[i:j], enq)
 		if err := caps.Check(snap.Source, sb.Batch); err != nil {
 			return nil, fmt.Errorf("plan enqueue %s: %w", snap.Source, err)
 		}
@@ -419,6 +369,78 @@ func PlanEnqueue(snap RelayEnqueueSnapshot, rows []Row, caps Capabilities, cfg E
 		i = j
 	}
 	return out, nil
+}
+
+// batchFixed is what every batch of an enqueue carries besides its pages:
+// the lease guard (nil: no lease held), and the items and bytes of the os
+// put and the alarm (at their largest).
+func batchFixed(snap RelayEnqueueSnapshot, caps Capabilities) (*Precondition, int, int) {
+	var leasePre *Precondition
+	if snap.Lease != nil {
+		lraw := snap.leaseRaw
+		if lraw == nil {
+			lraw = snap.Lease.encode()
+		}
+		leasePre = &Precondition{Key: KeyLease, Value: lraw}
+	}
+	fixedItems := 2
+	if leasePre != nil {
+		fixedItems++
+	}
+	osMax := OutboxState{NextSeq: math.MaxUint64, Version: math.MaxUint64, LastCommitMS: math.MaxInt64, LeaseRequired: true}
+	for range recentTags {
+		osMax.Recent = append(osMax.Recent, strings.Repeat("x", maxTagLen))
+	}
+	fixedBytes := caps.ItemSize(snap.Source, KeyOS, len(encodeJSON(osMax))) +
+		caps.ItemSize(snap.Source, KeyAlarm, len(alarmWrite(math.MaxInt64).Value))
+	return leasePre, fixedItems, fixedBytes
+}
+
+// batchEnd is the end of the batch that starts at pages[i]: as many pages
+// as fit beside the fixed items and bytes, each with its target's
+// enqueue-side record (once per target). i: not even one fits.
+func batchEnd(source Partition, pages []plannedPage, i, fixedItems, fixedBytes int, caps Capabilities) int {
+	items, size := fixedItems, fixedBytes
+	j := i
+	inBatch := map[Partition]bool{}
+	for j < len(pages) {
+		s, n := caps.ItemSize(source, PageKey(pages[j].first), pages[j].size), 1
+		if t := pages[j].target; !inBatch[t] {
+			// The batch rewrites the target's enqueue-side record.
+			s, n = s+caps.ItemSize(source, targetEnqKey(t), targetEnqMaxBytes), 2
+		}
+		if (caps.MaxBatchItems > 0 && items+n > caps.MaxBatchItems) || (caps.MaxBatchBytes > 0 && size+s > caps.MaxBatchBytes) {
+			break
+		}
+		inBatch[pages[j].target] = true
+		items, size = items+n, size+s
+		j++
+	}
+	return j
+}
+
+// addPages adds pages' writes and rows to sb, and the enqueue-side record
+// of each of their targets, updated in enq.
+func (sb *SourceBatch) addPages(pages []plannedPage, enq map[Partition]targetEnq) {
+	var batchTargets []Partition
+	runs := map[Partition][2]uint64{}
+	for _, pg := range pages {
+		sb.Batch.Writes = append(sb.Batch.Writes, Write{Key: PageKey(pg.first), Value: assemblePage(pg.first, sb.CommitMS, sb.Tag, pg.target, pg.flags, pg.body)})
+		sb.Rows = append(sb.Rows, pg.rows...)
+		run, ok := runs[pg.target]
+		if !ok {
+			batchTargets = append(batchTargets, pg.target)
+			run[0] = pg.first
+		}
+		run[1] = pg.first + uint64(len(pg.rows)) - 1
+		runs[pg.target] = run
+	}
+	// A target's rows in one batch have contiguous seqs (one run).
+	for _, t := range batchTargets {
+		run := runs[t]
+		enq[t] = enq[t].add(run[0], run[1], sb.CommitMS)
+		sb.Batch.Writes = append(sb.Batch.Writes, Write{Key: targetEnqKey(t), Value: encodeJSON(enq[t])})
+	}
 }
 
 type plannedPage struct {

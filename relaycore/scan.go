@@ -40,18 +40,8 @@ func (f *fireRun) scan(targetsLeft, rowsLeft int) error {
 		if err != nil {
 			return fmt.Errorf("fire %s: scan: %w", f.source, err)
 		}
-		pages := make([]Page, len(pg.Items))
-		var met []Partition
-		for i, it := range pg.Items {
-			if pages[i], err = DecodePage(it.Key, it.Value); err != nil {
-				return fmt.Errorf("fire %s: %w", f.source, err)
-			}
-			if !blocked[pages[i].Target] {
-				met = append(met, pages[i].Target)
-			}
-		}
-		// The records of the targets this page of the scan meets, at once.
-		if err := f.prefetch(met); err != nil {
+		pages, err := f.decodeScanned(pg.Items, blocked)
+		if err != nil {
 			return err
 		}
 		for i, it := range pg.Items {
@@ -108,17 +98,7 @@ func (f *fireRun) scan(targetsLeft, rowsLeft int) error {
 				stopAt(rows[0].Seq-1, page.Key)
 				return nil
 			}
-			items := 1
-			if slot.rec.FailedRounds > 0 {
-				// It failed before: keep room to move this page aside.
-				hi, hb := f.holdExtra(&page)
-				items, size = items+hi, size+hb
-				if !slot.holdRoom {
-					// A target the scan selects has no retry marker yet:
-					// holding it puts one.
-					items, size = items+1, size+f.caps.ItemSize(f.source, retryKey(0, page.Target), 0)
-				}
-			}
+			items, size := f.failedRoom(slot, &page, 1, size)
 			n := min(len(rows), inspectLeft, rowsLeft)
 			if n == 0 || !f.reserve(slot, items, size) {
 				stopAt(rows[0].Seq-1, page.Key)
@@ -148,6 +128,43 @@ func (f *fireRun) scan(targetsLeft, rowsLeft int) error {
 		after = pg.Next
 	}
 	return nil
+}
+
+// decodeScanned decodes a page of the scan's items and reads, at once, the
+// records of the targets it meets that are not blocked.
+func (f *fireRun) decodeScanned(items []Item, blocked map[Partition]bool) ([]Page, error) {
+	pages := make([]Page, len(items))
+	var met []Partition
+	for i, it := range items {
+		var err error
+		if pages[i], err = DecodePage(it.Key, it.Value); err != nil {
+			return nil, fmt.Errorf("fire %s: %w", f.source, err)
+		}
+		if !blocked[pages[i].Target] {
+			met = append(met, pages[i].Target)
+		}
+	}
+	// The records of the targets this page of the scan meets, at once.
+	if err := f.prefetch(met); err != nil {
+		return nil, err
+	}
+	return pages, nil
+}
+
+// failedRoom adds to items and size the room a selected page of a target
+// that failed before keeps, to move the page aside should it fail again.
+func (f *fireRun) failedRoom(slot *recSlot, page *Page, items, size int) (int, int) {
+	if slot.rec.FailedRounds > 0 {
+		// It failed before: keep room to move this page aside.
+		hi, hb := f.holdExtra(page)
+		items, size = items+hi, size+hb
+		if !slot.holdRoom {
+			// A target the scan selects has no retry marker yet:
+			// holding it puts one.
+			items, size = items+1, size+f.caps.ItemSize(f.source, retryKey(0, page.Target), 0)
+		}
+	}
+	return items, size
 }
 
 // heldKeyFor is where an outbox page goes when it is moved aside: under its
