@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -100,13 +101,18 @@ func BenchmarkCost(b *testing.B) {
 		b.Run("relay/"+w.name, func(b *testing.B) {
 			for range b.N {
 				src, dst := dynamoStores(b)
-				enq, apply, cleanup, rcu, delivered := runRelay(b, w, src, dst)
-				b.ReportMetric(enq/delivered, "wcu-enqueue/row")
-				b.ReportMetric(apply/delivered, "wcu-apply/row")
-				b.ReportMetric(cleanup/delivered, "wcu-cleanup/row")
-				b.ReportMetric((enq+apply+cleanup)/delivered, "wcu/row")
-				b.ReportMetric(rcu/delivered, "rcu/row")
-				b.ReportMetric(float64(src.Calls+dst.Calls)/delivered, "calls/row")
+				r := runRelay(b, w, src, dst)
+				b.ReportMetric(r.enq/r.delivered, "wcu-enqueue/row")
+				b.ReportMetric(r.apply/r.delivered, "wcu-apply/row")
+				b.ReportMetric(r.cleanup/r.delivered, "wcu-cleanup/row")
+				b.ReportMetric((r.enq+r.apply+r.cleanup)/r.delivered, "wcu/row")
+				b.ReportMetric(r.rcu/r.delivered, "rcu/row")
+				b.ReportMetric(float64(src.Calls+dst.Calls)/r.delivered, "calls/row")
+				bill := billFor(w, r)
+				b.ReportMetric(bill.relay.Total, "usd/Mrows")
+				b.ReportMetric(bill.streams.Total, "usd/Mrows-streams")
+				b.ReportMetric(bill.sqs.Total, "usd/Mrows-sqsfifo")
+				b.Logf("bill, %s: %s", USEast1.Region, bill.markdown())
 			}
 		})
 	}
@@ -121,10 +127,20 @@ func BenchmarkCost(b *testing.B) {
 	})
 }
 
-// runRelay enqueues w's rows and fires alarms until the outbox is empty. It
-// returns write units spent on enqueue, target apply and source cleanup
-// (source writes by fires and alarms), read units, and rows delivered.
-func runRelay(b testing.TB, w workload, src, dst *Meter) (enq, apply, cleanup, rcu, delivered float64) {
+// relayRun is what a cost run counted: write units spent on enqueue,
+// target apply and source cleanup (source writes by fires and alarms), read
+// units, rows delivered, and the enqueue calls and alarms with the store
+// calls each kind sent (what the bill prices as Lambda invocations).
+type relayRun struct {
+	enq, apply, cleanup, rcu, delivered float64
+	enqueues, alarms                    int
+	enqueueCalls, alarmCalls            int
+}
+
+// runRelay enqueues w's rows and fires alarms until the outbox is empty.
+func runRelay(b testing.TB, w workload, src, dst *Meter) relayRun {
+	var r relayRun
+	calls := func() int { return src.Calls + dst.Calls }
 	ctx := context.Background()
 	budget, err := relaycore.PlanBudget(w.plan)
 	if err != nil {
@@ -135,21 +151,25 @@ func runRelay(b testing.TB, w workload, src, dst *Meter) (enq, apply, cleanup, r
 	const source = relaycore.Partition("src-bench")
 	var rows int
 	alarm := func() bool {
-		before := src.WriteUnits + src.IndexUnits
+		before, c := src.WriteUnits+src.IndexUnits, calls()
 		res, err := h.Alarm(ctx, source)
 		if err != nil {
 			b.Fatal(err)
 		}
-		cleanup += src.WriteUnits + src.IndexUnits - before
+		r.cleanup += src.WriteUnits + src.IndexUnits - before
+		r.alarms++
+		r.alarmCalls += calls() - c
 		rows += res.RowsDelivered
 		return res.Cleared
 	}
 	for i := 0; i < w.rows; i += w.batchRows {
-		before := src.WriteUnits + src.IndexUnits
+		before, c := src.WriteUnits+src.IndexUnits, calls()
 		if _, err := (&relaycore.RelayHandler{Source: src, Clock: clock}).Enqueue(ctx, source, rowsFor(w, i, min(w.batchRows, w.rows-i)), relaycore.EnqueueOptions{}); err != nil {
 			b.Fatal(err)
 		}
-		enq += src.WriteUnits + src.IndexUnits - before
+		r.enq += src.WriteUnits + src.IndexUnits - before
+		r.enqueues++
+		r.enqueueCalls += calls() - c
 		if w.interleaved {
 			alarm()
 		}
@@ -162,7 +182,8 @@ func runRelay(b testing.TB, w workload, src, dst *Meter) (enq, apply, cleanup, r
 	if rows != w.rows {
 		b.Fatalf("delivered %d rows, want %d", rows, w.rows)
 	}
-	return enq, dst.WriteUnits, cleanup, src.ReadUnits + dst.ReadUnits, float64(rows)
+	r.apply, r.rcu, r.delivered = dst.WriteUnits, src.ReadUnits+dst.ReadUnits, float64(rows)
+	return r
 }
 
 // stepClock is the clock of a cost run: it starts at a fixed instant and
@@ -357,13 +378,18 @@ func TestDocumentedCost(t *testing.T) {
 	for _, d := range documentedCost {
 		w := workloadNamed(t, d.workload)
 		src, dst := dynamoStores(t)
-		enq, apply, cleanup, rcu, delivered := runRelay(t, w, src, dst)
-		wcu := fmt.Sprintf("%.2f", (enq+apply+cleanup)/delivered)
-		want := fmt.Sprintf("| %s | %.2f | %.2f | %.2f | **%s** | %.2f | %.2f |", d.tableRow, enq/delivered, apply/delivered,
-			cleanup/delivered, wcu, rcu/delivered, float64(src.Calls+dst.Calls)/delivered)
+		r := runRelay(t, w, src, dst)
+		wcu := fmt.Sprintf("%.2f", (r.enq+r.apply+r.cleanup)/r.delivered)
+		want := fmt.Sprintf("| %s | %.2f | %.2f | %.2f | **%s** | %.2f | %.2f |", d.tableRow, r.enq/r.delivered, r.apply/r.delivered,
+			r.cleanup/r.delivered, wcu, r.rcu/r.delivered, float64(src.Calls+dst.Calls)/r.delivered)
 		t.Logf("%s: %s", d.workload, want)
 		if !strings.Contains(bench, want+"\n") {
 			t.Errorf("docs/benchmarks.md's cost table has no row\n%s\nfor what %s costs today", want, d.workload)
+		}
+		bill := "| " + d.tableRow + " " + billFor(w, r).markdown() + "\n"
+		t.Logf("%s: %s", d.workload, bill)
+		if !strings.Contains(bench, bill) {
+			t.Errorf("docs/benchmarks.md's bill table has no row\n%sfor what %s costs today", bill, d.workload)
 		}
 		for file, phrases := range d.quotes {
 			// Prose is wrapped anywhere: compare words.
@@ -385,4 +411,104 @@ func workloadNamed(t *testing.T, name string) workload {
 	}
 	t.Fatalf("no workload %s", name)
 	return workload{}
+}
+
+// relayUsage is the serverless relay's usage for a cost run: every enqueue
+// call is an api invocation (its store calls, and one CreateSchedule kick),
+// every alarm a fire invocation (its store calls, and one CreateSchedule
+// re-arm) woken by one scheduled invocation.
+func relayUsage(r relayRun) Usage {
+	invocations := float64(r.enqueues + r.alarms)
+	return Usage{
+		WriteUnits:           r.enq + r.apply + r.cleanup,
+		ReadUnits:            r.rcu,
+		LambdaRequests:       invocations,
+		LambdaMillis:         float64(r.enqueueCalls+r.alarmCalls)*assumedDynamoMillis + invocations*assumedSchedulerMillis,
+		LambdaMemoryMB:       lambdaMemoryMB,
+		SchedulerInvocations: float64(r.alarms),
+	}
+}
+
+// billRow is a workload's row of docs/benchmarks.md's bill table: dollars
+// per million delivered rows for the relay (DynamoDB, Lambda, Scheduler,
+// total) and for the two alternatives.
+type billRow struct {
+	relay, streams, sqs Bill
+}
+
+func billFor(w workload, r relayRun) billRow {
+	batch := streamsBatch
+	if w.interleaved {
+		batch = min(w.batchRows, streamsBatch)
+	}
+	return billRow{
+		relay:   USEast1.PerMillionRows(relayUsage(r), r.delivered),
+		streams: USEast1.PerMillionRows(streamsUsage(w.rows, batch), float64(w.rows)),
+		sqs:     USEast1.PerMillionRows(sqsUsage(w.rows), float64(w.rows)),
+	}
+}
+
+// markdown is the row's cells after the workload's, as docs/benchmarks.md's
+// bill table has them: the relay's DynamoDB, Lambda and Scheduler dollars
+// and their total, then the two alternatives' totals.
+func (b billRow) markdown() string {
+	return fmt.Sprintf("| %.3f | %.3f | %.3f | **%.3f** | %.3f | %.3f |",
+		b.relay.DynamoDB, b.relay.Lambda, b.relay.Scheduler, b.relay.Total, b.streams.Total, b.sqs.Total)
+}
+
+// TestBillArithmetic checks Prices.Cost and PerMillionRows on an example
+// computed by hand, at the published prices:
+//
+//	2,500,000 WRU × $0.625/M                     = $1.5625
+//	  400,000 RRU × $0.125/M                     = $0.05
+//	  100,000 GetRecords units × $0.02/100,000   = $0.02
+//	   30,000 Lambda requests × $0.20/M          = $0.006
+//	   30,000 × 40 ms at 512 MB = 600 GB-s × $0.0000133334 = $0.00800004
+//	   20,000 Scheduler invocations × $1.00/M    = $0.02
+//	  300,000 SQS FIFO requests × $0.50/M        = $0.15
+//
+// for 1,000,000 rows, so per million rows the same; for 500,000 rows each
+// doubles.
+func TestBillArithmetic(t *testing.T) {
+	u := Usage{
+		WriteUnits: 2.5e6, ReadUnits: 4e5, StreamsReadUnits: 1e5,
+		LambdaRequests: 3e4, LambdaMillis: 3e4 * 40, LambdaMemoryMB: 512,
+		SchedulerInvocations: 2e4, SQSRequests: 3e5,
+	}
+	want := Bill{DynamoDB: 1.6325, Lambda: 0.01400004, Scheduler: 0.02, SQS: 0.15, Total: 1.81650004}
+	near := func(got, want Bill) bool {
+		for _, p := range [][2]float64{{got.DynamoDB, want.DynamoDB}, {got.Lambda, want.Lambda},
+			{got.Scheduler, want.Scheduler}, {got.SQS, want.SQS}, {got.Total, want.Total}} {
+			if math.Abs(p[0]-p[1]) > 1e-9 {
+				return false
+			}
+		}
+		return true
+	}
+	if got := USEast1.PerMillionRows(u, 1e6); !near(got, want) {
+		t.Errorf("per million of 1,000,000 rows: %+v, want %+v", got, want)
+	}
+	double := Bill{DynamoDB: 2 * want.DynamoDB, Lambda: 2 * want.Lambda, Scheduler: 2 * want.Scheduler, SQS: 2 * want.SQS, Total: 2 * want.Total}
+	if got := USEast1.PerMillionRows(u, 5e5); !near(got, double) {
+		t.Errorf("per million of 500,000 rows: %+v, want %+v", got, double)
+	}
+}
+
+// TestTemplatePricedAs: the bill prices Lambda at the memory size and
+// architecture the template deploys (arm64's GB-second price); a change to
+// either in template.yaml fails here until the bill follows.
+func TestTemplatePricedAs(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "template.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := string(b)
+	for _, want := range []string{"    Architectures: [arm64]\n", fmt.Sprintf("    MemorySize: %d\n", lambdaMemoryMB)} {
+		if !strings.Contains(tmpl, want) {
+			t.Errorf("template.yaml's Globals have no %q: the bill's Lambda prices (bench/bill.go) assume it", strings.TrimSpace(want))
+		}
+	}
+	if strings.Count(tmpl, "MemorySize:") != 1 || strings.Count(tmpl, "Architectures:") != 1 {
+		t.Errorf("template.yaml sets MemorySize or Architectures per function: the bill prices every function at the Globals' %d MB arm64", lambdaMemoryMB)
+	}
 }

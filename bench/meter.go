@@ -1,6 +1,8 @@
 // Package bench measures what Relay costs and how fast it runs: DynamoDB
 // capacity units per delivered row for the relay and for a naive per-row
-// outbox, and delivery rate on the embedded bbolt store against bbolt's
+// outbox, those units and the Lambda and Scheduler invocations priced in
+// dollars per million rows beside two alternative designs (bill.go), and
+// delivery rate on the embedded bbolt store against bbolt's
 // raw batched-put rate. Everything here is measured, never asserted; the
 // figures go to docs/benchmarks.md with the command that produced them.
 package bench
