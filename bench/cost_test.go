@@ -342,7 +342,8 @@ func runRoundTrip(b *testing.B, w workload, src, dst *Meter, quarantine bool) ro
 
 // documentedCost names, for each workload whose cost the docs quote, the
 // row of docs/benchmarks.md's cost table that holds its figures and the
-// phrases (a format with its write units per row, %[1]s) that quote them
+// phrases (a format with its write units per row, %[1]s, and the relay's
+// dollars per million rows to the cent, %[2]s) that quote them
 // elsewhere. docs/benchmarks.md is where the figures live; the others
 // quote it.
 var documentedCost = []struct {
@@ -351,7 +352,7 @@ var documentedCost = []struct {
 }{
 	{"backlog/batch100/targets4", "backlog, 100-row batches, 4 targets", map[string][]string{
 		"docs/benchmarks.md": {"So a delivered 200-byte row costs %[1]s write units end to end"},
-		"README.md":          {"a delivered row costs **%[1]s write units** end to end"},
+		"README.md":          {"a delivered row costs **%[1]s write units** end to end", "**$%[2]s per million delivered rows**"},
 		"docs/engine.md":     {"**%[1]s** write units per delivered row for backlog/batch100/targets4"},
 	}},
 	{"backlog/batch100/targets4/random-bytes", "backlog, 100-row batches, 4 targets, random bytes", map[string][]string{
@@ -386,7 +387,9 @@ func TestDocumentedCost(t *testing.T) {
 		if !strings.Contains(bench, want+"\n") {
 			t.Errorf("docs/benchmarks.md's cost table has no row\n%s\nfor what %s costs today", want, d.workload)
 		}
-		bill := "| " + d.tableRow + " " + billFor(w, r).markdown() + "\n"
+		br := billFor(w, r)
+		usd := fmt.Sprintf("%.2f", br.relay.Total)
+		bill := "| " + d.tableRow + " " + br.markdown() + "\n"
 		t.Logf("%s: %s", d.workload, bill)
 		if !strings.Contains(bench, bill) {
 			t.Errorf("docs/benchmarks.md's bill table has no row\n%sfor what %s costs today", bill, d.workload)
@@ -395,8 +398,8 @@ func TestDocumentedCost(t *testing.T) {
 			// Prose is wrapped anywhere: compare words.
 			doc := strings.Join(strings.Fields(read(file)), " ")
 			for _, p := range phrases {
-				if q := fmt.Sprintf(p, wcu); !strings.Contains(doc, q) {
-					t.Errorf("%s does not say %q (%s costs %s write units per row today)", file, q, d.workload, wcu)
+				if q := fmt.Sprintf(p, wcu, usd); !strings.Contains(doc, q) {
+					t.Errorf("%s does not say %q (%s costs %s write units, $%s per million rows today)", file, q, d.workload, wcu, usd)
 				}
 			}
 		}
