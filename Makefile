@@ -98,9 +98,13 @@ SIM_CHUNK ?= 0
 sim:
 	$(GO) test -count=1 -timeout 0 -run 'TestSimulation$$' $(SIM_PKG) -seeds=$(SEEDS) -seed=$(SEED) -procs=$(SIM_PROCS) -chunk=$(SIM_CHUNK) -v
 
-## bench: cost and speed figures; see docs/benchmarks.md.
+## bench: cost and speed figures; see docs/benchmarks.md. The serverless
+## latency figures come twice: BenchmarkLatency (real bootstraps, wall
+## time) in the first line, and its discrete-event model on virtual time
+## (TestLatencyModel -latency-model) in the second.
 bench: tools
 	RELAY_RIE=$(RIE) $(GO) test -count=1 -run '^$$' -bench . -benchtime 1x -timeout 60m $(PKGS)
+	$(GO) test -count=1 -run '^TestLatencyModel$$' -v -timeout 30m ./lambda/bench -latency-model
 	$(GO) test -count=1 -run '^(TestFootprint|TestQueryFlood|TestPushFlood)$$' -v -timeout 60m ./edge/e2e -footprint
 
 ## lint: gofmt, go vet, staticcheck (pinned, into .bin), cfn-lint on

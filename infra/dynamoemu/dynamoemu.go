@@ -87,9 +87,25 @@ func New() (*Endpoint, error) {
 	return e, nil
 }
 
+// NewHandler returns an endpoint that does not listen: it answers through
+// ServeHTTP only, for clients whose transport calls it in memory (a
+// simulation on virtual time, testing/synctest, must not wait on sockets).
+// Its URL is empty and Close does nothing.
+func NewHandler() *Endpoint {
+	return &Endpoint{Mini: server.NewServer(), tokens: map[string]tokenState{}}
+}
+
+// ServeHTTP answers one DynamoDB API request, as the listening endpoint
+// does.
+func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) { e.serve(w, r) }
+
 // Close stops the endpoint once the requests it is answering are done;
 // its tables are gone.
-func (e *Endpoint) Close() { _ = e.srv.Shutdown(context.Background()) }
+func (e *Endpoint) Close() {
+	if e.srv != nil {
+		_ = e.srv.Shutdown(context.Background())
+	}
+}
 
 // IgnoreTokens makes the endpoint behave like bare minidyn, which ignores
 // ClientRequestToken: a repeated request is executed again. Tests use it

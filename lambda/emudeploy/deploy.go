@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"github.com/relay-dev/relay/infra/dynamo"
 	"github.com/relay-dev/relay/infra/dynamoemu"
@@ -76,6 +77,15 @@ type Config struct {
 	Precision, SweepPeriod time.Duration
 	// LogLevel is every function's LOG_LEVEL (default WARN).
 	LogLevel string
+	// InProcess runs the functions in this process instead of under the
+	// emulator: each environment wired by lambda/env from the same
+	// variables and its handler called directly, every endpoint reached
+	// through an in-memory transport (no socket), every modelled delay a
+	// timer. Started inside a testing/synctest bubble, the deployment then
+	// runs on virtual time: a discrete-event model of the same deployment,
+	// whose figures do not depend on the machine (the handlers' own CPU
+	// time counts as zero). RIE and Bootstraps are not used.
+	InProcess bool
 }
 
 // Deployment is the serverless relay on one machine: the api, fire and
@@ -98,6 +108,8 @@ type Deployment struct {
 	sweep     *Function
 	envs      []*rieEnv
 	servers   []*http.Server
+	mem       memTransport // InProcess: the endpoints by host
+	inProcess bool
 	stopSweep chan struct{}
 	home      string
 
@@ -108,23 +120,35 @@ type Deployment struct {
 
 // Start runs a deployment; Close ends it.
 func Start(cfg Config) (d *Deployment, err error) {
-	if cfg.RIE == "" || len(cfg.Bootstraps) != len(Functions) {
+	if !cfg.InProcess && (cfg.RIE == "" || len(cfg.Bootstraps) != len(Functions)) {
 		return nil, errors.New("emudeploy: Config needs RIE and the api, fire and sweep bootstraps")
 	}
 	cfg = withDefaults(cfg)
-	d = &Deployment{invokes: map[string]*Invoke{}, stopSweep: make(chan struct{})}
+	d = &Deployment{invokes: map[string]*Invoke{}, stopSweep: make(chan struct{}), mem: memTransport{}, inProcess: cfg.InProcess}
 	defer func() {
 		if err != nil {
 			d.Close()
 		}
 	}()
-	if d.home, err = os.MkdirTemp("", "relay-emudeploy-"); err != nil {
-		return nil, err
+	if !cfg.InProcess {
+		if d.home, err = os.MkdirTemp("", "relay-emudeploy-"); err != nil {
+			return nil, err
+		}
 	}
-	if d.ddb, err = dynamoemu.New(); err != nil {
-		return nil, err
+	var upstream any
+	var client *dynamodb.Client
+	if cfg.InProcess {
+		d.ddb = dynamoemu.NewHandler()
+		upstream = d.ddb
+		raw, _ := d.serve("dynamodb-direct", d.ddb)
+		client = dynamoemu.NewClient(raw, d.mem)
+	} else {
+		if d.ddb, err = dynamoemu.New(); err != nil {
+			return nil, err
+		}
+		upstream = d.ddb.URL
+		client = d.ddb.Client(nil)
 	}
-	client := d.ddb.Client(nil)
 	for _, tbl := range []string{SourceTable, TargetTable} {
 		if err := dynamo.CreateTable(context.Background(), client, tbl); err != nil {
 			return nil, err
@@ -132,10 +156,10 @@ func Start(cfg Config) (d *Deployment, err error) {
 	}
 	d.Source = dynamo.New(client, SourceTable, dynamo.Options{})
 	d.Target = dynamo.New(client, TargetTable, dynamo.Options{})
-	if d.front, err = newDynamoFront(d.ddb.URL, TargetTable, cfg.DynamoLatency, cfg.Seed); err != nil {
+	if d.front, err = newDynamoFront(upstream, TargetTable, cfg.DynamoLatency, cfg.Seed); err != nil {
 		return nil, err
 	}
-	ddbURL, err := d.serve(d.front)
+	ddbURL, err := d.serve("dynamodb", d.front)
 	if err != nil {
 		return nil, err
 	}
@@ -205,7 +229,7 @@ func (d *Deployment) startEnvs(name string, cfg Config, n int, timeout time.Dura
 				d.fire.Queue(input)
 			}
 		})
-		u, err := d.serve(d.sched)
+		u, err := d.serve("scheduler", d.sched)
 		if err != nil {
 			return nil, err
 		}
@@ -217,7 +241,7 @@ func (d *Deployment) startEnvs(name string, cfg Config, n int, timeout time.Dura
 	}
 	inv := NewInvoke(arn, apiLatency, func(p []byte) { d.fire.Queue(p) })
 	d.invokes[name] = inv
-	invURL, err := d.serve(inv)
+	invURL, err := d.serve("lambda-"+name, inv)
 	if err != nil {
 		return nil, err
 	}
@@ -240,6 +264,14 @@ func (d *Deployment) startEnvs(name string, cfg Config, n int, timeout time.Dura
 	}
 	var out []Environment
 	for i := range n {
+		if d.inProcess {
+			e, err := newInProcEnv(name, env, &http.Client{Transport: d.mem}, timeout)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, e)
+			continue
+		}
 		e, err := startRIE(fmt.Sprintf("%s-%d", name, i), cfg.RIE, cfg.Bootstraps[name], d.home, env, timeout)
 		if err != nil {
 			return nil, err
@@ -252,8 +284,13 @@ func (d *Deployment) startEnvs(name string, cfg Config, n int, timeout time.Dura
 	return out, nil
 }
 
-// serve runs h on 127.0.0.1 until Close and returns its URL.
-func (d *Deployment) serve(h http.Handler) (string, error) {
+// serve runs h on 127.0.0.1 until Close, or in process at the host
+// name, and returns its URL.
+func (d *Deployment) serve(name string, h http.Handler) (string, error) {
+	if d.inProcess {
+		d.mem[name+".emu"] = h
+		return "http://" + name + ".emu", nil
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", err

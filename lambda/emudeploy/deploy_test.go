@@ -34,7 +34,7 @@ func rie(t *testing.T) string {
 // TestDeploymentDelivers is the smoke run of the emulated deployment: the
 // real bootstraps under the emulator, with Scheduler's precision and the
 // sweep put an hour away so that it takes seconds and the schedule
-// delivers. Rows enqueued through the api function reach their targets
+// delivers (FAST_KICK=false: the fast path is TestLatencyModel's). Rows enqueued through the api function reach their targets
 // through the schedule the enqueue armed, every request the functions made
 // kept the services' contracts, and the counts add up.
 func TestDeploymentDelivers(t *testing.T) {
@@ -44,7 +44,7 @@ func TestDeploymentDelivers(t *testing.T) {
 		t.Fatal(err)
 	}
 	d, err := Start(Config{RIE: rieBin, Bootstraps: bins, Seed: seed, Precision: time.Second, SweepPeriod: time.Hour,
-		FireConcurrency: 2, APIConcurrency: 1})
+		FireConcurrency: 2, APIConcurrency: 1, Env: map[string]map[string]string{"api": {"FAST_KICK": "false"}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,6 +34,13 @@
 // time the machine itself adds (2 shared cores: a figure here is an upper
 // bound on what the code costs, plus the modelled service times).
 //
+// With Config.InProcess the same deployment runs without processes or
+// sockets: each function wired by lambda/env from the same variables and
+// its handler called directly, every endpoint behind an in-memory
+// transport. Inside a testing/synctest bubble every modelled delay is then
+// a timer on virtual time: a discrete-event model of the deployment whose
+// figures do not depend on the machine (lambda/bench's TestLatencyModel).
+//
 // docs/benchmarks.md ("Serverless relay: latency") lists the model with
 // its sources and the figures lambda/bench measures on it. No binary links
 // this package (deploy's TestDeps).

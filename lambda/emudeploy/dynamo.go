@@ -29,7 +29,7 @@ func DefaultDynamoLatency(r *rand.Rand) time.Duration {
 // emulator, and records when each key of the target table was first
 // written by a committed transaction (the row's apply time).
 type dynamoFront struct {
-	rp          *httputil.ReverseProxy
+	rp          http.Handler
 	latency     func(*rand.Rand) time.Duration
 	targetTable string
 
@@ -40,13 +40,22 @@ type dynamoFront struct {
 	changed  chan struct{}        // closed and replaced at each new key
 }
 
-func newDynamoFront(upstream string, targetTable string, latency func(*rand.Rand) time.Duration, seed uint64) (*dynamoFront, error) {
-	u, err := url.Parse(upstream)
-	if err != nil {
-		return nil, err
+// newDynamoFront fronts upstream: the emulator's URL (a reverse proxy to
+// it) or, in process, the emulator itself.
+func newDynamoFront(upstream any, targetTable string, latency func(*rand.Rand) time.Duration, seed uint64) (*dynamoFront, error) {
+	var h http.Handler
+	switch u := upstream.(type) {
+	case string:
+		pu, err := url.Parse(u)
+		if err != nil {
+			return nil, err
+		}
+		h = httputil.NewSingleHostReverseProxy(pu)
+	case http.Handler:
+		h = u
 	}
 	return &dynamoFront{
-		rp: httputil.NewSingleHostReverseProxy(u), latency: latency, targetTable: targetTable,
+		rp: h, latency: latency, targetTable: targetTable,
 		rng: rand.New(rand.NewPCG(seed, 0x64796e)), applied: map[string]time.Time{}, changed: make(chan struct{}),
 	}, nil
 }
