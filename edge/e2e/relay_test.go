@@ -59,11 +59,15 @@ func TestOfferStoreAck(t *testing.T) {
 }
 
 // TestPeerDownThenUp: deliveries to a stopped peer fail and back off;
-// once it starts they are acknowledged.
+// once it starts they are acknowledged. a's retry budget outlasts any
+// start of b: with the default 10 retries at back-off 50-200 ms it ran
+// out 2 s after the first attempt, and under load b once took longer to
+// start than that (the record was deadlettered, never acked).
 func TestPeerDownThenUp(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, "a", "b")
 	a, b := c.nodes["a"], c.nodes["b"]
+	a.relay += "  max_retries: 1000\n"
 	a.start()
 	content := []byte("while you were out")
 	putFile(t, a, "msg", content)
