@@ -27,6 +27,13 @@
 // computes units from DynamoDB's published formulas because the test
 // endpoint reports no consumed capacity.
 //
-// `make bench` runs it; docs/benchmarks.md and docs/deploy.md hold the
+// BenchmarkLatency (latency_test.go) measures enqueue-to-apply lag and
+// drain time instead, on the emulated deployment of lambda/emudeploy: the
+// real bootstraps under the runtime emulator on wall time, with the
+// Scheduler-only kick and the fast kick side by side; TestLatencyModel runs
+// the same cases in process on virtual time (testing/synctest), a
+// discrete-event model whose figures do not depend on the machine.
+//
+// `make bench` runs both; docs/benchmarks.md and docs/deploy.md hold the
 // figures. The package holds tests only.
 package bench
