@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // TargetStatus is one (source, target)'s delivery state, from the engine's
@@ -175,13 +176,15 @@ func (f TargetFilter) keep(s TargetStatus, nowMS int64) bool {
 }
 
 // ListTargets lists source's targets that have undelivered rows, are not
-// active, or failed recently (TargetFilter.All: every target the source
-// ever relayed to), in target-name order, from the engine's per-target
-// records. next is the last target returned when more may follow (pass it
-// as After); empty at the end. One call reads at most a few thousand
-// records, so a listing of a source with many idle targets may return
-// fewer than Limit targets with a next to go on from.
-func ListTargets(ctx context.Context, st Store, source Partition, f TargetFilter, now int64) (out []TargetStatus, next Partition, err error) {
+// active, or failed recently (in the 24 hours before now;
+// TargetFilter.All: every target the source ever relayed to), in
+// target-name order, from the engine's per-target records. next is the
+// last target returned when more may follow (pass it as After); empty at
+// the end. One call reads at most a few thousand records, so a listing of
+// a source with many idle targets may return fewer than Limit targets with
+// a next to go on from.
+func ListTargets(ctx context.Context, st Store, source Partition, f TargetFilter, now time.Time) (out []TargetStatus, next Partition, err error) {
+	nowMS := now.UnixMilli()
 	limit := f.Limit
 	if limit <= 0 {
 		limit = 100
@@ -218,7 +221,7 @@ func ListTargets(ctx context.Context, st Store, source Partition, f TargetFilter
 			return nil, "", fmt.Errorf("list targets %s: %w", source, err)
 		}
 		for _, s := range sts {
-			if f.keep(s, now) {
+			if f.keep(s, nowMS) {
 				out = append(out, s)
 				if len(out) == limit {
 					return out, s.Target, nil

@@ -78,7 +78,7 @@ func (h *Handler) listTargets(ctx context.Context, m matched, req Request, _ *sl
 		f.Limit = n
 	}
 	f.After = relaycore.Partition(q["after"])
-	out, next, err := relaycore.ListTargets(ctx, h.Source, m.source, f, h.clock().Now().UnixMilli())
+	out, next, err := relaycore.ListTargets(ctx, h.Source, m.source, f, h.clock().Now())
 	if err != nil {
 		return nil, err
 	}

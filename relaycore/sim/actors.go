@@ -24,7 +24,8 @@ func (a *actor) body() {
 	}
 	switch a.kind {
 	case kindWriter, kindLeaseWriter:
-		a.write(src)
+		h.SkewMargin, h.PageBytes = s.sc.SkewMargin, s.sc.PageBytes
+		a.write(h)
 	case kindAlarm:
 		_, err := h.Alarm(s.ctx, a.source)
 		a.engineError("alarm", err)
@@ -52,17 +53,14 @@ func (a *actor) engineError(op string, err error) {
 	}
 }
 
-// write commits the writer plan's batches, one CommitRelayRows each. The
+// write commits the writer plan's batches, one h.Enqueue each. The
 // plan's position advances before the call, so a replacement after a
 // crash does not send the interrupted batch again (its rows may or may not
 // have been committed; the process that knew is gone).
-func (a *actor) write(st relaycore.Store) {
+func (a *actor) write(h *relaycore.RelayHandler) {
 	s := a.sim
 	wp := a.plan
-	cfg := relaycore.EnqueueConfig{
-		SkewMargin: s.sc.SkewMargin, PageBytes: s.sc.PageBytes,
-		TargetCaps: s.raw.Target.Capabilities(), Kicker: a,
-	}
+	st := h.Source
 	tries := 0
 	for wp.next < len(wp.batches) && s.ph == chaos {
 		b := wp.batches[wp.next]
@@ -92,8 +90,7 @@ func (a *actor) write(st relaycore.Store) {
 			deadline = a.Now().Add(time.Duration(b.deadlineMS) * time.Millisecond)
 			a.deadline = deadline.UnixMilli()
 		}
-		//lint:ignore SA1019 the simulation drives the engine with its own per-writer clock and tuning; it moves to RelayHandler.Enqueue with the wrapper's removal
-		res, err := relaycore.CommitRelayRows(s.ctx, st, a, a.source, a.lease, deadline, b.rows, cfg)
+		res, err := h.Enqueue(s.ctx, a.source, b.rows, relaycore.EnqueueOptions{Lease: a.lease, Deadline: deadline})
 		s.chk.commitReturned(a, b.rows, res, err)
 		if errors.Is(err, relaycore.ErrStaleLease) {
 			a.lease = nil
@@ -174,7 +171,7 @@ const maxDrainRounds = 1500
 // and every paused one resumed.
 func (a *actor) releaseQuarantined(h *relaycore.RelayHandler, src relaycore.Partition) {
 	s := a.sim
-	ts, _, err := relaycore.ListTargets(s.ctx, h.Source, src, relaycore.TargetFilter{Limit: 1000}, a.Now().UnixMilli())
+	ts, _, err := relaycore.ListTargets(s.ctx, h.Source, src, relaycore.TargetFilter{Limit: 1000}, a.Now())
 	if err != nil {
 		a.engineError("list targets", err)
 		return
@@ -228,7 +225,7 @@ func (a *actor) operate(h *relaycore.RelayHandler) {
 		// let fires hold its rows, skip the first held ones (or try with a
 		// stale view), release.
 		var ts []relaycore.TargetStatus
-		if ts, _, err = relaycore.ListTargets(s.ctx, h.Source, src, relaycore.TargetFilter{State: relaycore.StateActive, Limit: 100}, a.Now().UnixMilli()); err != nil {
+		if ts, _, err = relaycore.ListTargets(s.ctx, h.Source, src, relaycore.TargetFilter{State: relaycore.StateActive, Limit: 100}, a.Now()); err != nil {
 			break
 		}
 		if ts = slices.DeleteFunc(ts, func(st relaycore.TargetStatus) bool { return st.Pending == 0 }); len(ts) > 0 {
@@ -259,7 +256,7 @@ func (a *actor) operate(h *relaycore.RelayHandler) {
 	case 4, 5:
 		// An operator skips where rows are held: pick among those targets.
 		var ts []relaycore.TargetStatus
-		if ts, _, err = relaycore.ListTargets(s.ctx, h.Source, src, relaycore.TargetFilter{Limit: 100}, a.Now().UnixMilli()); err != nil {
+		if ts, _, err = relaycore.ListTargets(s.ctx, h.Source, src, relaycore.TargetFilter{Limit: 100}, a.Now()); err != nil {
 			break
 		}
 		ts = slices.DeleteFunc(ts, func(st relaycore.TargetStatus) bool { return st.Held == 0 || st.State == relaycore.StateActive })
@@ -288,7 +285,7 @@ func (a *actor) requeue(h *relaycore.RelayHandler, src relaycore.Partition) erro
 	e := entries[s.rng.IntN(len(entries))]
 	for range 1 + s.rng.IntN(2) {
 		a.requeueID = e.ID
-		seqs, err := relaycore.Requeue(s.ctx, h.Source, a, src, e.ID, relaycore.EnqueueConfig{Kicker: a})
+		seqs, err := h.Requeue(s.ctx, src, e.ID)
 		a.requeueID = 0
 		if err != nil {
 			return err

@@ -710,7 +710,7 @@ func (c *checker) applyModel(a *actor, req *request, t, src relaycore.Partition,
 	}
 }
 
-// commitReturned checks a CommitRelayRows result against what the stores
+// commitReturned checks an Enqueue result against what the stores
 // saw: every reported seq holds that input row and was committed by this
 // call; every row this call committed is reported (unless the engine said
 // the outcome is unknown); a target's rows keep their input order.
@@ -718,14 +718,14 @@ func (c *checker) commitReturned(a *actor, rows []relaycore.Row, res relaycore.C
 	s := c.s
 	sh := c.src[a.source]
 	if len(res.Seqs) != len(rows) {
-		s.violate("%s: CommitRelayRows returned %d seqs for %d rows (err %v)", a.name, len(res.Seqs), len(rows), err)
+		s.violate("%s: Enqueue returned %d seqs for %d rows (err %v)", a.name, len(res.Seqs), len(rows), err)
 		return
 	}
 	reported := map[uint64]bool{}
 	for i, seq := range res.Seqs {
 		if seq == 0 {
 			if err == nil {
-				s.violate("%s: CommitRelayRows succeeded but row %d has no seq", a.name, i)
+				s.violate("%s: Enqueue succeeded but row %d has no seq", a.name, i)
 			}
 			continue
 		}
@@ -760,7 +760,7 @@ func (c *checker) commitReturned(a *actor, rows []relaycore.Row, res relaycore.C
 	// (checked above), and checkEnqueuer has already refused any row
 	// committed without a lease guard once the source was lease-required.
 	if errors.Is(err, relaycore.ErrInvalidRow) || errors.Is(err, relaycore.ErrCorruptRecord) || errors.Is(err, relaycore.ErrBatchTooLarge) {
-		s.violate("%s: CommitRelayRows refused a generated workload: %v", a.name, err)
+		s.violate("%s: Enqueue refused a generated workload: %v", a.name, err)
 	}
 }
 

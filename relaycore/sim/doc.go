@@ -8,7 +8,7 @@
 // # How it runs
 //
 // Every simulated process (writer, lease holder, alarm, fire, drainer) is
-// an actor: a goroutine running real engine code (CommitRelayRows, Alarm,
+// an actor: a goroutine running real engine code (RelayHandler.Enqueue, Alarm,
 // Fire, AcquireLease, ...) against a gate, a relaycore.Store that parks
 // the actor before every Get, Scan and Apply. The scheduler lets exactly
 // one actor run at a time: it picks a parked actor with a seeded PCG,

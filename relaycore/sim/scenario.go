@@ -51,7 +51,7 @@ type keySpec struct {
 	Owner relaycore.Partition
 }
 
-// batchPlan is one CommitRelayRows call of a writer.
+// batchPlan is one Enqueue call of a writer.
 type batchPlan struct {
 	rows       []relaycore.Row
 	sleepMS    int64 // sleep before the call

@@ -733,7 +733,7 @@ type actor struct {
 	// writers
 	plan     *writerPlan
 	inc      int
-	call     int              // number of the current CommitRelayRows call
+	call     int              // number of the current Enqueue call
 	lease    *relaycore.Lease // lease passed to the current call
 	deadline int64            // effective deadline of the current call (0: none)
 
