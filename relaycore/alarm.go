@@ -3,6 +3,8 @@ package relaycore
 import (
 	"context"
 	"fmt"
+
+	"github.com/relay-dev/relay/relaycore/internal/layout"
 )
 
 // Alarm handles one alarm for source: up to FiresPerAlarm fires (stopping
@@ -157,7 +159,7 @@ func (h *RelayHandler) kick(ctx context.Context, source Partition, due int64) {
 func outboxEmpty(ctx context.Context, st Store, source Partition) (bool, error) {
 	after := ""
 	for {
-		pg, err := st.Scan(ctx, source, ScanRequest{Start: PagePrefix, End: pageEnd, After: after, Limit: 1})
+		pg, err := st.Scan(ctx, source, ScanRequest{Start: layout.PagePrefix, End: layout.PageEnd, After: after, Limit: 1})
 		if err != nil {
 			return false, fmt.Errorf("scan pages %s: %w", source, err)
 		}
@@ -175,7 +177,7 @@ func outboxEmpty(ctx context.Context, st Store, source Partition) (bool, error) 
 func firstRetry(ctx context.Context, st Store, source Partition) (int64, bool, error) {
 	after := ""
 	for {
-		pg, err := st.Scan(ctx, source, ScanRequest{Start: RetryPrefix, End: retryEnd, After: after, Limit: 1})
+		pg, err := st.Scan(ctx, source, ScanRequest{Start: layout.RetryPrefix, End: layout.RetryEnd, After: after, Limit: 1})
 		if err != nil {
 			return 0, false, fmt.Errorf("scan retry markers %s: %w", source, err)
 		}

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/relay-dev/relay/relaycore/internal/layout"
 )
 
 // ArchiveEntry is one skip in the dead-row archive: the rows an operator
@@ -32,7 +34,7 @@ type ArchiveEntry struct {
 func archiveEntries(items []Item) ([]ArchiveEntry, error) {
 	var out []ArchiveEntry
 	for _, it := range items {
-		rest := strings.TrimPrefix(it.Key, DeadPrefix)
+		rest := strings.TrimPrefix(it.Key, layout.DeadPrefix)
 		idHex, pageHex, isPage := strings.Cut(rest, "/")
 		id, err := strconv.ParseUint(idHex, 16, 64)
 		if err != nil || len(idHex) != 16 {
@@ -54,7 +56,7 @@ func archiveEntries(items []Item) ([]ArchiveEntry, error) {
 		if len(out) == 0 || out[len(out)-1].ID != id || len(pageHex) != 16 {
 			return nil, fmt.Errorf("%w: archive page %q without its entry", ErrCorruptRecord, it.Key)
 		}
-		p, err := DecodePage(it.Key, it.Value)
+		p, err := decodePage(it.Key, it.Value)
 		if err != nil {
 			return nil, err
 		}
@@ -77,12 +79,12 @@ func ListArchive(ctx context.Context, st Store, source Partition, after uint64, 
 	}
 	var items []Item
 	for {
-		pg, err := st.Scan(ctx, source, ScanRequest{Start: DeadPrefix, End: deadEnd, After: cursor, Limit: 256})
+		pg, err := st.Scan(ctx, source, ScanRequest{Start: layout.DeadPrefix, End: layout.DeadEnd, After: cursor, Limit: 256})
 		if err != nil {
 			return nil, 0, fmt.Errorf("list archive %s: %w", source, err)
 		}
 		for _, it := range pg.Items {
-			if !strings.Contains(strings.TrimPrefix(it.Key, DeadPrefix), "/") {
+			if !strings.Contains(strings.TrimPrefix(it.Key, layout.DeadPrefix), "/") {
 				if n := countEntries(items); n == limit {
 					es, err := archiveEntries(items)
 					return es, es[len(es)-1].ID, err
@@ -101,7 +103,7 @@ func ListArchive(ctx context.Context, st Store, source Partition, after uint64, 
 func countEntries(items []Item) int {
 	n := 0
 	for _, it := range items {
-		if !strings.Contains(strings.TrimPrefix(it.Key, DeadPrefix), "/") {
+		if !strings.Contains(strings.TrimPrefix(it.Key, layout.DeadPrefix), "/") {
 			n++
 		}
 	}
@@ -129,6 +131,10 @@ func GetArchive(ctx context.Context, st Store, source Partition, id uint64) (Arc
 // idempotency key "requeue:<id in hex>" and the entry records the new seqs,
 // so a retry after a lost answer (or a second requeue) returns the same
 // seqs and commits nothing.
+//
+// Deprecated: use RelayHandler.Requeue, which takes the store, clock and
+// enqueue tuning from the handler. Requeue stays for one release
+// (CHANGELOG.md).
 func Requeue(ctx context.Context, st Store, clock Clock, source Partition, id uint64, cfg EnqueueConfig) ([]uint64, error) {
 	entry, raw, err := GetArchive(ctx, st, source, id)
 	if err != nil {

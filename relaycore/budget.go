@@ -10,17 +10,17 @@ import (
 // Cloudflare Free's 50 subrequests per call: 2 fires × 8 targets × 2 calls =
 // 32 target calls per alarm.
 const (
-	// WorkerFreeRelayFires is Worker Free relay fires per alarm.
-	WorkerFreeRelayFires = 2
-	// WorkerFreeRelayTargets is Worker Free relay targets attempted per fire.
-	WorkerFreeRelayTargets = 8
-	// WorkerPaidRelayFires is Worker Paid relay fires per alarm.
-	WorkerPaidRelayFires = 8
-	// WorkerPaidRelayTargets is Worker Paid relay targets attempted per fire.
-	WorkerPaidRelayTargets = 32
-	// WorkerRelayCallsPerTarget is the target apply calls allowed per target
+	// workerFreeRelayFires is Worker Free relay fires per alarm.
+	workerFreeRelayFires = 2
+	// workerFreeRelayTargets is Worker Free relay targets attempted per fire.
+	workerFreeRelayTargets = 8
+	// workerPaidRelayFires is Worker Paid relay fires per alarm.
+	workerPaidRelayFires = 8
+	// workerPaidRelayTargets is Worker Paid relay targets attempted per fire.
+	workerPaidRelayTargets = 32
+	// workerRelayCallsPerTarget is the target apply calls allowed per target
 	// per fire (the first attempt plus one retry on contention).
-	WorkerRelayCallsPerTarget = 2
+	workerRelayCallsPerTarget = 2
 	// RelayLagBoundMS (P-15): consumers allow a 60-second relay lag window.
 	// The sweeper's one-minute period and the back-off cap keep an
 	// undisturbed source within it; a mid-cycle append can exceed it.
@@ -57,9 +57,9 @@ type RelayBudget struct {
 func PlanBudget(plan string) (RelayBudget, error) {
 	switch strings.ToLower(strings.TrimSpace(plan)) {
 	case "free":
-		return RelayBudget{WorkerFreeRelayFires, WorkerFreeRelayTargets, WorkerRelayCallsPerTarget, workerFreeRelayRows}, nil
+		return RelayBudget{workerFreeRelayFires, workerFreeRelayTargets, workerRelayCallsPerTarget, workerFreeRelayRows}, nil
 	case "paid":
-		return RelayBudget{WorkerPaidRelayFires, WorkerPaidRelayTargets, WorkerRelayCallsPerTarget, workerPaidRelayRows}, nil
+		return RelayBudget{workerPaidRelayFires, workerPaidRelayTargets, workerRelayCallsPerTarget, workerPaidRelayRows}, nil
 	}
 	return RelayBudget{}, fmt.Errorf("plan %q: %w (want free or paid)", plan, ErrUnknownPlan)
 }

@@ -6,6 +6,8 @@ import (
 	"maps"
 	"slices"
 	"strings"
+
+	"github.com/relay-dev/relay/relaycore/internal/layout"
 )
 
 // rsMaxBytes bounds an encoded rs: a full blocked set of longest names, each
@@ -28,9 +30,9 @@ const holdMaxBytes = 400
 // enqueue plans pages within MaxBatchBytes − CheckpointReserve.
 func CheckpointReserve(source Partition, caps Capabilities) int {
 	long := Partition(strings.Repeat("x", MaxPartitionLen))
-	return caps.ItemSize(source, KeyRS, rsMaxBytes) + caps.ItemSize(source, KeyHold, holdMaxBytes) +
+	return caps.ItemSize(source, KeyRS, rsMaxBytes) + caps.ItemSize(source, layout.KeyHold, holdMaxBytes) +
 		caps.ItemSize(source, targetStateKey(long), targetRecMaxBytes) + 2*caps.ItemSize(source, retryKey(0, long), 0) +
-		caps.ItemSize(source, heldPageKey(long, 0), 0) + caps.ItemSize(source, PageKey(0), 0)
+		caps.ItemSize(source, heldPageKey(long, 0), 0) + caps.ItemSize(source, layout.PageKey(0), 0)
 }
 
 // autoActor is the note's actor when the engine quarantines a target.
@@ -257,7 +259,7 @@ func (c *checkpointBatch) records() {
 	}
 	if c.q != qBefore {
 		c.q.Version++
-		c.writes = append(c.writes, Write{Key: KeyHold, Value: encodeJSON(c.q)})
+		c.writes = append(c.writes, Write{Key: layout.KeyHold, Value: encodeJSON(c.q)})
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/relay-dev/relay/infra/mem"
 	"github.com/relay-dev/relay/relaycore"
+	"github.com/relay-dev/relay/relaycore/internal/layout"
 	"github.com/relay-dev/relay/relaycore/sim"
 )
 
@@ -187,7 +188,7 @@ func TestCheckpointAtBatchLimit(t *testing.T) {
 	t.Logf("values from PCG seed %d", boundSeed)
 	probe := newBoundEnv(t, 4<<20)
 	reserved := probe.reserved(t)
-	rsRoom := probe.caps.ItemSize(boundSource, relaycore.KeyRS, relaycore.RSMaxBytes) + probe.caps.ItemSize(boundSource, relaycore.KeyHold, relaycore.HoldMaxBytes)
+	rsRoom := probe.caps.ItemSize(boundSource, relaycore.KeyRS, relaycore.RSMaxBytes) + probe.caps.ItemSize(boundSource, layout.KeyHold, relaycore.HoldMaxBytes)
 	recRooms := probe.recRoom("ta") + probe.recRoom("tb") + probe.recRoom("tc")
 	limit := rsRoom + recRooms + reserved["ta"] + reserved["tb"] + reserved["tc"]
 	if reserved["te"] >= rsRoom {
@@ -213,7 +214,7 @@ func TestCheckpointAtBatchLimit(t *testing.T) {
 			}
 			rewrites := 0
 			for _, w := range cp.Writes {
-				if strings.HasPrefix(w.Key, relaycore.PagePrefix) && !w.Delete {
+				if strings.HasPrefix(w.Key, layout.PagePrefix) && !w.Delete {
 					rewrites++
 				}
 			}
@@ -229,7 +230,7 @@ func TestCheckpointAtBatchLimit(t *testing.T) {
 			// room and the rewrites nearly all of theirs.
 			// (Target records are reserved at their largest and written
 			// small, and q is reserved but unchanged here.)
-			if tc.targets == 3 && tc.limit-total > 1024+recRooms+probe.caps.ItemSize(boundSource, relaycore.KeyHold, relaycore.HoldMaxBytes) {
+			if tc.targets == 3 && tc.limit-total > 1024+recRooms+probe.caps.ItemSize(boundSource, layout.KeyHold, relaycore.HoldMaxBytes) {
 				t.Fatalf("fixture: checkpoint leaves %d of %d bytes unused; it should sit near the limit", tc.limit-total, tc.limit)
 			}
 			// The rows left behind are delivered by later fires.

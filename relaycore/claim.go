@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/relay-dev/relay/relaycore/internal/layout"
 )
 
 type claimedRS struct {
@@ -24,7 +26,7 @@ type claimed struct {
 
 // readOSHold reads os and q with one scan: they are adjacent keys.
 func readOSHold(ctx context.Context, st Store, source Partition) (OutboxState, holdSummary, error) {
-	head, err := scanRange(ctx, st, source, KeyOS, KeyHold+"\x00")
+	head, err := scanRange(ctx, st, source, KeyOS, layout.KeyHold+"\x00")
 	if err != nil {
 		return OutboxState{}, holdSummary{}, fmt.Errorf("read os %s: %w", source, err)
 	}
@@ -33,7 +35,7 @@ func readOSHold(ctx context.Context, st Store, source Partition) (OutboxState, h
 	if err != nil {
 		return OutboxState{}, holdSummary{}, err
 	}
-	qRaw, qFound := head[KeyHold]
+	qRaw, qFound := head[layout.KeyHold]
 	q, err := decodeHold(qRaw, qFound)
 	return os, q, err
 }
@@ -170,7 +172,7 @@ func (f *fireRun) claim() (busy bool, err error) {
 		f.itemsRoom = f.caps.MaxBatchItems - 2 // rs and q
 	}
 	if f.caps.MaxBatchBytes > 0 {
-		f.bytesRoom = f.caps.MaxBatchBytes - f.caps.ItemSize(f.source, KeyRS, rsMaxBytes) - f.caps.ItemSize(f.source, KeyHold, holdMaxBytes)
+		f.bytesRoom = f.caps.MaxBatchBytes - f.caps.ItemSize(f.source, KeyRS, rsMaxBytes) - f.caps.ItemSize(f.source, layout.KeyHold, holdMaxBytes)
 	}
 	f.cur.Claim = start.rs.Claim
 	return false, nil

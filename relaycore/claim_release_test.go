@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/relay-dev/relay/relaycore"
+	"github.com/relay-dev/relay/relaycore/internal/layout"
 )
 
 // rsClaim returns the claim rs holds (nil: none).
@@ -32,7 +33,7 @@ func TestFailedFireReleasesItsClaim(t *testing.T) {
 		fail func(c call) bool
 	}{
 		// One read whose retries ran out: the scan of the outbox.
-		{"scan", func(c call) bool { return c.Op == "scan" && c.Key == relaycore.PagePrefix }},
+		{"scan", func(c call) bool { return c.Op == "scan" && c.Key == layout.PagePrefix }},
 		// The checkpoint, surely not applied.
 		{"checkpoint", func(c call) bool {
 			return c.Op == "apply" && len(c.Batch.Writes) > 1 && c.Batch.Writes[0].Key == relaycore.KeyRS
@@ -152,7 +153,7 @@ func TestBusyAlarmKicksAtClaimExpiry(t *testing.T) {
 	k.kicks = nil
 	var during relaycore.AlarmResult
 	e.srcF.set(func(c call) error {
-		if c.Op == "scan" && c.Key == relaycore.TargetPrefix+"74/" && during.Fires == 0 {
+		if c.Op == "scan" && c.Key == layout.TargetPrefix+"74/" && during.Fires == 0 {
 			if during, err = e.h.Alarm(e.ctx, e.source); err != nil {
 				t.Fatal(err)
 			}

@@ -11,12 +11,12 @@ package relaycore
 // writeUnitBytes is DynamoDB's write unit size.
 const writeUnitBytes = 1024
 
-// TransactWriteUnits returns the write units DynamoDB would bill for b in
+// transactWriteUnits returns the write units DynamoDB would bill for b in
 // partition p as one TransactWriteItems. existing gives the store's item size
 // (Capabilities.ItemSize) of an item that is deleted or only checked; nil,
 // or a result <= 0, counts such an item as its key alone (the minimum, one
 // started KB).
-func TransactWriteUnits(caps Capabilities, p Partition, b Batch, existing func(key string) int) int {
+func transactWriteUnits(caps Capabilities, p Partition, b Batch, existing func(key string) int) int {
 	units := func(size int) int {
 		if size <= 0 {
 			size = 1

@@ -92,7 +92,7 @@
 //     target partition's application keys and TargetWatermarks lists
 //     every source's rh there (target_read.go).
 //   - hook: a RelayHook adds writes to each target batch, atomically with
-//     the rows and the rh advance (NoHook, HolderRelayHook,
+//     the rows and the rh advance (none by default; HolderRelayHook,
 //     TakedownRequestTimer).
 //   - takedown handoff: TakedownRequestTimer turns each ContentTakedownV1
 //     request a row carries into a durable record holding the request and

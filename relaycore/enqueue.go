@@ -12,11 +12,15 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/relay-dev/relay/relaycore/internal/layout"
 )
 
-// EnqueueConfig tunes enqueue planning (PlanEnqueue) and the deprecated
+// EnqueueConfig tunes enqueue planning and the deprecated
 // CommitRelayRows and Requeue. RelayHandler.Enqueue builds one from the
-// handler's fields. The zero value is usable.
+// handler's fields. The zero value is usable. It goes with the deprecated
+// calls that take it (CHANGELOG.md); new code sets the handler's fields
+// instead.
 type EnqueueConfig struct {
 	// SkewMargin is subtracted from the lease expiry to get the deadline, so
 	// a holder whose clock runs behind the lease's other contenders stops
@@ -46,7 +50,7 @@ type EnqueueConfig struct {
 	// makes a client's retry after a lost response safe. Empty: off.
 	IdempotencyKey string
 	// IdempotencyTTL is how long the record answers retries, from the
-	// commit time. Default DefaultIdempotencyTTL (24h). Expired records are
+	// commit time. Default 24h. Expired records are
 	// overwritten by a new use of the key and collected by alarms.
 	IdempotencyTTL time.Duration
 }
@@ -90,6 +94,8 @@ func loggerOr(l *slog.Logger) *slog.Logger {
 // RelayEnqueueSnapshot is what a chain is planned from: the source's os, the
 // caller's lease (mandatory for a lease-required source) and the deadline,
 // which already includes the skew margin.
+//
+// Deprecated: with ReadEnqueueSnapshot and EnqueueRelayRows.
 type RelayEnqueueSnapshot struct {
 	Source Partition
 	OS     OutboxState
@@ -155,6 +161,8 @@ const targetEnqMaxBytes = 160 + maxEnqRuns*66
 // and computes the deadline: min(deadline, lease expiry − SkewMargin). A zero
 // deadline means the caller sets none. It fails closed with
 // ErrLeaseRequired, ErrStaleLease or ErrDeadlineExceeded.
+//
+// Deprecated: use RelayHandler.Enqueue (see EnqueueRelayRows).
 func ReadEnqueueSnapshot(ctx context.Context, st Store, source Partition, lease *Lease, deadline time.Time, now time.Time, cfg EnqueueConfig) (RelayEnqueueSnapshot, error) {
 	snap := RelayEnqueueSnapshot{Source: source, Lease: lease, NowMS: unixMS(now), DeadlineMS: math.MaxInt64}
 	if !deadline.IsZero() {
@@ -177,7 +185,7 @@ func ReadEnqueueSnapshot(ctx context.Context, st Store, source Partition, lease 
 	}
 	if lease != nil {
 		var cur *Lease
-		lraw, found := head[KeyLease]
+		lraw, found := head[layout.KeyLease]
 		if found {
 			if cur, lraw, err = decodeLease(lraw); err != nil {
 				return snap, err
@@ -226,6 +234,8 @@ const maxTagLen = 12 + 1 + 13
 
 // SourceBatch is one planned link of an enqueue chain. Commit the links in
 // order; each guards os on the previous link's os value.
+//
+// Deprecated: with ReadEnqueueSnapshot and EnqueueRelayRows.
 type SourceBatch struct {
 	Batch Batch
 	// FirstSeq..LastSeq are the seqs this batch commits.
@@ -258,20 +268,22 @@ type SourceBatch struct {
 
 // EnqueueRelayRows plans; it does not enqueue.
 //
-// Deprecated: use PlanEnqueue (the same function, named for what it does).
-// EnqueueRelayRows stays for one release (CHANGELOG.md).
+// Deprecated: use RelayHandler.Enqueue, which plans and commits. Planning
+// alone (ReadEnqueueSnapshot, EnqueueRelayRows) has no caller outside the
+// engine and is not offered from the next release (CHANGELOG.md).
 func EnqueueRelayRows(snap RelayEnqueueSnapshot, rows []Row, caps Capabilities, cfg EnqueueConfig) ([]SourceBatch, error) {
-	return PlanEnqueue(snap, rows, caps, cfg)
+	return planEnqueue(snap, rows, caps, cfg)
 }
 
-// PlanEnqueue validates rows and plans the chain of source batches that
-// commits them (it writes nothing; RelayHandler.Enqueue commits them). Rows are grouped by target, stably, and
-// each target's rows get contiguous seqs; the promised order is per
+// planEnqueue validates rows and plans the chain of source batches that
+// commits them (it writes nothing; RelayHandler.Enqueue commits them).
+// Rows are grouped by target, stably, and each target's rows get
+// contiguous seqs; the promised order is per
 // (source, target), not across targets. Every batch carries the os guard and
 // put, exactly one relay kick (the durable alarm due now by the snapshot's
 // clock: put, or guarded unchanged when it is already due by then), the
 // lease guard when a lease is held, and row pages, within caps.
-func PlanEnqueue(snap RelayEnqueueSnapshot, rows []Row, caps Capabilities, cfg EnqueueConfig) ([]SourceBatch, error) {
+func planEnqueue(snap RelayEnqueueSnapshot, rows []Row, caps Capabilities, cfg EnqueueConfig) ([]SourceBatch, error) {
 	if snap.Lease == nil && snap.OS.LeaseRequired {
 		return nil, fmt.Errorf("enqueue %s: %w", snap.Source, ErrLeaseRequired)
 	}
@@ -329,7 +341,7 @@ func PlanEnqueue(snap RelayEnqueueSnapshot, rows []Row, caps Capabilities, cfg E
 			return nil, fmt.Errorf("plan enqueue %s: a page does not fit one batch: %w", snap.Source, ErrBatchTooLarge)
 		}
 		tag := nonce + "." + strconv.FormatInt(int64(len(out)), 36)
-		sb := SourceBatch{Tag: tag, CommitMS: commitMS, DeadlineMS: snap.DeadlineMS, FirstSeq: pages[i].first, FirstPageKey: PageKey(pages[i].first)}
+		sb := SourceBatch{Tag: tag, CommitMS: commitMS, DeadlineMS: snap.DeadlineMS, FirstSeq: pages[i].first, FirstPageKey: layout.PageKey(pages[i].first)}
 		next := prevOS
 		next.NextSeq = pages[j-1].first + uint64(len(pages[j-1].rows))
 		next.Version++
@@ -381,7 +393,7 @@ func batchFixed(snap RelayEnqueueSnapshot, caps Capabilities) (*Precondition, in
 		if lraw == nil {
 			lraw = snap.Lease.encode()
 		}
-		leasePre = &Precondition{Key: KeyLease, Value: lraw}
+		leasePre = &Precondition{Key: layout.KeyLease, Value: lraw}
 	}
 	fixedItems := 2
 	if leasePre != nil {
@@ -404,7 +416,7 @@ func batchEnd(source Partition, pages []plannedPage, i, fixedItems, fixedBytes i
 	j := i
 	inBatch := map[Partition]bool{}
 	for j < len(pages) {
-		s, n := caps.ItemSize(source, PageKey(pages[j].first), pages[j].size), 1
+		s, n := caps.ItemSize(source, layout.PageKey(pages[j].first), pages[j].size), 1
 		if t := pages[j].target; !inBatch[t] {
 			// The batch rewrites the target's enqueue-side record.
 			s, n = s+caps.ItemSize(source, targetEnqKey(t), targetEnqMaxBytes), 2
@@ -425,7 +437,7 @@ func (sb *SourceBatch) addPages(pages []plannedPage, enq map[Partition]targetEnq
 	var batchTargets []Partition
 	runs := map[Partition][2]uint64{}
 	for _, pg := range pages {
-		sb.Batch.Writes = append(sb.Batch.Writes, Write{Key: PageKey(pg.first), Value: assemblePage(pg.first, sb.CommitMS, sb.Tag, pg.target, pg.flags, pg.body)})
+		sb.Batch.Writes = append(sb.Batch.Writes, Write{Key: layout.PageKey(pg.first), Value: assemblePage(pg.first, sb.CommitMS, sb.Tag, pg.target, pg.flags, pg.body)})
 		sb.Rows = append(sb.Rows, pg.rows...)
 		run, ok := runs[pg.target]
 		if !ok {
@@ -495,7 +507,7 @@ func planPages(source Partition, seq uint64, rows []Row, caps Capabilities, cfg 
 // (validation guarantees it fits the item limit).
 func packPage(codec *pageCodec, source, target Partition, first uint64, rows []Row, idx []int, caps Capabilities, limit int) plannedPage {
 	hdr := pageHeaderMax(strings.Repeat("x", maxTagLen), target)
-	itemSize := func(bodyLen int) int { return caps.ItemSize(source, PageKey(first), hdr+bodyLen) }
+	itemSize := func(bodyLen int) int { return caps.ItemSize(source, layout.PageKey(first), hdr+bodyLen) }
 	itemLimit := pageItemLimit(source, target, caps)
 	// Longest prefix within the rewrite and raw-section bounds (maxN), and
 	// within limit uncompressed (n0).
@@ -560,7 +572,7 @@ func pageItemLimit(source, target Partition, caps Capabilities) int {
 	limit := math.MaxInt
 	if caps.MaxItemBytes > 0 {
 		// The page may be moved aside under its target's (longer) held key.
-		limit = caps.MaxItemBytes - (caps.ItemSize(source, heldPageKey(target, 0), 0) - caps.ItemSize(source, PageKey(0), 0))
+		limit = caps.MaxItemBytes - (caps.ItemSize(source, heldPageKey(target, 0), 0) - caps.ItemSize(source, layout.PageKey(0), 0))
 	}
 	if caps.MaxBatchBytes > 0 {
 		limit = min(limit, caps.MaxBatchBytes-CheckpointReserve(source, caps))
@@ -595,8 +607,8 @@ func rowProblem(source Partition, r Row, caps, tc Capabilities) string {
 		switch {
 		case k == "":
 			return "empty key"
-		case tc.KeyLen(k) > MaxKeyLen:
-			return fmt.Sprintf("key of %d bytes as stored by the target store, limit %d", tc.KeyLen(k), MaxKeyLen)
+		case tc.KeyLen(k) > maxKeyLen:
+			return fmt.Sprintf("key of %d bytes as stored by the target store, limit %d", tc.KeyLen(k), maxKeyLen)
 		case strings.HasPrefix(k, ReservedPrefix):
 			return fmt.Sprintf("key %q uses the reserved prefix %q", k, ReservedPrefix)
 		}
@@ -634,7 +646,7 @@ func rowProblem(source Partition, r Row, caps, tc Capabilities) string {
 	if kb := rowKeyBytes(r); kb > maxPageKeyBytes {
 		return fmt.Sprintf("keys sum to %d bytes, page limit %d", kb, maxPageKeyBytes)
 	}
-	ps := caps.ItemSize(source, PageKey(0), pageHeaderMax(strings.Repeat("x", maxTagLen), r.Target)+rowEncodedLen(r))
+	ps := caps.ItemSize(source, layout.PageKey(0), pageHeaderMax(strings.Repeat("x", maxTagLen), r.Target)+rowEncodedLen(r))
 	if limit := pageItemLimit(source, r.Target, caps); ps > limit {
 		return fmt.Sprintf("row needs a %d-byte page, source limit %d (its item limit, and room beside rs in a fire's checkpoint)", ps, limit)
 	}
@@ -807,7 +819,7 @@ func commitRelayRows(ctx context.Context, st Store, clock Clock, source Partitio
 		if err := snap.ReadTargets(ctx, st, sub); err != nil {
 			return res, err
 		}
-		plan, err := PlanEnqueue(snap, sub, caps, cfg)
+		plan, err := planEnqueue(snap, sub, caps, cfg)
 		if err != nil {
 			return res, err
 		}
@@ -851,7 +863,7 @@ func commitBatch(ctx context.Context, st Store, clock Clock, source Partition, b
 			return true, nil
 		}
 		if i, ok := FailedPrecondition(err); ok {
-			if b.Batch.Preconditions[i].Key == KeyLease {
+			if b.Batch.Preconditions[i].Key == layout.KeyLease {
 				return false, fmt.Errorf("commit relay rows %s: %w", source, ErrStaleLease)
 			}
 			if b.idemKey != "" && b.Batch.Preconditions[i].Key == b.idemKey {
@@ -938,7 +950,7 @@ func resolveCommit(ctx context.Context, st Store, source Partition, b SourceBatc
 	if praw, ok, err := st.Get(ctx, source, b.FirstPageKey); err != nil {
 		return commitUnknown, err
 	} else if ok {
-		if pg, err := DecodePage(b.FirstPageKey, praw); err == nil && pg.Tag == b.Tag {
+		if pg, err := decodePage(b.FirstPageKey, praw); err == nil && pg.Tag == b.Tag {
 			return commitLanded, nil
 		}
 		return commitLost, nil

@@ -2,10 +2,13 @@ package relaycore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"os"
 	"path/filepath"
+	"strings"
+	"time"
 
 	"github.com/relay-dev/relay/infra/alarmclock"
 	"github.com/relay-dev/relay/infra/bolt"
@@ -115,4 +118,97 @@ func ExampleRelayHandler_Quarantine() {
 	// Output:
 	// quarantined pending 1 first seq 1 by alice
 	// active pending 1
+}
+
+// A source with a single writer: once DeclareLeaseRequired marks it, an
+// enqueue needs the source's lease. A writer acquires it, enqueues under it,
+// and releases it; an enqueue under the released lease fails closed, and
+// the next writer may take the lease at once instead of waiting for it to
+// expire.
+func ExampleAcquireLease() {
+	ctx := context.Background()
+	h := &relaycore.RelayHandler{Source: mem.New(relaycore.Capabilities{}), Target: mem.New(relaycore.Capabilities{})}
+	if err := relaycore.DeclareLeaseRequired(ctx, h.Source, "ledger"); err != nil {
+		log.Fatal(err)
+	}
+	rows := []relaycore.Row{{Target: "books", Puts: []relaycore.KV{{Key: "entry/1", Value: []byte("+42")}}}}
+	_, err := h.Enqueue(ctx, "ledger", rows, relaycore.EnqueueOptions{})
+	fmt.Println("without a lease:", errors.Is(err, relaycore.ErrLeaseRequired))
+
+	l, err := relaycore.AcquireLease(ctx, h.Source, "ledger", "writer-a", time.Minute, time.Now())
+	if err != nil {
+		log.Fatal(err)
+	}
+	res, err := h.Enqueue(ctx, "ledger", rows, relaycore.EnqueueOptions{Lease: &l})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(l.Holder, "epoch", l.Epoch, "seqs", res.Seqs)
+	if err := relaycore.ReleaseLease(ctx, h.Source, "ledger", l); err != nil {
+		log.Fatal(err)
+	}
+	_, err = h.Enqueue(ctx, "ledger", rows, relaycore.EnqueueOptions{Lease: &l})
+	fmt.Println("under the released lease:", errors.Is(err, relaycore.ErrStaleLease))
+
+	next, err := relaycore.AcquireLease(ctx, h.Source, "ledger", "writer-b", time.Minute, time.Now())
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(next.Holder, "epoch", next.Epoch)
+	// Output:
+	// without a lease: true
+	// writer-a epoch 1 seqs [1]
+	// under the released lease: true
+	// writer-b epoch 1
+}
+
+// A takedown request travels to a target as a relay row (NewTakedownRow).
+// TakedownRequestTimer, here chained after a hook that keeps a record of
+// which node holds what, adds to the same target batch the durable handoff
+// the future takedown owner reads: the request and when its timer is due.
+func ExampleTakedownRequestTimer() {
+	ctx := context.Background()
+	holders := relaycore.HolderRelayHook{Prefix: "holder/", Observations: map[relaycore.Partition][]relaycore.KV{
+		"region-1": {{Key: "edge-7", Value: []byte("seg-9f2c")}},
+	}}
+	dst := mem.New(relaycore.Capabilities{})
+	h := &relaycore.RelayHandler{Source: mem.New(relaycore.Capabilities{}), Target: dst,
+		Hook: relaycore.ChainHooks(holders, relaycore.TakedownRequestTimer{Delay: 24 * time.Hour})}
+	row, err := relaycore.NewTakedownRow("region-1", relaycore.ContentTakedownV1{Version: 1,
+		ContentID: "seg-9f2c", LateHolder: "edge-7", RequestedMS: 1800000000123, Reason: "dmca 2026-118"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := h.Enqueue(ctx, "takedowns", []relaycore.Row{row}, relaycore.EnqueueOptions{}); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := h.Fire(ctx, "takedowns"); err != nil {
+		log.Fatal(err)
+	}
+	page, err := relaycore.ReadTarget(ctx, dst, "region-1", relaycore.TargetReadRequest{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, kv := range page.Items {
+		switch {
+		case strings.HasPrefix(kv.Key, relaycore.TakedownHandoffPrefix):
+			ho, err := relaycore.DecodeTakedownHandoff(kv.Value)
+			if err != nil {
+				log.Fatal(err)
+			}
+			fmt.Println("handoff of", ho.Request.ContentID, "timer due", time.UnixMilli(ho.TimerDueMS).UTC().Format(time.RFC3339))
+		case strings.HasPrefix(kv.Key, relaycore.TakedownPrefix):
+			t, err := relaycore.DecodeTakedown(kv.Value)
+			if err != nil {
+				log.Fatal(err)
+			}
+			fmt.Println("request for", t.ContentID, "held by", t.LateHolder)
+		default:
+			fmt.Printf("%s = %s\n", kv.Key, kv.Value)
+		}
+	}
+	// Output:
+	// holder/edge-7 = seg-9f2c
+	// handoff of seg-9f2c timer due 2027-01-16T08:00:00Z
+	// request for seg-9f2c held by edge-7
 }

@@ -18,3 +18,19 @@ func TargetStateKey(t Partition) string { return targetStateKey(t) }
 // PageRewriteBound is the largest encoding of any suffix of p's rows: what
 // a fire reserves in its checkpoint for a page it may rewrite.
 func PageRewriteBound(p Page) int { return pageRewriteBound(p) }
+
+// Engine internals that relaycore's own tests call by their former
+// exported names: the page and takedown codecs, the key and cost
+// functions, the row key bound.
+const MaxKeyLen = maxKeyLen
+
+var (
+	DecodePage         = decodePage
+	EncodeTakedown     = encodeTakedown
+	TakedownKey        = takedownKey
+	TakedownHandoffKey = takedownHandoffKey
+	TransactWriteUnits = transactWriteUnits
+)
+
+// NoHook is the hook of a handler whose Hook is nil.
+type NoHook = noHook

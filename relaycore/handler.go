@@ -14,7 +14,7 @@ import (
 // Target rh records never expire.
 //
 // A RelayHandler holds no state between calls; one value may serve many
-// sources and concurrent calls. Zero fields get defaults (NoHook, the free
+// sources and concurrent calls. Zero fields get defaults (no hook, the free
 // budget, SystemClock, no kicker, a discarding logger).
 type RelayHandler struct {
 	Source, Target Store
@@ -35,7 +35,7 @@ type RelayHandler struct {
 	// QuarantineAfter is how many consecutive failed delivery rounds (a
 	// fire's turn at a target: once per scan cycle while it is blocked, or
 	// one retry of its held rows) quarantine a target automatically.
-	// Default DefaultQuarantineAfter; negative: never automatically.
+	// Default 10; negative: never automatically.
 	QuarantineAfter int
 	// RetryBase and RetryMax shape when a target whose rows are held for
 	// retry (it failed while the blocked set was full) is tried again:
@@ -57,7 +57,7 @@ type RelayHandler struct {
 	// expiry and the last moment an enqueue under it may write, so a
 	// holder whose clock runs behind stops before its successor may take
 	// over (default 2s). IdempotencyTTL is how long an idempotency record
-	// answers retries (default DefaultIdempotencyTTL). MaxReplans bounds
+	// answers retries (default 24h). MaxReplans bounds
 	// the os races one Enqueue tolerates before ErrContention (default 64).
 	PageBytes      int
 	SkewMargin     time.Duration
@@ -65,17 +65,17 @@ type RelayHandler struct {
 	MaxReplans     int
 }
 
-// DefaultQuarantineAfter is RelayHandler.QuarantineAfter's default: a target
+// defaultQuarantineAfter is RelayHandler.QuarantineAfter's default: a target
 // failing 10 rounds in a row (at least a few minutes of failures with the
 // default back-off) is quarantined.
-const DefaultQuarantineAfter = 10
+const defaultQuarantineAfter = 10
 
 func (h *RelayHandler) quarantineAfter() int {
 	switch {
 	case h.QuarantineAfter < 0:
 		return math.MaxInt
 	case h.QuarantineAfter == 0:
-		return DefaultQuarantineAfter
+		return defaultQuarantineAfter
 	}
 	return h.QuarantineAfter
 }
@@ -101,7 +101,7 @@ func (h *RelayHandler) budget() RelayBudget { return h.Budget.orFree() }
 
 func (h *RelayHandler) hook() RelayHook {
 	if h.Hook == nil {
-		return NoHook{}
+		return noHook{}
 	}
 	return h.Hook
 }

@@ -33,11 +33,11 @@ type RelayHook interface {
 	BeforeApply(ctx context.Context, req HookRequest) ([]Write, error)
 }
 
-// NoHook is the default hook: it adds nothing.
-type NoHook struct{}
+// noHook is the hook of a handler without one: it adds nothing.
+type noHook struct{}
 
 // BeforeApply implements RelayHook.
-func (NoHook) BeforeApply(context.Context, HookRequest) ([]Write, error) { return nil, nil }
+func (noHook) BeforeApply(context.Context, HookRequest) ([]Write, error) { return nil, nil }
 
 // HolderRelayHook adds, to every apply at a target, records derived from
 // observations supplied when the hook was built: it has no store or client,

@@ -23,9 +23,9 @@ const idemEnd = "x/idem0" // first key after every idempotency record ('0' follo
 // MaxIdempotencyKeyLen bounds EnqueueOptions.IdempotencyKey.
 const MaxIdempotencyKeyLen = 128
 
-// DefaultIdempotencyTTL is how long an idempotency record answers retries
+// defaultIdempotencyTTL is how long an idempotency record answers retries
 // when RelayHandler.IdempotencyTTL is zero.
-const DefaultIdempotencyTTL = 24 * time.Hour
+const defaultIdempotencyTTL = 24 * time.Hour
 
 // idemGCPerAlarm bounds the expired idempotency records one alarm deletes,
 // and idemGCScan the records it looks at to find them, so the clean-up
@@ -116,7 +116,7 @@ func commitIdempotent(ctx context.Context, st Store, clock Clock, source Partiti
 	digest := rowsDigest(rows)
 	ttl := cfg.IdempotencyTTL
 	if ttl <= 0 {
-		ttl = DefaultIdempotencyTTL
+		ttl = defaultIdempotencyTTL
 	}
 	caps := st.Capabilities()
 	maxReplans := cfg.MaxReplans
@@ -134,7 +134,7 @@ func commitIdempotent(ctx context.Context, st Store, clock Clock, source Partiti
 		if err := snap.ReadTargets(ctx, st, rows); err != nil {
 			return err
 		}
-		plan, err := PlanEnqueue(snap, rows, caps, cfg)
+		plan, err := planEnqueue(snap, rows, caps, cfg)
 		if err != nil {
 			return err
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/relay-dev/relay/infra/dynamotest"
 	"github.com/relay-dev/relay/infra/mem"
 	"github.com/relay-dev/relay/relaycore"
+	"github.com/relay-dev/relay/relaycore/internal/layout"
 )
 
 func (e *env) enqueueKey(key string, ttl time.Duration, rows ...relaycore.Row) (relaycore.CommitResult, error) {
@@ -382,7 +383,7 @@ func TestIdempotencyGarbageBounded(t *testing.T) {
 // scan and rs use, so those scans never read them.
 func TestIdemPrefixOrder(t *testing.T) {
 	lowest := relaycore.IdemPrefix + "-" // '-' is the smallest key byte allowed
-	for _, k := range []string{relaycore.KeyAlarm, relaycore.KeyLease, relaycore.KeyOS, relaycore.KeyRS, relaycore.PageKey(^uint64(0)), "r0"} {
+	for _, k := range []string{relaycore.KeyAlarm, layout.KeyLease, relaycore.KeyOS, relaycore.KeyRS, layout.PageKey(^uint64(0)), "r0"} {
 		if k >= lowest || k >= relaycore.IdemPrefix {
 			t.Errorf("key %q does not sort before %q", k, relaycore.IdemPrefix)
 		}

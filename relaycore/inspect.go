@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"strings"
+
+	"github.com/relay-dev/relay/relaycore/internal/layout"
 )
 
 // SourceInspector reads a source partition like InspectSource, and keeps
@@ -111,39 +113,39 @@ func (in *SourceInspector) Inspect(ctx context.Context, st Store, source Partiti
 					return v, fmt.Errorf("inspect %s: %w", source, err)
 				}
 				v.Alarm = &a
-			case it.Key == KeyLease:
+			case it.Key == layout.KeyLease:
 				l, err := memo(in, it, decodeLeaseValue)
 				if err != nil {
 					return v, fmt.Errorf("inspect %s: %w", source, err)
 				}
 				v.Lease = &l
-			case strings.HasPrefix(it.Key, PagePrefix):
-				p, err := memo(in, it, func(b []byte) (Page, error) { return DecodePage(it.Key, b) })
+			case strings.HasPrefix(it.Key, layout.PagePrefix):
+				p, err := memo(in, it, func(b []byte) (Page, error) { return decodePage(it.Key, b) })
 				if err != nil {
 					return v, fmt.Errorf("inspect %s: %w", source, err)
 				}
 				v.Pages = append(v.Pages, p)
-			case it.Key == KeyHold:
+			case it.Key == layout.KeyHold:
 				h, err := memo(in, it, func(b []byte) (holdSummary, error) { return decodeHold(b, true) })
 				if err != nil {
 					return v, fmt.Errorf("inspect %s: %w", source, err)
 				}
 				v.Hold = HoldSummary(h)
-			case strings.HasPrefix(it.Key, TargetPrefix):
+			case strings.HasPrefix(it.Key, layout.TargetPrefix):
 				recs = append(recs, it)
-			case strings.HasPrefix(it.Key, HeldPrefix):
-				p, err := memo(in, it, func(b []byte) (Page, error) { return DecodePage(it.Key, b) })
+			case strings.HasPrefix(it.Key, layout.HeldPrefix):
+				p, err := memo(in, it, func(b []byte) (Page, error) { return decodePage(it.Key, b) })
 				if err != nil {
 					return v, fmt.Errorf("inspect %s: %w", source, err)
 				}
 				v.Held = append(v.Held, p)
-			case strings.HasPrefix(it.Key, RetryPrefix):
+			case strings.HasPrefix(it.Key, layout.RetryPrefix):
 				due, t, err := parseRetryKey(it.Key)
 				if err != nil {
 					return v, fmt.Errorf("inspect %s: %w", source, err)
 				}
 				v.Retries = append(v.Retries, RetryMarker{DueMS: due, Target: t})
-			case strings.HasPrefix(it.Key, DeadPrefix):
+			case strings.HasPrefix(it.Key, layout.DeadPrefix):
 				dead = append(dead, it)
 			case strings.HasPrefix(it.Key, IdemPrefix):
 				v.Idempotency = append(v.Idempotency, it.Key)

@@ -7,19 +7,19 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/relay-dev/relay/relaycore/internal/layout"
 )
 
 // Source partition keys (docs/layout.md describes every key and encoding).
 // In key order: alarm < lease < os < r/... < rs, so the row pages form one
 // contiguous range ["r/", "r0") and a scan from the start of the partition
-// meets os before the first page.
+// meets os before the first page. The keys only the engine addresses (the
+// lease, the pages) are in relaycore/internal/layout.
 const (
-	KeyAlarm   = "alarm" // durable alarm record, JSON {"due_ms":N}, written with Write.Due
-	KeyLease   = "lease" // optional source lease, JSON
-	KeyOS      = "os"    // outbox state, JSON
-	KeyRS      = "rs"    // scan cycle state, JSON
-	PagePrefix = "r/"    // row pages: "r/" + 16 lowercase hex digits of the page's original first seq
-	pageEnd    = "r0"    // first key after every page key ('0' follows '/')
+	KeyAlarm = "alarm" // durable alarm record, JSON {"due_ms":N}, written with Write.Due
+	KeyOS    = "os"    // outbox state, JSON
+	KeyRS    = "rs"    // scan cycle state, JSON
 )
 
 // ReservedPrefix starts the engine's own keys in target partitions (the rh
@@ -29,19 +29,14 @@ const ReservedPrefix = "_relay/"
 
 const rhPrefix = ReservedPrefix + "rh/"
 
-// MaxKeyLen bounds a relay row key as the target store keeps it
+// maxKeyLen bounds a relay row key as the target store keeps it
 // (Capabilities.KeyLen): DynamoDB's sort-key limit is 1024 bytes, and
 // infra/dynamo widens non-ASCII bytes to two.
-const MaxKeyLen = 1024
+const maxKeyLen = 1024
 
 // recentTags is how many of the latest enqueue batch tags os remembers so
 // an ambiguous commit can be resolved even after its page was delivered.
 const recentTags = 8
-
-// PageKey is the key of the page whose original first row has seq first. A
-// partially delivered page is rewritten under the same key, so the key is a
-// lower bound of the page's first seq, and key order is seq order.
-func PageKey(first uint64) string { return PagePrefix + fmt.Sprintf("%016x", first) }
 
 // RHKey is the target key holding source's watermark: the last seq of
 // source applied to that target.
@@ -235,4 +230,4 @@ func decodeRH(raw []byte, found bool) (uint64, error) {
 	return v, nil
 }
 
-func isPageKey(k string) bool { return strings.HasPrefix(k, PagePrefix) }
+func isPageKey(k string) bool { return strings.HasPrefix(k, layout.PagePrefix) }

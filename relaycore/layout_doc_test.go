@@ -16,6 +16,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/relay-dev/relay/relaycore/internal/layout"
 )
 
 // docs/layout.md promises that a reader can decode every item from the doc
@@ -260,9 +262,9 @@ func TestLayoutDocExamples(t *testing.T) {
 		if err != nil || !samePage(byDoc, p) {
 			t.Fatalf("the doc's rules decode the doc's page to\n%+v (%v)\nthe doc says\n%+v", byDoc, err, p)
 		}
-		byCode, err := DecodePage(PageKey(p.First), raw)
+		byCode, err := decodePage(layout.PageKey(p.First), raw)
 		if err != nil || !samePage(byCode, p) {
-			t.Fatalf("DecodePage: %+v (%v)", byCode, err)
+			t.Fatalf("decodePage: %+v (%v)", byCode, err)
 		}
 		if enc := encodePage(p); !bytes.Equal(enc, raw) {
 			t.Fatalf("the engine encodes the doc's page as\n%x\nthe doc says\n%x", enc, raw)
@@ -326,7 +328,7 @@ func TestLayoutDocExamples(t *testing.T) {
 }
 
 // The doc's reader decodes whatever the engine writes (format 2,
-// compressed or not, and the format-1 golden page) to what DecodePage
+// compressed or not, and the format-1 golden page) to what decodePage
 // returns, and the doc's digest rule gives rowsDigest's input.
 func TestLayoutDocDecodesEngineOutput(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
@@ -363,7 +365,7 @@ func TestLayoutDocDecodesEngineOutput(t *testing.T) {
 		if raw[0] == 2 && raw[1]&1 != 0 {
 			compressed++
 		}
-		byCode, err := DecodePage("k", raw)
+		byCode, err := decodePage("k", raw)
 		if err != nil {
 			t.Fatal(err)
 		}

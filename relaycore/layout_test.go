@@ -1,9 +1,13 @@
 package relaycore
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/relay-dev/relay/relaycore/internal/layout"
+)
 
 func TestPageKeyOrderIsSeqOrder(t *testing.T) {
-	keys := []string{KeyAlarm, KeyLease, KeyOS, PageKey(1), PageKey(255), PageKey(1 << 40), pageEnd, KeyRS}
+	keys := []string{KeyAlarm, layout.KeyLease, KeyOS, layout.PageKey(1), layout.PageKey(255), layout.PageKey(1 << 40), layout.PageEnd, KeyRS}
 	for i := 1; i < len(keys); i++ {
 		if keys[i-1] >= keys[i] {
 			t.Fatalf("%q sorts after %q", keys[i-1], keys[i])
@@ -21,7 +25,7 @@ func TestTransactWriteUnits(t *testing.T) {
 			{Key: "r/0", Delete: true},              // existing 3000 B -> 3 KB -> 6
 		},
 	}
-	got := TransactWriteUnits(caps, "src", b, func(k string) int {
+	got := transactWriteUnits(caps, "src", b, func(k string) int {
 		if k == "r/0" {
 			return 3000
 		}
@@ -37,7 +41,7 @@ func TestTransactWriteUnits(t *testing.T) {
 // widest, must fit it.
 func TestRSMaxBytesBoundsWorstRS(t *testing.T) {
 	for _, fill := range []byte{0x01, 0xff, '<', 'a'} {
-		rs := RelayState{Version: ^uint64(0), CycleEnd: ^uint64(0), Cursor: ^uint64(0) - 1, From: PageKey(^uint64(0)),
+		rs := RelayState{Version: ^uint64(0), CycleEnd: ^uint64(0), Cursor: ^uint64(0) - 1, From: layout.PageKey(^uint64(0)),
 			Idle: int(^uint(0) >> 1), Claim: &Claim{Owner: "0123456789ab", UntilMS: -1 << 63}}
 		for i := 0; i < MaxBlockedTargets; i++ {
 			name := make([]byte, MaxPartitionLen)

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"time"
 	"unicode/utf8"
+
+	"github.com/relay-dev/relay/relaycore/internal/layout"
 )
 
 // Lease is a source's single-writer lease, stored as the source's lease
@@ -22,7 +24,7 @@ type Lease struct {
 func (l Lease) encode() []byte { return encodeJSON(l) }
 
 func readLease(ctx context.Context, st Store, source Partition) (*Lease, []byte, error) {
-	raw, found, err := st.Get(ctx, source, KeyLease)
+	raw, found, err := st.Get(ctx, source, layout.KeyLease)
 	if err != nil {
 		return nil, nil, fmt.Errorf("read lease %s: %w", source, err)
 	}
@@ -57,16 +59,16 @@ func AcquireLease(ctx context.Context, st Store, source Partition, holder string
 	if err != nil {
 		return Lease{}, err
 	}
-	pre := Precondition{Key: KeyLease, Absent: true}
+	pre := Precondition{Key: layout.KeyLease, Absent: true}
 	next := Lease{Holder: holder, Epoch: 1, ExpiresMS: unixMS(now.Add(ttl))}
 	if cur != nil {
 		if cur.Holder != holder && cur.ExpiresMS > unixMS(now) {
 			return Lease{}, fmt.Errorf("acquire lease %s: %w (holder %q until %d)", source, ErrLeaseHeld, cur.Holder, cur.ExpiresMS)
 		}
-		pre = Precondition{Key: KeyLease, Value: raw}
+		pre = Precondition{Key: layout.KeyLease, Value: raw}
 		next.Epoch = cur.Epoch + 1
 	}
-	err = st.Apply(ctx, source, Batch{Preconditions: []Precondition{pre}, Writes: []Write{{Key: KeyLease, Value: next.encode()}}})
+	err = st.Apply(ctx, source, Batch{Preconditions: []Precondition{pre}, Writes: []Write{{Key: layout.KeyLease, Value: next.encode()}}})
 	if err != nil {
 		if _, ok := FailedPrecondition(err); ok {
 			return Lease{}, fmt.Errorf("acquire lease %s: %w (raced)", source, ErrLeaseHeld)
@@ -84,8 +86,8 @@ func RenewLease(ctx context.Context, st Store, source Partition, l Lease, ttl ti
 	}
 	next := Lease{Holder: l.Holder, Epoch: l.Epoch, ExpiresMS: unixMS(now.Add(ttl))}
 	err := st.Apply(ctx, source, Batch{
-		Preconditions: []Precondition{{Key: KeyLease, Value: l.encode()}},
-		Writes:        []Write{{Key: KeyLease, Value: next.encode()}},
+		Preconditions: []Precondition{{Key: layout.KeyLease, Value: l.encode()}},
+		Writes:        []Write{{Key: layout.KeyLease, Value: next.encode()}},
 	})
 	if err != nil {
 		if _, ok := FailedPrecondition(err); ok {
@@ -100,8 +102,8 @@ func RenewLease(ctx context.Context, st Store, source Partition, l Lease, ttl ti
 // lease that was already taken over reports ErrStaleLease and changes nothing.
 func ReleaseLease(ctx context.Context, st Store, source Partition, l Lease) error {
 	err := st.Apply(ctx, source, Batch{
-		Preconditions: []Precondition{{Key: KeyLease, Value: l.encode()}},
-		Writes:        []Write{{Key: KeyLease, Delete: true}},
+		Preconditions: []Precondition{{Key: layout.KeyLease, Value: l.encode()}},
+		Writes:        []Write{{Key: layout.KeyLease, Delete: true}},
 	})
 	if err != nil {
 		if _, ok := FailedPrecondition(err); ok {

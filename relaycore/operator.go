@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"unicode/utf8"
+
+	"github.com/relay-dev/relay/relaycore/internal/layout"
 )
 
 // Operator actions on one (source, target): quarantine, release, pause,
@@ -175,7 +177,7 @@ func (h *RelayHandler) operateOnce(ctx context.Context, source Partition, start 
 		pre = append(pre, o.pre...)
 		if o.q != start.q {
 			o.q.Version++
-			writes = append(writes, Write{Key: KeyHold, Value: encodeJSON(o.q)})
+			writes = append(writes, Write{Key: layout.KeyHold, Value: encodeJSON(o.q)})
 		}
 	}
 	err = h.Source.Apply(ctx, source, Batch{Preconditions: pre, Writes: writes})
@@ -194,7 +196,7 @@ func (o *opRun) loadTarget(t Partition) (targetEnq, targetRec, bool, error) {
 }
 
 func loadTarget(ctx context.Context, st Store, source, t Partition) (targetEnq, targetRec, bool, error) {
-	prefix := TargetPrefix + targetHex(t) + "/"
+	prefix := layout.TargetPrefix + targetHex(t) + "/"
 	items, err := scanItems(ctx, st, source, prefix, prefixEnd(prefix))
 	if err != nil {
 		return targetEnq{}, targetRec{}, false, fmt.Errorf("%s/%q: %w", source, t, err)
@@ -323,12 +325,12 @@ func (o *opRun) holdOutbox(e targetEnq, r *targetRec) error {
 	var raws [][]byte
 	found := uint64(0)
 	for _, run := range e.Runs {
-		items, err := scanItems(o.ctx, st, o.source, PageKey(uint64(run[0])), PageKey(uint64(run[1])+1))
+		items, err := scanItems(o.ctx, st, o.source, layout.PageKey(uint64(run[0])), layout.PageKey(uint64(run[1])+1))
 		if err != nil {
 			return fmt.Errorf("%s/%q: read outbox pages: %w", o.source, r.Target, err)
 		}
 		for _, it := range items {
-			p, err := DecodePage(it.Key, it.Value)
+			p, err := decodePage(it.Key, it.Value)
 			if err != nil {
 				return err
 			}
@@ -346,7 +348,7 @@ func (o *opRun) holdOutbox(e targetEnq, r *targetRec) error {
 	// The batch: rs, q, the target record and a marker's delete and put,
 	// then two writes per page moved.
 	items := len(o.writes) + 5
-	size := caps.ItemSize(o.source, KeyRS, rsMaxBytes) + caps.ItemSize(o.source, KeyHold, holdMaxBytes) +
+	size := caps.ItemSize(o.source, KeyRS, rsMaxBytes) + caps.ItemSize(o.source, layout.KeyHold, holdMaxBytes) +
 		caps.ItemSize(o.source, targetStateKey(r.Target), targetRecMaxBytes) + 2*caps.ItemSize(o.source, retryKey(0, r.Target), 0)
 	rowsLeft := o.h.budget().inspectPerFire()
 	for i, p := range pages {
@@ -488,7 +490,7 @@ func (h *RelayHandler) Skip(ctx context.Context, source Partition, req SkipReque
 		caps := h.Source.Capabilities()
 		before := r
 		var codec pageCodec
-		items2, bytes2 := 4, caps.ItemSize(source, KeyRS, rsMaxBytes)+caps.ItemSize(source, KeyHold, holdMaxBytes)+
+		items2, bytes2 := 4, caps.ItemSize(source, KeyRS, rsMaxBytes)+caps.ItemSize(source, layout.KeyHold, holdMaxBytes)+
 			caps.ItemSize(source, targetStateKey(req.Target), targetRecMaxBytes)+2*caps.ItemSize(source, retryKey(0, req.Target), 0)+
 			caps.ItemSize(source, deadKey(first), 2048+2*MaxReasonLen)
 		var skipped, cleaned uint64
@@ -614,7 +616,7 @@ func (h *RelayHandler) readHeld(ctx context.Context, source, target Partition) (
 		return nil, 0, 0, fmt.Errorf("%s/%q: read held rows: %w", source, target, err)
 	}
 	for _, it := range items {
-		p, err := DecodePage(it.Key, it.Value)
+		p, err := decodePage(it.Key, it.Value)
 		if err != nil {
 			return nil, 0, 0, err
 		}

@@ -50,7 +50,7 @@ const maxPageRawBytes = 1 << 20
 
 // maxPageKeyBytes bounds the summed length of a page's decoded keys. Format 2
 // stores a key as the length it shares with the previous key plus the rest,
-// so a few bytes of page can stand for a key of MaxKeyLen bytes: without a
+// so a few bytes of page can stand for a key of maxKeyLen bytes: without a
 // bound, a hostile page of a few hundred bytes decodes into gigabytes of
 // keys. Encoders never write a page of several rows beyond it (packPage) and
 // validation refuses a row beyond it; with the stores' 400 KB item limit no
@@ -351,11 +351,11 @@ func (r *pageReader) key(prev string) string {
 	return prev[:shared] + string(rest)
 }
 
-// DecodePage decodes a row page (format 1 or 2) stored under key. It never
+// decodePage decodes a row page (format 1 or 2) stored under key. It never
 // panics on malformed input and bounds what it allocates by the page's
 // size (a compressed section by maxPageRawBytes, decoded keys by
 // maxPageKeyBytes); errors wrap ErrCorruptRecord.
-func DecodePage(key string, raw []byte) (Page, error) {
+func decodePage(key string, raw []byte) (Page, error) {
 	bad := func(why string) (Page, error) {
 		return Page{}, fmt.Errorf("%w: page %s: %s", ErrCorruptRecord, key, why)
 	}

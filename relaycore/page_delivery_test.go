@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/relay-dev/relay/relaycore"
+	"github.com/relay-dev/relay/relaycore/internal/layout"
 )
 
 // Compressed pages are delivered like any other, including when a fire
@@ -75,7 +76,7 @@ func TestFormat1OutboxDelivers(t *testing.T) {
 	if err := e.src.Apply(e.ctx, e.source, relaycore.Batch{Writes: []relaycore.Write{
 		{Key: relaycore.KeyOS, Value: []byte(`{"next":44,"ver":5,"last_ms":1800000000123}`)},
 		{Key: relaycore.KeyAlarm, Value: []byte(`{"due_ms":1800000000123}`), Due: 1800000000123},
-		{Key: relaycore.PageKey(42), Value: page},
+		{Key: layout.PageKey(42), Value: page},
 	}}); err != nil {
 		t.Fatal(err)
 	}

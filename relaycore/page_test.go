@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/relay-dev/relay/relaycore/internal/layout"
 )
 
 // pageV1Golden is a format-1 page as the engine wrote it before format 2
@@ -22,11 +24,11 @@ func TestPageFormat1StillDecodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := DecodePage(PageKey(42), raw)
+	got, err := decodePage(layout.PageKey(42), raw)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Page{Key: PageKey(42), First: 42, CommitMS: 1_800_000_000_123, Tag: "9f2c41d0a7be.0", Target: "tenant-3", Rows: []Row{
+	want := Page{Key: layout.PageKey(42), First: 42, CommitMS: 1_800_000_000_123, Tag: "9f2c41d0a7be.0", Target: "tenant-3", Rows: []Row{
 		{Puts: []KV{{Key: "user/1", Value: []byte(`{"n":1}`)}, {Key: "user/2"}}, Deletes: []string{"user/3"}},
 		{Deletes: []string{"user/1"}},
 	}}
@@ -34,7 +36,7 @@ func TestPageFormat1StillDecodes(t *testing.T) {
 		t.Fatal(d)
 	}
 	// A page read in format 1 is rewritten (partial delivery) in format 2.
-	again, err := DecodePage(got.Key, encodePage(got))
+	again, err := decodePage(got.Key, encodePage(got))
 	if err != nil || raw[0] != pageFormat1 || encodePage(got)[0] != pageFormat2 {
 		t.Fatalf("re-encode: %v", err)
 	}
@@ -42,14 +44,14 @@ func TestPageFormat1StillDecodes(t *testing.T) {
 		t.Fatal(d)
 	}
 	for i := 0; i < len(raw); i++ {
-		if _, err := DecodePage("k", raw[:i]); err == nil {
+		if _, err := decodePage("k", raw[:i]); err == nil {
 			t.Fatalf("format 1 truncated at %d decoded", i)
 		}
 	}
 }
 
 func TestPageRoundTrip(t *testing.T) {
-	p := Page{Key: PageKey(7), First: 7, CommitMS: 1_800_000_000_123, Tag: "abc.0", Target: "tgt",
+	p := Page{Key: layout.PageKey(7), First: 7, CommitMS: 1_800_000_000_123, Tag: "abc.0", Target: "tgt",
 		Rows: []Row{
 			{Puts: []KV{{Key: "a", Value: []byte("1")}, {Key: "b", Value: nil}}, Deletes: []string{"c"}},
 			{Deletes: []string{"a"}},
@@ -58,7 +60,7 @@ func TestPageRoundTrip(t *testing.T) {
 	if raw[0] != pageFormat2 || raw[1] != 0 {
 		t.Fatalf("a small page is format 2 uncompressed, got % x", raw[:2])
 	}
-	got, err := DecodePage(p.Key, raw)
+	got, err := decodePage(p.Key, raw)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +77,7 @@ func TestPageRoundTrip(t *testing.T) {
 		t.Fatal("re-encoding differs")
 	}
 	for i := 0; i < len(raw); i++ {
-		if _, err := DecodePage("k", raw[:i]); err == nil {
+		if _, err := decodePage("k", raw[:i]); err == nil {
 			t.Fatalf("truncation at %d decoded", i)
 		}
 	}
@@ -94,7 +96,7 @@ func TestPageRoundTripRandom(t *testing.T) {
 		if raw[1]&pageDeflate != 0 {
 			compressed++
 		}
-		got, err := DecodePage(p.Key, raw)
+		got, err := decodePage(p.Key, raw)
 		if err != nil {
 			t.Fatalf("seed %d page %d: %v", seed, i, err)
 		}
@@ -179,12 +181,12 @@ func TestDecodePageRejects(t *testing.T) {
 	}
 	for name, b := range cases {
 		t.Run(name, func(t *testing.T) {
-			if _, err := DecodePage("k", b); err == nil {
+			if _, err := decodePage("k", b); err == nil {
 				t.Fatal("decoded")
 			}
 		})
 	}
-	if _, err := DecodePage("k", deflated(len(section), deflate(section))); err != nil {
+	if _, err := decodePage("k", deflated(len(section), deflate(section))); err != nil {
 		t.Fatalf("a well-formed hand-built page: %v", err)
 	}
 }
@@ -201,11 +203,11 @@ func FuzzDecodePage(f *testing.F) {
 	f.Add([]byte{1, 0x80})
 	f.Add([]byte{2, 1, 1, 0, 0, 0, 0xff, 0xff, 0x03})
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		p, err := DecodePage("k", raw)
+		p, err := decodePage("k", raw)
 		if err != nil {
 			return
 		}
-		again, err := DecodePage("k", encodePage(p))
+		again, err := decodePage("k", encodePage(p))
 		if err != nil {
 			t.Fatalf("decoded page does not re-encode: %v", err)
 		}
@@ -244,7 +246,7 @@ func recordValue(rng *rand.Rand, i int) []byte {
 }
 
 func randomPage(rng *rand.Rand) Page {
-	p := Page{Key: PageKey(1), First: 1 + rng.Uint64N(1<<40), CommitMS: rng.Int64N(1<<42) - 1<<41,
+	p := Page{Key: layout.PageKey(1), First: 1 + rng.Uint64N(1<<40), CommitMS: rng.Int64N(1<<42) - 1<<41,
 		Tag: fmt.Sprintf("%012x.%d", rng.Uint64N(1<<48), rng.IntN(40)), Target: Partition(fmt.Sprintf("tgt-%d", rng.IntN(100)))}
 	compressible := rng.IntN(2) == 0
 	n := 1 + rng.IntN(40)
@@ -381,11 +383,11 @@ func TestPlanPagesFillBelowBudget(t *testing.T) {
 					next[pg.target]++
 				}
 				value := assemblePage(pg.first, 1_800_000_000_000, strings.Repeat("x", maxTagLen), pg.target, pg.flags, pg.body)
-				size := tc.caps.ItemSize(source, PageKey(pg.first), len(value))
+				size := tc.caps.ItemSize(source, layout.PageKey(pg.first), len(value))
 				if size > budget || len(value) > pg.size {
 					t.Fatalf("page %d: item size %d over budget %d, or value %d over its bound %d", i, size, budget, len(value), pg.size)
 				}
-				got, err := DecodePage(PageKey(pg.first), value)
+				got, err := decodePage(layout.PageKey(pg.first), value)
 				if err != nil || len(got.Rows) != len(pg.rows) {
 					t.Fatalf("page %d does not decode: %v", i, err)
 				}
@@ -393,7 +395,7 @@ func TestPlanPagesFillBelowBudget(t *testing.T) {
 				for _, ri := range pg.rows {
 					full += rowEncodedLen(rows[ri])
 				}
-				if lim := tc.caps.MaxItemBytes; lim > 0 && tc.caps.ItemSize(source, PageKey(pg.first), pageHeaderMax(strings.Repeat("x", maxTagLen), pg.target)+full) > lim {
+				if lim := tc.caps.MaxItemBytes; lim > 0 && tc.caps.ItemSize(source, layout.PageKey(pg.first), pageHeaderMax(strings.Repeat("x", maxTagLen), pg.target)+full) > lim {
 					t.Fatalf("page %d: its rows with full keys exceed the item limit %d", i, lim)
 				}
 				last := next[pg.target] == len(byTarget[pg.target])

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/relay-dev/relay/relaycore/internal/layout"
 )
 
 // SourceState is a source's relay outbox summary, from one scan.
@@ -48,7 +50,7 @@ func sourceState(ctx context.Context, st Store, source Partition) (SourceState, 
 	)
 scan:
 	for {
-		pg, err := st.Scan(ctx, source, ScanRequest{Start: "", End: pageEnd, After: after, Limit: 5})
+		pg, err := st.Scan(ctx, source, ScanRequest{Start: "", End: layout.PageEnd, After: after, Limit: 5})
 		if err != nil {
 			return SourceState{}, fmt.Errorf("source state %s: %w", source, err)
 		}
@@ -56,10 +58,10 @@ scan:
 			switch {
 			case it.Key == KeyOS:
 				osRaw, osFound = it.Value, true
-			case it.Key == KeyHold:
+			case it.Key == layout.KeyHold:
 				qRaw, qFound = it.Value, true
 			case isPageKey(it.Key):
-				p, err := DecodePage(it.Key, it.Value)
+				p, err := decodePage(it.Key, it.Value)
 				if err != nil {
 					return SourceState{}, fmt.Errorf("source state %s: %w", source, err)
 				}

@@ -3,6 +3,8 @@ package relaycore
 import (
 	"fmt"
 	"slices"
+
+	"github.com/relay-dev/relay/relaycore/internal/layout"
 )
 
 // redriveShare is how many targets of a fire's TargetsPerFire may go to
@@ -24,7 +26,7 @@ func (f *fireRun) dueMarkers() ([]dueMarker, error) {
 	var out []dueMarker
 	after := ""
 	for {
-		pg, err := f.h.Source.Scan(f.ctx, f.source, ScanRequest{Start: RetryPrefix, End: retryEnd, After: after, Limit: share + 1})
+		pg, err := f.h.Source.Scan(f.ctx, f.source, ScanRequest{Start: layout.RetryPrefix, End: layout.RetryEnd, After: after, Limit: share + 1})
 		if err != nil {
 			return nil, fmt.Errorf("fire %s: scan retry markers: %w", f.source, err)
 		}
@@ -109,7 +111,7 @@ func (f *fireRun) collectHeld(slot *recSlot, rowsLeft int) (*targetWork, error) 
 			return nil, fmt.Errorf("fire %s: scan held rows of %q: %w", f.source, t, err)
 		}
 		for _, it := range pg.Items {
-			page, err := DecodePage(it.Key, it.Value)
+			page, err := decodePage(it.Key, it.Value)
 			if err != nil {
 				return nil, fmt.Errorf("fire %s: %w", f.source, err)
 			}

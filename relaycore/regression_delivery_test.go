@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/relay-dev/relay/relaycore"
+	"github.com/relay-dev/relay/relaycore/internal/layout"
 )
 
 // savePages returns the source's row pages, to put them back later and so
@@ -13,7 +14,7 @@ import (
 func (e *env) savePages(source relaycore.Partition) []relaycore.Item {
 	var out []relaycore.Item
 	for _, it := range e.src.Dump()[source] {
-		if strings.HasPrefix(it.Key, relaycore.PagePrefix) {
+		if strings.HasPrefix(it.Key, layout.PagePrefix) {
 			out = append(out, it)
 		}
 	}
@@ -268,7 +269,7 @@ func TestRegressionAppendWhileDrainingKeepsWakeUp(t *testing.T) {
 	e.srcF.set(nil, func(c call) error {
 		// The alarm's emptiness check (pages range, limit 1) has just seen an
 		// empty outbox: an append lands before the alarm is cleared.
-		if c.Op == "scan" && c.Key == relaycore.PagePrefix && !appended && len(e.inspect(e.source).Rows()) == 0 {
+		if c.Op == "scan" && c.Key == layout.PagePrefix && !appended && len(e.inspect(e.source).Rows()) == 0 {
 			appended = true
 			e.enqueue(put("t", "b", "2"))
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/relay-dev/relay/infra/mem"
 	"github.com/relay-dev/relay/relaycore"
+	"github.com/relay-dev/relay/relaycore/internal/layout"
 )
 
 // Regression tests for defects found by the adversarial review of the
@@ -169,7 +170,7 @@ func TestReviewDecodePageBoundsKeyExpansion(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	p, err := relaycore.DecodePage(relaycore.PageKey(1), raw)
+	p, err := relaycore.DecodePage(layout.PageKey(1), raw)
 	runtime.ReadMemStats(&after)
 	alloc := after.TotalAlloc - before.TotalAlloc
 	t.Logf("stored page %d bytes, decode allocated %d bytes, err %v", len(raw), alloc, err)
@@ -489,7 +490,7 @@ func TestReviewFireRefusesPagesBeyondTheCycle(t *testing.T) {
 	e.enqueue(put("t", "a", "1"))
 	e.enqueue(put("t", "b", "2"))
 	// The first page is replaced by one claiming seq 100.
-	if err := e.src.Apply(e.ctx, e.source, relaycore.Batch{Writes: []relaycore.Write{{Key: relaycore.PageKey(1), Value: rawPage(100, "t", "x", "hostile")}}}); err != nil {
+	if err := e.src.Apply(e.ctx, e.source, relaycore.Batch{Writes: []relaycore.Write{{Key: layout.PageKey(1), Value: rawPage(100, "t", "x", "hostile")}}}); err != nil {
 		t.Fatal(err)
 	}
 	_, err := e.h.Fire(e.ctx, e.source)

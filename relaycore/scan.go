@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/relay-dev/relay/relaycore/internal/layout"
 )
 
 // heldMove is an outbox page of a target that holds, moved aside.
@@ -28,10 +30,10 @@ func (f *fireRun) scan(targetsLeft, rowsLeft int) error {
 	moveLeft := b.inspectPerFire()
 	f.stop, f.stopFrom = cur.CycleEnd, ""
 	start := cur.From
-	if start < PagePrefix {
-		start = PagePrefix
+	if start < layout.PagePrefix {
+		start = layout.PagePrefix
 	}
-	end := PageKey(cur.CycleEnd + 1)
+	end := layout.PageKey(cur.CycleEnd + 1)
 	after := ""
 	stopAt := func(seq uint64, key string) { f.stop, f.stopFrom = seq, key }
 	var prevLast uint64 // last seq of the previous page scanned
@@ -137,7 +139,7 @@ func (f *fireRun) decodeScanned(items []Item, blocked map[Partition]bool) ([]Pag
 	var met []Partition
 	for i, it := range items {
 		var err error
-		if pages[i], err = DecodePage(it.Key, it.Value); err != nil {
+		if pages[i], err = decodePage(it.Key, it.Value); err != nil {
 			return nil, fmt.Errorf("fire %s: %w", f.source, err)
 		}
 		if !blocked[pages[i].Target] {
@@ -170,5 +172,5 @@ func (f *fireRun) failedRoom(slot *recSlot, page *Page, items, size int) (int, i
 // heldKeyFor is where an outbox page goes when it is moved aside: under its
 // target's held prefix, with the same original-first-seq suffix.
 func heldKeyFor(p Page) string {
-	return heldPrefix(p.Target) + strings.TrimPrefix(p.Key, PagePrefix)
+	return heldPrefix(p.Target) + strings.TrimPrefix(p.Key, layout.PagePrefix)
 }

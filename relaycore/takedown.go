@@ -20,11 +20,11 @@ import (
 // nothing may treat a takedown as done: the launch consumer retains the
 // request and a timer, and never writes an acknowledgement or consumed state.
 //
-// How a row carries a request: a put of key TakedownKey(req) (under
-// TakedownPrefix) whose value is the request encoded by EncodeTakedown.
+// How a row carries a request: a put of key takedownKey(req) (under
+// TakedownPrefix) whose value is the request encoded by encodeTakedown.
 // NewTakedownRow builds such a row. At the target the row's put retains the
 // request itself; the hook adds, in the same target batch, the handoff record
-// under TakedownHandoffKey(req): the request and the owner's timer.
+// under takedownHandoffKey(req): the request and the owner's timer.
 
 // TakedownPrefix starts the key of every row put that carries a takedown
 // request: TakedownPrefix + content id + "/" + late holder + "/" + the
@@ -42,9 +42,9 @@ const TakedownHandoffPrefix = "takedown-handoff/"
 // [A-Za-z0-9._-] not starting with '.' or '-'), so a content id is a segment
 // id and a late holder a node id, and neither can contain the key separator.
 const (
-	MaxTakedownContentIDLen = 128
-	MaxTakedownHolderLen    = 64
-	MaxTakedownReasonLen    = 1024
+	maxTakedownContentIDLen = 128
+	maxTakedownHolderLen    = 64
+	maxTakedownReasonLen    = 1024
 	// maxTakedownMS (year 10000) keeps request time plus delay from
 	// overflowing and the key's 19 digits fixed-width. It is typed int64:
 	// as an untyped constant it would become an int in fmt calls, which
@@ -77,17 +77,17 @@ func (t ContentTakedownV1) Validate() error {
 	switch {
 	case t.Version != 1:
 		why = fmt.Sprintf("version %d, want 1", t.Version)
-	case !validTakedownID(t.ContentID, MaxTakedownContentIDLen):
-		why = fmt.Sprintf("content id %q must be 1..%d bytes of [A-Za-z0-9._-], not starting with '.' or '-'", t.ContentID, MaxTakedownContentIDLen)
-	case !validTakedownID(t.LateHolder, MaxTakedownHolderLen):
-		why = fmt.Sprintf("late holder %q must be 1..%d bytes of [A-Za-z0-9._-], not starting with '.' or '-'", t.LateHolder, MaxTakedownHolderLen)
+	case !validTakedownID(t.ContentID, maxTakedownContentIDLen):
+		why = fmt.Sprintf("content id %q must be 1..%d bytes of [A-Za-z0-9._-], not starting with '.' or '-'", t.ContentID, maxTakedownContentIDLen)
+	case !validTakedownID(t.LateHolder, maxTakedownHolderLen):
+		why = fmt.Sprintf("late holder %q must be 1..%d bytes of [A-Za-z0-9._-], not starting with '.' or '-'", t.LateHolder, maxTakedownHolderLen)
 	case t.RequestedMS <= 0 || t.RequestedMS >= maxTakedownMS:
 		why = fmt.Sprintf("requested_ms %d out of range (1..%d)", t.RequestedMS, maxTakedownMS-1)
-	case t.Reason == "" || len(t.Reason) > MaxTakedownReasonLen || !utf8.ValidString(t.Reason):
-		why = fmt.Sprintf("reason must be 1..%d bytes of UTF-8", MaxTakedownReasonLen)
+	case t.Reason == "" || len(t.Reason) > maxTakedownReasonLen || !utf8.ValidString(t.Reason):
+		why = fmt.Sprintf("reason must be 1..%d bytes of UTF-8", maxTakedownReasonLen)
 	}
 	if why != "" {
-		return &TakedownError{Key: TakedownKey(t), Reason: why}
+		return &TakedownError{Key: takedownKey(t), Reason: why}
 	}
 	return nil
 }
@@ -96,13 +96,13 @@ func validTakedownID(id string, max int) bool {
 	return len(id) >= 1 && len(id) <= max && takedownIDPattern.MatchString(id)
 }
 
-// TakedownKey is the row key that carries t. It names the request fully
+// takedownKey is the row key that carries t. It names the request fully
 // (content, holder, request time), so the same request always lands on the
 // same key and distinct requests never overwrite each other.
-func TakedownKey(t ContentTakedownV1) string { return TakedownPrefix + takedownSuffix(t) }
+func takedownKey(t ContentTakedownV1) string { return TakedownPrefix + takedownSuffix(t) }
 
-// TakedownHandoffKey is the key of t's handoff record at the target.
-func TakedownHandoffKey(t ContentTakedownV1) string {
+// takedownHandoffKey is the key of t's handoff record at the target.
+func takedownHandoffKey(t ContentTakedownV1) string {
 	return TakedownHandoffPrefix + takedownSuffix(t)
 }
 
@@ -110,8 +110,8 @@ func takedownSuffix(t ContentTakedownV1) string {
 	return fmt.Sprintf("%s/%s/%019d", t.ContentID, t.LateHolder, max(t.RequestedMS, 0))
 }
 
-// EncodeTakedown validates t and encodes it.
-func EncodeTakedown(t ContentTakedownV1) ([]byte, error) {
+// encodeTakedown validates t and encodes it.
+func encodeTakedown(t ContentTakedownV1) ([]byte, error) {
 	if err := t.Validate(); err != nil {
 		return nil, err
 	}
@@ -142,11 +142,11 @@ func decodeStrictJSON(raw []byte, v any) error {
 
 // NewTakedownRow builds the relay row that carries t to target.
 func NewTakedownRow(target Partition, t ContentTakedownV1) (Row, error) {
-	v, err := EncodeTakedown(t)
+	v, err := encodeTakedown(t)
 	if err != nil {
 		return Row{}, err
 	}
-	return Row{Target: target, Puts: []KV{{Key: TakedownKey(t), Value: v}}}, nil
+	return Row{Target: target, Puts: []KV{{Key: takedownKey(t), Value: v}}}, nil
 }
 
 // TakedownHandoffV1 is the durable handoff TakedownRequestTimer leaves at the
@@ -226,11 +226,11 @@ func (h TakedownRequestTimer) BeforeApply(_ context.Context, req HookRequest) ([
 				}
 				return nil, err
 			}
-			if want := TakedownKey(t); kv.Key != want {
+			if want := takedownKey(t); kv.Key != want {
 				return nil, &TakedownError{Seq: r.Seq, Key: kv.Key, Reason: fmt.Sprintf("the key does not name its request (want %q)", want)}
 			}
 			// A later row for the same key wins, like the row's own put.
-			handoffs[TakedownHandoffKey(t)] = encodeJSON(TakedownHandoffV1{Version: 1, Request: t, TimerDueMS: t.RequestedMS + h.Delay.Milliseconds()})
+			handoffs[takedownHandoffKey(t)] = encodeJSON(TakedownHandoffV1{Version: 1, Request: t, TimerDueMS: t.RequestedMS + h.Delay.Milliseconds()})
 		}
 	}
 	out := make([]Write, 0, len(handoffs))

@@ -20,7 +20,7 @@ func FuzzDecodeTakedown(f *testing.F) {
 		if err := req.Validate(); err != nil {
 			t.Fatalf("decoded an invalid request: %v", err)
 		}
-		enc, err := EncodeTakedown(req)
+		enc, err := encodeTakedown(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -28,7 +28,7 @@ func FuzzDecodeTakedown(f *testing.F) {
 		if err != nil || again != req {
 			t.Fatalf("re-encoded request does not round-trip: %+v vs %+v (%v)", again, req, err)
 		}
-		if k := TakedownKey(req); strings.Count(k, "/") != 3 {
+		if k := takedownKey(req); strings.Count(k, "/") != 3 {
 			t.Fatalf("key %q does not split into content, holder and time", k)
 		}
 	})

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/relay-dev/relay/relaycore"
+	"github.com/relay-dev/relay/relaycore/internal/layout"
 )
 
 func takedownReq(content, holder string, ms int64) relaycore.ContentTakedownV1 {
@@ -96,7 +97,7 @@ func TestTakedownRedeliveryKeepsTimer(t *testing.T) {
 
 	// Crash after the target apply, before the source checkpoint.
 	e.srcF.set(func(c call) error {
-		if c.Op == "apply" && slices.ContainsFunc(c.Batch.Writes, func(w relaycore.Write) bool { return strings.HasPrefix(w.Key, relaycore.PagePrefix) }) {
+		if c.Op == "apply" && slices.ContainsFunc(c.Batch.Writes, func(w relaycore.Write) bool { return strings.HasPrefix(w.Key, layout.PagePrefix) }) {
 			return errInjected
 		}
 		return nil

@@ -6,44 +6,23 @@ import (
 	"fmt"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/relay-dev/relay/relaycore/internal/layout"
 )
 
-// Per-target delivery state, held rows, retry markers and the dead-row
-// archive live in the source partition, after rs (docs/layout.md):
-//
-//	q                        hold summary of the source (one record)
-//	t/<hex target>/e         what enqueuers committed for the target
-//	t/<hex target>/s         the target's delivery state (fires, operators)
-//	u/<hex target>/<16 hex>  held pages: rows moved out of the outbox scan
-//	v/<16 hex due>/<hex t>   retry marker of a target whose held rows are due
-//	w/<16 hex id>            dead-row archive entry (one per skip)
-//	w/<16 hex id>/<16 hex>   the skipped rows, as pages
-//
-// Target names are any bytes, so keys carry them as lowercase hex: hex keeps
-// byte order (a listing is sorted by target name) and cannot contain the
-// "/" that separates the parts.
-const (
-	KeyHold      = "q"
-	TargetPrefix = "t/"
-	HeldPrefix   = "u/"
-	RetryPrefix  = "v/"
-	DeadPrefix   = "w/"
-	targetEnd    = "t0"
-	heldEnd      = "u0"
-	retryEnd     = "v0"
-	deadEnd      = "w0"
-)
+// The per-target records' keys (q, t/, u/, v/, w/) are in
+// relaycore/internal/layout, with the layout they make.
 
 func targetHex(t Partition) string { return hex.EncodeToString([]byte(t)) }
 
 // targetEnqKey is the enqueue-side record of target.
-func targetEnqKey(t Partition) string { return TargetPrefix + targetHex(t) + "/e" }
+func targetEnqKey(t Partition) string { return layout.TargetPrefix + targetHex(t) + "/e" }
 
 // targetStateKey is the delivery-state record of target.
-func targetStateKey(t Partition) string { return TargetPrefix + targetHex(t) + "/s" }
+func targetStateKey(t Partition) string { return layout.TargetPrefix + targetHex(t) + "/s" }
 
 // heldPrefix is the key prefix of target's held pages.
-func heldPrefix(t Partition) string { return HeldPrefix + targetHex(t) + "/" }
+func heldPrefix(t Partition) string { return layout.HeldPrefix + targetHex(t) + "/" }
 
 // heldPageKey is the key of a held page; first is the page's original first
 // seq, so key order is seq order within a target, as for outbox pages.
@@ -53,11 +32,11 @@ func heldPageKey(t Partition, first uint64) string {
 
 // retryKey is the marker that makes target's held rows due at dueMS.
 func retryKey(dueMS int64, t Partition) string {
-	return RetryPrefix + fmt.Sprintf("%016x", uint64(max(dueMS, 0))) + "/" + targetHex(t)
+	return layout.RetryPrefix + fmt.Sprintf("%016x", uint64(max(dueMS, 0))) + "/" + targetHex(t)
 }
 
 func parseRetryKey(k string) (int64, Partition, error) {
-	rest, ok := strings.CutPrefix(k, RetryPrefix)
+	rest, ok := strings.CutPrefix(k, layout.RetryPrefix)
 	due, th, ok2 := strings.Cut(rest, "/")
 	if !ok || !ok2 || len(due) != 16 {
 		return 0, "", fmt.Errorf("%w: retry marker %q", ErrCorruptRecord, k)
@@ -74,7 +53,7 @@ func parseRetryKey(k string) (int64, Partition, error) {
 }
 
 // deadKey is an archive entry; id is the first skipped seq.
-func deadKey(id uint64) string { return DeadPrefix + fmt.Sprintf("%016x", id) }
+func deadKey(id uint64) string { return layout.DeadPrefix + fmt.Sprintf("%016x", id) }
 
 // deadPageKey holds skipped rows of entry id as a page.
 func deadPageKey(id, first uint64) string { return deadKey(id) + "/" + fmt.Sprintf("%016x", first) }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/relay-dev/relay/relaycore/internal/layout"
 )
 
 // TargetStatus is one (source, target)'s delivery state, from the engine's
@@ -136,7 +138,7 @@ func (in *SourceInspector) targetStatuses(items []Item) ([]TargetStatus, error) 
 }
 
 func cutTargetKey(k string) (hexName, kind string, ok bool) {
-	rest, ok := strings.CutPrefix(k, TargetPrefix)
+	rest, ok := strings.CutPrefix(k, layout.TargetPrefix)
 	if !ok {
 		return "", "", false
 	}
@@ -192,12 +194,12 @@ func ListTargets(ctx context.Context, st Store, source Partition, f TargetFilter
 	limit = min(limit, 1000)
 	after := ""
 	if f.After != "" {
-		after = TargetPrefix + targetHex(f.After) + "/~" // past both of its records
+		after = layout.TargetPrefix + targetHex(f.After) + "/~" // past both of its records
 	}
 	var pending []Item
 	read := 0
 	for {
-		pg, err := st.Scan(ctx, source, ScanRequest{Start: TargetPrefix, End: targetEnd, After: after, Limit: 256})
+		pg, err := st.Scan(ctx, source, ScanRequest{Start: layout.TargetPrefix, End: layout.TargetEnd, After: after, Limit: 256})
 		if err != nil {
 			return nil, "", fmt.Errorf("list targets %s: %w", source, err)
 		}
@@ -243,7 +245,7 @@ func ListTargets(ctx context.Context, st Store, source Partition, f TargetFilter
 // GetTarget returns one target's status. ErrUnknownTarget: the source has
 // no record of it (it never relayed to it).
 func GetTarget(ctx context.Context, st Store, source, target Partition) (TargetStatus, error) {
-	prefix := TargetPrefix + targetHex(target) + "/"
+	prefix := layout.TargetPrefix + targetHex(target) + "/"
 	items, err := scanItems(ctx, st, source, prefix, prefixEnd(prefix))
 	if err != nil {
 		return TargetStatus{}, fmt.Errorf("target %s/%q: %w", source, target, err)

@@ -246,6 +246,7 @@ func (h *Handler) requeue(ctx context.Context, m matched, req Request, log *slog
 	var seqs []uint64
 	var err error
 	if h.legacyEnqueue() {
+		//lint:ignore SA1019 the deprecated Handler.Enqueue field keeps its meaning for one release
 		seqs, err = relaycore.Requeue(ctx, h.Source, h.clock(), m.source, m.entry, h.Enqueue)
 	} else {
 		seqs, err = h.Relay.Requeue(ctx, m.source, m.entry)

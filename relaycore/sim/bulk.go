@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 
 	"github.com/relay-dev/relay/relaycore"
+	"github.com/relay-dev/relay/relaycore/internal/layout"
 )
 
 // The engine keeps room for the largest rs in every fire checkpoint and
@@ -181,7 +182,7 @@ func (sc *Scenario) bulkValueMax(s relaycore.Partition, row relaycore.Row, n int
 	item := len(t) + keyLen + over                                          // one put's target item, without its value
 	used := len(t) + len(relaycore.RHKey(s)) + 20 + over                    // rh
 	used += len(t) + len(hookPrefix+"obs") + len("holder-") + len(t) + over // the hook's write
-	page := len(s) + len(relaycore.PageKey(0)) + over + 64 + len(t)         // page item and header
+	page := len(s) + len(layout.PageKey(0)) + over + 64 + len(t)            // page item and header
 	for _, kv := range row.Puts {
 		used += item + len(kv.Value)
 		page += keyLen + 16 + len(kv.Value)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/relay-dev/relay/relaycore"
+	"github.com/relay-dev/relay/relaycore/internal/layout"
 )
 
 // checker holds the model and checks the invariants. It reads the raw
@@ -154,7 +155,7 @@ func (c *checker) afterSource(a *actor, req *request) {
 	cur := map[uint64]relaycore.Row{}
 	prevKey := ""
 	for _, pg := range view.Pages {
-		if pg.Key <= prevKey || pg.Key > relaycore.PageKey(pg.First) {
+		if pg.Key <= prevKey || pg.Key > layout.PageKey(pg.First) {
 			s.violate("source %s: page %s (first seq %d) is out of order or keyed above its first seq", p, pg.Key, pg.First)
 		}
 		prevKey = pg.Key
@@ -311,7 +312,7 @@ func (c *checker) checkCheckpoint(req *request) {
 	caps := s.raw.Source.Capabilities()
 	rewrites, pageBytes := 0, 0
 	for _, w := range b.Writes {
-		if !strings.HasPrefix(w.Key, relaycore.PagePrefix) {
+		if !strings.HasPrefix(w.Key, layout.PagePrefix) {
 			continue
 		}
 		if !w.Delete {
@@ -349,7 +350,7 @@ func (c *checker) checkEnqueuer(a *actor, req *request, sh *srcShadow) {
 		return
 	}
 	if sh.view.OS.LeaseRequired {
-		guarded := slices.ContainsFunc(req.batch.Preconditions, func(pc relaycore.Precondition) bool { return pc.Key == relaycore.KeyLease })
+		guarded := slices.ContainsFunc(req.batch.Preconditions, func(pc relaycore.Precondition) bool { return pc.Key == layout.KeyLease })
 		switch {
 		case a.lease == nil || !guarded:
 			s.violate("source %s is lease-required but %s committed rows without a lease guard", req.p, a.name)
