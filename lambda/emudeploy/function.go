@@ -170,23 +170,30 @@ func (f *Function) take(ev *queued) {
 		defer f.wg.Done()
 		res, err := env.Invoke(context.Background(), ev.payload)
 		f.idle <- env
-		failed := err != nil || functionError(res)
+		f.finish(ev, err != nil || functionError(res))
+		// Only after the bookkeeping: an observer told of the result must
+		// find the stats counted and a retry already on the clock.
 		if err == nil && f.onResult != nil {
 			f.onResult(ev.payload, res)
 		}
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		f.running--
-		if !failed {
-			return
-		}
-		f.stats.Errors++
-		if ev.retries < f.async.MaxRetries && !f.closed {
-			ev.retries++
-			f.stats.Retried++
-			f.clk.AfterFunc(time.Duration(ev.retries)*errorRetry, func() { f.take(ev) })
-		}
 	}()
+}
+
+// finish accounts for ev's invocation: it is no longer running and, when
+// it failed, its error is counted and a retry armed while retries remain.
+func (f *Function) finish(ev *queued, failed bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.running--
+	if !failed {
+		return
+	}
+	f.stats.Errors++
+	if ev.retries < f.async.MaxRetries && !f.closed {
+		ev.retries++
+		f.stats.Retried++
+		f.clk.AfterFunc(time.Duration(ev.retries)*errorRetry, func() { f.take(ev) })
+	}
 }
 
 func (f *Function) startLocked() {
