@@ -139,7 +139,7 @@ func (c *checkpointBatch) heldRows() {
 				res.TargetsQuarantined++
 				continue
 			}
-			r.RetryMS = f.now + h.RetryDelay(r.FailedRounds).Milliseconds()
+			r.RetryMS = f.now + h.retryDelay(r.FailedRounds).Milliseconds()
 			continue
 		}
 		r.succeeded()
@@ -179,7 +179,7 @@ func (c *checkpointBatch) selected() {
 				// target's rows are moved aside and retried on its own
 				// schedule, while the scan goes on past them.
 				c.clean(tw, slot, true)
-				r.RetryMS = f.now + h.RetryDelay(r.FailedRounds).Milliseconds()
+				r.RetryMS = f.now + h.retryDelay(r.FailedRounds).Milliseconds()
 				res.TargetsHeld++
 			}
 			continue
@@ -287,7 +287,7 @@ func (c *checkpointBatch) nextRS() {
 	if res.Progress {
 		res.NextDueMS = f.now
 	} else {
-		res.NextDueMS = f.now + h.Backoff(c.next.Idle).Milliseconds()
+		res.NextDueMS = f.now + h.backoff(c.next.Idle).Milliseconds()
 	}
 	res.NextRetryMS = c.nextRetry
 	res.Hold = HoldSummary(c.q)

@@ -1,5 +1,7 @@
 package relaycore
 
+import "time"
+
 // Internals the external tests size their fixtures with, so a boundary test
 // sits exactly where the engine draws the line.
 const (
@@ -34,3 +36,6 @@ var (
 
 // NoHook is the hook of a handler whose Hook is nil.
 type NoHook = noHook
+
+// ClaimTTLOrDefault is the claim lifetime in effect (ClaimTTL or 30s).
+func (h *RelayHandler) ClaimTTLOrDefault() time.Duration { return h.claimTTL() }

@@ -80,9 +80,9 @@ func (h *RelayHandler) quarantineAfter() int {
 	return h.QuarantineAfter
 }
 
-// RetryDelay is the delay before held rows are retried after rounds
+// retryDelay is the delay before held rows are retried after rounds
 // consecutive failed rounds.
-func (h *RelayHandler) RetryDelay(rounds int) time.Duration {
+func (h *RelayHandler) retryDelay(rounds int) time.Duration {
 	base, most := h.RetryBase, h.RetryMax
 	if base <= 0 {
 		base = time.Second
@@ -113,19 +113,17 @@ func (h *RelayHandler) clock() Clock {
 	return h.Clock
 }
 
-func (h *RelayHandler) claimTTL() time.Duration { return h.ClaimTTLOrDefault() }
-
-// ClaimTTLOrDefault is the claim lifetime in effect (ClaimTTL or 30s).
-func (h *RelayHandler) ClaimTTLOrDefault() time.Duration {
+// claimTTL is the claim lifetime in effect (ClaimTTL or 30s).
+func (h *RelayHandler) claimTTL() time.Duration {
 	if h.ClaimTTL <= 0 {
 		return 30 * time.Second
 	}
 	return h.ClaimTTL
 }
 
-// Backoff is the delay before the next fire after idle consecutive fires
+// backoff is the delay before the next fire after idle consecutive fires
 // without delivery.
-func (h *RelayHandler) Backoff(idle int) time.Duration {
+func (h *RelayHandler) backoff(idle int) time.Duration {
 	base, most := h.BackoffBase, h.BackoffMax
 	if base <= 0 {
 		base = 250 * time.Millisecond
