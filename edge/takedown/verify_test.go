@@ -61,9 +61,6 @@ func sign(t testing.TB, r takedown.Receipt, c tls.Certificate) takedown.Signed {
 	return s
 }
 
-// now is the verifier's clock in these tests: shortly after the eviction.
-func now() time.Time { return sample().EvictedAt.Add(time.Minute) }
-
 func TestVerify(t *testing.T) {
 	f := newFixture(t)
 	// Certificates issued now; the receipt must fall in their lifetime.

@@ -69,11 +69,10 @@ func buildEmu(b *testing.B) emuTools {
 
 // variant is one deployment setting under comparison.
 type variant struct {
-	name    string
-	plan    string
-	env     map[string]map[string]string
-	refuse  bool // the api function's invokes refused (429)
-	targets int
+	name   string
+	plan   string
+	env    map[string]map[string]string
+	refuse bool // the api function's invokes refused (429)
 }
 
 var (
