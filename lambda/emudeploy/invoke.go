@@ -1,15 +1,11 @@
 package emudeploy
 
 import (
-	"bytes"
-	"encoding/json"
-	"fmt"
-	"io"
 	"net/http"
-	"net/url"
-	"strings"
 	"sync"
 	"time"
+
+	"github.com/relay-dev/relay/internal/awsproto"
 )
 
 // InvokeStats counts one Invoke endpoint's requests.
@@ -83,7 +79,7 @@ func (v *Invoke) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		v.stats.Invalid++
 		v.invalid = append(v.invalid, problem)
 		v.mu.Unlock()
-		writeAWSError(w, http.StatusBadRequest, "InvalidRequestContentException", map[string]string{"Type": "User", "message": problem})
+		awsproto.WriteError(w, http.StatusBadRequest, "InvalidRequestContentException", map[string]string{"Type": "User", "message": problem})
 		return
 	case refuse != 0:
 		v.stats.Refused++
@@ -95,7 +91,7 @@ func (v *Invoke) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case http.StatusForbidden:
 			typ = "AccessDeniedException"
 		}
-		writeAWSError(w, refuse, typ, map[string]string{"Type": "User", "message": "refused by the emulated deployment"})
+		awsproto.WriteError(w, refuse, typ, map[string]string{"Type": "User", "message": "refused by the emulated deployment"})
 		return
 	}
 	v.stats.Accepted++
@@ -105,31 +101,6 @@ func (v *Invoke) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (v *Invoke) parse(r *http.Request) ([]byte, string) {
-	rest, ok := strings.CutPrefix(r.URL.EscapedPath(), "/2015-03-31/functions/")
-	raw, ok2 := strings.CutSuffix(rest, "/invocations")
-	if r.Method != http.MethodPost || !ok || !ok2 {
-		return nil, fmt.Sprintf("unexpected request %s %s (only Invoke is expected)", r.Method, r.URL.Path)
-	}
-	name, err := url.PathUnescape(raw)
-	switch {
-	case err != nil || name != v.arn:
-		return nil, fmt.Sprintf("invoke of %q: only %q may be invoked", raw, v.arn)
-	case r.URL.Query().Get("Qualifier") != "":
-		return nil, "invoke with a qualifier: the fire function is invoked unqualified"
-	case !signed(r):
-		return nil, "invoke not signed with SigV4"
-	case r.Header.Get("X-Amz-Invocation-Type") != "Event":
-		return nil, fmt.Sprintf("invocation type %q, want Event", r.Header.Get("X-Amz-Invocation-Type"))
-	}
-	data, err := io.ReadAll(r.Body)
-	if err != nil {
-		return nil, fmt.Sprintf("read body: %v", err)
-	}
-	var ev struct {
-		Source string `json:"source"`
-	}
-	if err := json.NewDecoder(bytes.NewReader(data)).Decode(&ev); err != nil || ev.Source == "" {
-		return nil, fmt.Sprintf("event %s: no source", data)
-	}
-	return data, ""
+	data, _, problem := awsproto.ParseInvoke(r, v.arn)
+	return data, problem
 }

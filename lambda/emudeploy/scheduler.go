@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/relay-dev/relay/infra/scheduler"
+	"github.com/relay-dev/relay/internal/awsproto"
 )
 
 // DefaultPrecision is EventBridge Scheduler's: "All schedule types on
@@ -109,11 +110,11 @@ func (s *Scheduler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case problem != "":
 		s.stats.Invalid++
 		s.invalid = append(s.invalid, problem)
-		writeAWSError(w, http.StatusBadRequest, "ValidationException", map[string]string{"Message": problem})
+		awsproto.WriteError(w, http.StatusBadRequest, "ValidationException", map[string]string{"Message": problem})
 		return
 	case s.pending[name]:
 		s.stats.Conflicts++
-		writeAWSError(w, http.StatusConflict, "ConflictException", map[string]string{"Message": "Schedule " + name + " already exists."})
+		awsproto.WriteError(w, http.StatusConflict, "ConflictException", map[string]string{"Message": "Schedule " + name + " already exists."})
 		return
 	}
 	s.stats.Created++
@@ -147,7 +148,7 @@ func parseCreate(r *http.Request) (string, createRequest, string) {
 	if err != nil || !scheduler.ValidName(name) {
 		return "", createRequest{}, fmt.Sprintf("invalid schedule name %q", raw)
 	}
-	if !signed(r) {
+	if !awsproto.Signed(r) {
 		return name, createRequest{}, name + ": request not signed with SigV4"
 	}
 	var b struct {
@@ -210,21 +211,4 @@ func Sweep(clk Clock, period time.Duration, seed uint64, stop <-chan struct{}, t
 		target(in)
 	}
 	clk.AfterFunc(phase, tick)
-}
-
-// signed reports whether r carries a SigV4 signature, as every request
-// from the real SDK clients does.
-func signed(r *http.Request) bool {
-	return strings.HasPrefix(r.Header.Get("Authorization"), "AWS4-HMAC-SHA256 ")
-}
-
-// writeAWSError answers an AWS JSON-protocol error: typ in
-// X-Amzn-ErrorType, which the SDK's deserializers read, and the service's
-// error shape as the body.
-func writeAWSError(w http.ResponseWriter, status int, typ string, body map[string]string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("X-Amzn-ErrorType", typ)
-	w.WriteHeader(status)
-	data, _ := json.Marshal(body)
-	_, _ = w.Write(data)
 }

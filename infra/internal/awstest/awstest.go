@@ -8,10 +8,8 @@
 package awstest
 
 import (
-	"encoding/json"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"sync"
 	"testing"
 
@@ -80,21 +78,4 @@ func (s *Server) Violation(problem string) {
 	s.mu.Lock()
 	s.violations = append(s.violations, problem)
 	s.mu.Unlock()
-}
-
-// Signed reports whether r carries a SigV4 signature, as every request
-// from the real SDK clients does.
-func Signed(r *http.Request) bool {
-	return strings.HasPrefix(r.Header.Get("Authorization"), "AWS4-HMAC-SHA256 ")
-}
-
-// WriteError answers an AWS JSON-protocol error: typ in X-Amzn-ErrorType,
-// which the SDK's deserializers read, and body (the service's own error
-// shape) as JSON.
-func WriteError(w http.ResponseWriter, status int, typ string, body map[string]string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("X-Amzn-ErrorType", typ)
-	w.WriteHeader(status)
-	data, _ := json.Marshal(body)
-	_, _ = w.Write(data)
 }

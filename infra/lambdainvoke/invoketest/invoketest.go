@@ -21,13 +21,8 @@
 package invoketest
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
-	"net/url"
-	"strings"
 	"sync"
 	"testing"
 
@@ -35,6 +30,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/lambda"
 
 	"github.com/relay-dev/relay/infra/internal/awstest"
+	"github.com/relay-dev/relay/internal/awsproto"
 )
 
 // QueueLen is C's capacity. A test that lets more continuations pile up
@@ -152,51 +148,17 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusAccepted)
 }
 
-// parse checks a request against what the relay's continuation must send.
+// parse checks a request against what the relay's kicks and
+// continuations must send (awsproto.ParseInvoke).
 func (s *Server) parse(r *http.Request) (Invocation, string) {
-	rest, ok := strings.CutPrefix(r.URL.EscapedPath(), "/2015-03-31/functions/")
-	rawName, ok2 := strings.CutSuffix(rest, "/invocations")
-	if r.Method != http.MethodPost || !ok || !ok2 {
-		return Invocation{}, fmt.Sprintf("unexpected request %s %s (only Invoke is expected)", r.Method, r.URL.Path)
+	data, ev, problem := awsproto.ParseInvoke(r, s.function)
+	if problem != "" {
+		return Invocation{}, problem
 	}
-	name, err := url.PathUnescape(rawName)
-	if err != nil || name != s.function {
-		return Invocation{}, fmt.Sprintf("invoke of %q: only %q may be invoked", rawName, s.function)
-	}
-	if q := r.URL.Query().Get("Qualifier"); q != "" {
-		return Invocation{}, fmt.Sprintf("invoke with qualifier %q: the fire function is invoked unqualified", q)
-	}
-	if !awstest.Signed(r) {
-		return Invocation{}, "invoke not signed with SigV4"
-	}
-	if typ := r.Header.Get("X-Amz-Invocation-Type"); typ != "Event" {
-		return Invocation{}, fmt.Sprintf("invocation type %q, want Event (a continuation must not wait for the next alarm)", typ)
-	}
-	data, err := io.ReadAll(r.Body)
-	if err != nil {
-		return Invocation{}, fmt.Sprintf("read body: %v", err)
-	}
-	var ev struct {
-		Source *string `json:"source"`
-		Hop    *int    `json:"hop"`
-	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&ev); err != nil {
-		return Invocation{}, fmt.Sprintf("event %s: %v", data, err)
-	}
-	switch {
-	case ev.Source == nil || *ev.Source == "":
-		return Invocation{}, fmt.Sprintf("event %s: no source", data)
-	case ev.Hop == nil:
-		return Invocation{FunctionName: name, Payload: data, Source: *ev.Source}, "" // a fast kick
-	case *ev.Hop < 1:
-		return Invocation{}, fmt.Sprintf("event %s: a continuation carries hop ≥ 1 (a fast kick carries none)", data)
-	}
-	return Invocation{FunctionName: name, Payload: data, Source: *ev.Source, Hop: *ev.Hop}, ""
+	return Invocation{FunctionName: s.function, Payload: data, Source: ev.Source, Hop: ev.Hop}, ""
 }
 
 // writeError answers in Lambda's error shape.
 func writeError(w http.ResponseWriter, status int, typ, msg string) {
-	awstest.WriteError(w, status, typ, map[string]string{"Type": "User", "message": msg})
+	awsproto.WriteError(w, status, typ, map[string]string{"Type": "User", "message": msg})
 }

@@ -35,6 +35,7 @@ import (
 
 	"github.com/relay-dev/relay/infra/internal/awstest"
 	"github.com/relay-dev/relay/infra/scheduler"
+	"github.com/relay-dev/relay/internal/awsproto"
 )
 
 // Schedule is one accepted CreateSchedule request.
@@ -200,7 +201,7 @@ func parseCreate(r *http.Request) (Schedule, string) {
 	if err != nil || !scheduler.ValidName(name) {
 		return Schedule{}, fmt.Sprintf("invalid schedule name %q", rawName)
 	}
-	if !awstest.Signed(r) {
+	if !awsproto.Signed(r) {
 		return Schedule{}, fmt.Sprintf("%s: request not signed with SigV4", name)
 	}
 	data, err := io.ReadAll(r.Body)
@@ -255,5 +256,5 @@ func parseAt(expr string) (time.Time, error) {
 
 // writeError answers in Scheduler's error shape.
 func writeError(w http.ResponseWriter, status int, typ, msg string) {
-	awstest.WriteError(w, status, typ, map[string]string{"Message": msg})
+	awsproto.WriteError(w, status, typ, map[string]string{"Message": msg})
 }
