@@ -44,7 +44,7 @@ type httpHandler struct {
 	reads   bodyReads
 	metrics *metrics
 	log     *slog.Logger
-	ready   func() error
+	ready   func(context.Context) error
 	promh   http.Handler
 	backup  http.Handler
 	// enqueues serialises the enqueues of each source (sourceLocks).
@@ -60,7 +60,7 @@ type httpHandler struct {
 	authenticated func(*http.Request)
 }
 
-func newHTTPHandler(h *api.Handler, creds *credentials, maxBody int, m *metrics, log *slog.Logger, ready func() error) *httpHandler {
+func newHTTPHandler(h *api.Handler, creds *credentials, maxBody int, m *metrics, log *slog.Logger, ready func(context.Context) error) *httpHandler {
 	return &httpHandler{
 		api: h, creds: creds, routes: apiRoutes(), maxBody: maxBody, metrics: m, log: log, ready: ready,
 		promh: promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelError)}),
@@ -143,7 +143,7 @@ func (h *httpHandler) serve(w http.ResponseWriter, r *http.Request, rawPath stri
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 		return ""
 	case PathReadyz:
-		if err := h.ready(); err != nil {
+		if err := h.ready(r.Context()); err != nil {
 			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": err.Error()})
 			return ""
 		}

@@ -13,11 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	berrors "go.etcd.io/bbolt/errors"
-
 	"github.com/relay-dev/relay/infra/alarmclock"
-	"github.com/relay-dev/relay/infra/bolt"
-	"github.com/relay-dev/relay/internal/relaybackup"
 	"github.com/relay-dev/relay/lambda/api"
 	"github.com/relay-dev/relay/relaycore"
 )
@@ -125,28 +121,16 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 		return err
 	}
 
-	db, err := openStore("db", cfg.DB)
+	st, err := openConfiguredStore(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
-	dbs, dbNames := []*bolt.DB{db}, []string{"relay.db"}
 	defer func() {
-		for _, d := range dbs {
-			if err := d.Close(); err != nil {
-				log.Error("relay serve: close store", "err", err)
-			}
+		if err := st.close(); err != nil {
+			log.Error("relay serve: close store", "err", err)
 		}
 	}()
-	src := db.Store(SourceTable)
-	var dst relaycore.Store = db.Store(TargetTable)
-	if cfg.Targets.DB != "" {
-		tdb, err := openStore("targets.db", cfg.Targets.DB)
-		if err != nil {
-			return err
-		}
-		dbs, dbNames = append(dbs, tdb), append(dbNames, "targets.db")
-		dst = tdb.Store(TargetTable)
-	}
+	src, dst := st.source, st.target
 	if opt.wrapTarget != nil {
 		dst = opt.wrapTarget(dst)
 	}
@@ -163,7 +147,7 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 	relay := &relaycore.RelayHandler{Source: src, Target: dst, Budget: budget, Logger: log, ClaimTTL: cfg.Alarms.ClaimTTL,
 		DeliverConcurrency: 8}
 	clock := alarmclock.New(alarmclock.Config{
-		Handler: detachedAlarmer{relay, fireCtx, &firesRunning}, Index: src, Workers: cfg.Alarms.Workers,
+		Handler: detachedAlarmer{relay, fireCtx, &firesRunning}, Index: st.index, Workers: cfg.Alarms.Workers,
 		SweepInterval: cfg.Alarms.SweepInterval, Logger: log,
 		Observe: func(s relaycore.Partition, r relaycore.AlarmResult, err error) {
 			m.alarm(fireCtx, s, r, err)
@@ -176,22 +160,14 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 	}
 
 	var clockRunning, draining atomic.Bool
-	ready := func() error {
+	ready := func(ctx context.Context) error {
 		switch {
 		case draining.Load():
 			return errors.New("draining: shutting down")
 		case !clockRunning.Load():
 			return errors.New("alarm clock not running")
 		}
-		// A file whose commits fail (a full file system) takes no
-		// enqueue (relay.db) or delivery (targets.db) until one succeeds;
-		// the reason names the file, the log has the error.
-		for i, d := range dbs {
-			if d.CommitErr() != nil {
-				return fmt.Errorf("%s: its last commit failed (see the log)", dbNames[i])
-			}
-		}
-		return nil
+		return st.health(ctx)
 	}
 
 	ln, err := net.Listen("tcp", cfg.Listen)
@@ -221,11 +197,7 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 			lim.authenticated(c)
 		}
 	}
-	backupFiles := []relaybackup.File{{Name: "relay.db", DB: db}}
-	if len(dbs) > 1 {
-		backupFiles = append(backupFiles, relaybackup.File{Name: "targets.db", DB: dbs[1]})
-	}
-	hh.backup = relaybackup.Handler(log, backupFiles...)
+	hh.backup = st.backup
 	srv := &http.Server{
 		Handler:           hh,
 		TLSConfig:         tc,
@@ -275,9 +247,10 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 			log.Error("relay serve: ready file", "err", err)
 		}
 	}
-	log.Info("relay serve: listening", "addr", addr, "url", info.URL, "db", cfg.DB, "targets_db", cfg.Targets.DB,
+	attrs := append([]any{"addr", addr, "url", info.URL}, st.logAttrs...)
+	log.Info("relay serve: listening", append(attrs,
 		"budget", cfg.Budget.Plan, "tls", tc != nil, "client_certs", cfg.TLS.ClientCA != "",
-		"tokens", cfg.Auth.TokensFile != "", "anonymous", cfg.Auth.Anonymous != nil)
+		"tokens", cfg.Auth.TokensFile != "", "anonymous", cfg.Auth.Anonymous != nil)...)
 
 	rl := &reloader{path: opt.ConfigPath, inUse: cfg, loopback: loopback, creds: creds}
 	var runErr error
@@ -364,20 +337,6 @@ func (d detachedAlarmer) Alarm(_ context.Context, source relaycore.Partition) (r
 	d.running.Add(1)
 	defer d.running.Add(-1)
 	return d.h.Alarm(d.ctx, source)
-}
-
-// openStore opens one of the configuration's bbolt files. bbolt lets one
-// process at a time hold a file and says only "timeout" when another
-// does; the operator needs to hear which file and what holds it.
-func openStore(key, path string) (*bolt.DB, error) {
-	db, err := bolt.Open(path, bolt.Options{})
-	if errors.Is(err, berrors.ErrTimeout) {
-		return nil, fmt.Errorf("%s %s is locked by another process (another relay serve, or a relay command such as status or backup --db, on the same file): stop it, or give this server its own file", key, path)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", key, err)
-	}
-	return db, nil
 }
 
 func writeReadyFile(path string, info ReadyInfo) error {
