@@ -11,7 +11,6 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 
 	"github.com/relay-dev/relay/lambda/env"
-	"github.com/relay-dev/relay/lambda/fire"
 )
 
 func main() { os.Exit(run(context.Background(), os.Getenv, os.Stdout, os.Stderr)) }
@@ -22,7 +21,7 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 		fmt.Fprintln(stderr, "fire: start:", err)
 		return 1
 	}
-	h := &fire.Handler{Relay: d.Relay, Logger: d.Logger, Continue: d.Invoker, MaxHops: d.Config.ContinuationHops, Clock: d.Clock, Metrics: d.Metrics}
+	h := d.FireHandler() // wired in lambda/env, as lambda/emudeploy runs it
 	lambda.StartWithOptions(h.Handle, lambda.WithContext(ctx))
 	return 0
 }

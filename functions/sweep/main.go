@@ -11,7 +11,6 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 
 	"github.com/relay-dev/relay/lambda/env"
-	"github.com/relay-dev/relay/lambda/sweep"
 )
 
 func main() { os.Exit(run(context.Background(), os.Getenv, os.Stdout, os.Stderr)) }
@@ -22,7 +21,7 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 		fmt.Fprintln(stderr, "sweep: start:", err)
 		return 1
 	}
-	h := &sweep.Handler{Relay: d.Relay, Index: d.Source, Source: d.Source, Kicker: d.Kicker, Clock: d.Clock, Logger: d.Logger, Metrics: d.Metrics}
+	h := d.SweepHandler() // wired in lambda/env, as lambda/emudeploy runs it
 	lambda.StartWithOptions(h.Handle, lambda.WithContext(ctx))
 	return 0
 }

@@ -12,10 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 
-	"github.com/relay-dev/relay/lambda/api"
 	lambdaenv "github.com/relay-dev/relay/lambda/env"
-	"github.com/relay-dev/relay/lambda/fire"
-	"github.com/relay-dev/relay/lambda/sweep"
 )
 
 // memTransport delivers each request to the handler registered for its
@@ -42,42 +39,42 @@ func (m memTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // inProcEnv is an execution environment run in this process: the
 // function's dependencies wired once by lambda/env from its environment
-// variables, as its bootstrap's init does, and its handler called with
-// the function's timeout as the context deadline, as the Lambda runtime
-// does. The handlers are built as functions/*/main.go build them.
+// variables, as its bootstrap's init does (env.Build, with this
+// deployment's HTTP client in place of the SDK's default config), its
+// handler the one the bootstrap serves (env.Deps' APIHandler,
+// FireHandler, SweepHandler), called with the function's timeout as the
+// context deadline, as the Lambda runtime does. Logs and metric lines go
+// nowhere, but the metrics' reads are made, as in a real fire.
 type inProcEnv struct {
 	timeout time.Duration
 	handle  func(ctx context.Context, payload []byte) (any, error)
 }
 
 func newInProcEnv(name string, env map[string]string, hc *http.Client, timeout time.Duration) (*inProcEnv, error) {
-	cfg, err := lambdaenv.Parse(func(k string) string { return env[k] })
+	getenv := func(k string) string { return env[k] }
+	cfg, err := lambdaenv.Parse(getenv)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	awsCfg := aws.Config{Region: cfg.Region, HTTPClient: hc,
 		Credentials: credentials.NewStaticCredentialsProvider(env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"], "")}
-	d, err := lambdaenv.Wire(cfg, awsCfg, lambdaenv.NewLogger(io.Discard, cfg.LogLevel))
+	d, err := lambdaenv.Build(cfg, awsCfg, io.Discard)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	e := &inProcEnv{timeout: timeout}
 	switch name {
 	case "api":
-		routes, err := api.ParseRouteSet(env["RELAY_API_ROUTES"])
+		h, err := d.APIHandler(getenv)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%s: %w", name, err)
 		}
-		if routes != api.RoutesOperator {
-			d.UseFastKick()
-		}
-		h := &api.Handler{Source: d.Source, Target: d.Target, Clock: d.Clock, Relay: d.Relay, Routes: routes, Logger: d.Logger}
 		e.handle = func(ctx context.Context, p []byte) (any, error) { return h.Handle(ctx, p) }
 	case "fire":
-		h := &fire.Handler{Relay: d.Relay, Logger: d.Logger, Continue: d.Invoker, MaxHops: d.Config.ContinuationHops, Clock: d.Clock}
+		h := d.FireHandler()
 		e.handle = func(ctx context.Context, p []byte) (any, error) { return h.Handle(ctx, p) }
 	case "sweep":
-		h := &sweep.Handler{Relay: d.Relay, Index: d.Source, Source: d.Source, Kicker: d.Kicker, Clock: d.Clock, Logger: d.Logger}
+		h := d.SweepHandler()
 		e.handle = func(ctx context.Context, p []byte) (any, error) { return h.Handle(ctx, p) }
 	default:
 		return nil, fmt.Errorf("no function %q", name)

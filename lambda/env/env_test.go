@@ -199,3 +199,46 @@ func TestWireFastKick(t *testing.T) {
 		}
 	}
 }
+
+// TestHandlers: the handlers the bootstraps serve (and lambda/emudeploy
+// runs) are built on the wired dependencies: the api function's producer
+// routes kick fast, its operator routes keep Scheduler, an unknown route
+// set is refused by name; the fire and sweep handlers carry the metrics
+// recorder Build wires.
+func TestHandlers(t *testing.T) {
+	build := func() *Deps {
+		c, err := Parse(getenv(valid()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := Build(c, aws.Config{Region: "eu-west-1"}, &bytes.Buffer{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	for routes, fast := range map[string]bool{"": true, "producer": true, "all": true, "operator": false} {
+		d := build()
+		h, err := d.APIHandler(getenv(map[string]string{VarRoutes: routes}))
+		if err != nil {
+			t.Fatalf("routes %q: %v", routes, err)
+		}
+		want := relaycore.Kicker(d.Kicker)
+		if fast {
+			want = d.FastKicker
+		}
+		if h.Relay != d.Relay || d.Relay.Kicker != want {
+			t.Errorf("routes %q: relay kicks through %T, fast = %v", routes, d.Relay.Kicker, fast)
+		}
+	}
+	if _, err := build().APIHandler(getenv(map[string]string{VarRoutes: "admin"})); err == nil || !strings.Contains(err.Error(), VarRoutes) {
+		t.Errorf("routes admin: err = %v, want one naming %s", err, VarRoutes)
+	}
+	d := build()
+	if f := d.FireHandler(); d.Metrics == nil || f.Metrics != d.Metrics || f.Continue != d.Invoker || f.Relay != d.Relay {
+		t.Errorf("fire handler %+v not on the wired deps", f)
+	}
+	if s := d.SweepHandler(); s.Metrics != d.Metrics || s.Kicker != d.Kicker || s.Relay != d.Relay {
+		t.Errorf("sweep handler %+v not on the wired deps", s)
+	}
+}

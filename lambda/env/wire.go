@@ -49,7 +49,7 @@ type Deps struct {
 	// Kicker when it re-arms.
 	Relay *relaycore.RelayHandler
 	// Metrics writes EMF metric lines to the log output (Load) for the
-	// fire and sweep functions; nil from Wire alone.
+	// fire and sweep functions; nil from Wire alone (Build sets it).
 	Metrics *metrics.Recorder
 }
 
@@ -74,6 +74,14 @@ func Load(ctx context.Context, getenv func(string) string, logOut io.Writer) (*D
 	if err != nil {
 		return nil, fmt.Errorf("load aws config: %w", err)
 	}
+	return Build(cfg, awsCfg, logOut)
+}
+
+// Build wires the dependencies from a parsed Config and an AWS config,
+// logging JSON and writing EMF metric lines to logOut: what Load does once
+// it has the SDK's config, and what the emulated deployment
+// (lambda/emudeploy) calls with its own endpoints' HTTP client.
+func Build(cfg Config, awsCfg aws.Config, logOut io.Writer) (*Deps, error) {
 	d, err := Wire(cfg, awsCfg, NewLogger(logOut, cfg.LogLevel))
 	if err != nil {
 		return nil, err
