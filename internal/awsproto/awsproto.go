@@ -14,6 +14,9 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
+
+	"github.com/relay-dev/relay/infra/scheduler"
 )
 
 // Signed reports whether r carries a SigV4 signature, as every request
@@ -85,4 +88,99 @@ func ParseInvoke(r *http.Request, function string) ([]byte, FireEvent, string) {
 		return nil, FireEvent{}, fmt.Sprintf("event %s: a continuation carries hop ≥ 1 (a fast kick carries none)", data)
 	}
 	return data, FireEvent{Source: *ev.Source, Hop: *ev.Hop}, ""
+}
+
+// Schedule is a CreateSchedule request as the relay's kicker
+// (infra/scheduler) sends it: a one-time schedule of the fire function.
+type Schedule struct {
+	Name, Group string
+	// Expression is the at(...) expression; At is its time (UTC).
+	Expression string
+	At         time.Time
+	TargetARN  string
+	RoleARN    string
+	// Input is the target input: the fire function's event.
+	Input string
+}
+
+// createScheduleBody is CreateSchedule's JSON body; a field the relay does
+// not send is refused as unknown.
+type createScheduleBody struct {
+	ActionAfterCompletion      string
+	ClientToken                string
+	Description                string
+	FlexibleTimeWindow         struct{ Mode string }
+	GroupName                  string
+	ScheduleExpression         string
+	ScheduleExpressionTimezone string
+	State                      string
+	Target                     struct{ Arn, RoleArn, Input string }
+}
+
+// ParseCreateSchedule checks r against what the relay's kicker must send
+// (POST /schedules/{Name} with a valid kick name, signed, a body with no
+// unknown fields: at(yyyy-mm-ddThh:mm:ss) in UTC, in a group, flexible
+// window OFF, deleted after completion, a target with an ARN, a role and
+// JSON input, a client token) and returns the schedule, or the problem
+// found.
+func ParseCreateSchedule(r *http.Request) (Schedule, string) {
+	rawName, ok := strings.CutPrefix(r.URL.EscapedPath(), "/schedules/")
+	if r.Method != http.MethodPost || !ok {
+		return Schedule{}, fmt.Sprintf("unexpected request %s %s (only CreateSchedule is expected)", r.Method, r.URL.Path)
+	}
+	name, err := url.PathUnescape(rawName)
+	if err != nil || !scheduler.ValidName(name) {
+		return Schedule{}, fmt.Sprintf("invalid schedule name %q", rawName)
+	}
+	if !Signed(r) {
+		return Schedule{}, name + ": request not signed with SigV4"
+	}
+	data, err := io.ReadAll(r.Body)
+	if err != nil {
+		return Schedule{}, fmt.Sprintf("%s: read body: %v", name, err)
+	}
+	var b createScheduleBody
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&b); err != nil {
+		return Schedule{}, fmt.Sprintf("%s: body %s: %v", name, data, err)
+	}
+	at, err := parseAt(b.ScheduleExpression)
+	switch {
+	case err != nil:
+		return Schedule{}, fmt.Sprintf("%s: %v", name, err)
+	case b.GroupName == "":
+		return Schedule{}, name + ": no GroupName (relay schedules live in a dedicated group)"
+	case b.ScheduleExpressionTimezone != "UTC":
+		return Schedule{}, fmt.Sprintf("%s: timezone %q, want UTC", name, b.ScheduleExpressionTimezone)
+	case b.FlexibleTimeWindow.Mode != "OFF":
+		return Schedule{}, fmt.Sprintf("%s: flexible window %q, want OFF", name, b.FlexibleTimeWindow.Mode)
+	case b.ActionAfterCompletion != "DELETE":
+		return Schedule{}, fmt.Sprintf("%s: ActionAfterCompletion %q, want DELETE", name, b.ActionAfterCompletion)
+	case b.Target.Arn == "" || b.Target.RoleArn == "":
+		return Schedule{}, name + ": target without Arn or RoleArn"
+	case !json.Valid([]byte(b.Target.Input)):
+		return Schedule{}, fmt.Sprintf("%s: target input %q is not JSON", name, b.Target.Input)
+	case b.ClientToken == "":
+		return Schedule{}, name + ": no ClientToken"
+	}
+	return Schedule{
+		Name: name, Group: b.GroupName, Expression: b.ScheduleExpression, At: at,
+		TargetARN: b.Target.Arn, RoleARN: b.Target.RoleArn, Input: b.Target.Input,
+	}, ""
+}
+
+func parseAt(expr string) (time.Time, error) {
+	inner, ok := strings.CutPrefix(expr, "at(")
+	if ok {
+		inner, ok = strings.CutSuffix(inner, ")")
+	}
+	if !ok {
+		return time.Time{}, fmt.Errorf("expression %q is not at(...)", expr)
+	}
+	t, err := time.Parse("2006-01-02T15:04:05", inner)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("expression %q: %w", expr, err)
+	}
+	return t.UTC(), nil
 }

@@ -3,15 +3,11 @@ package emudeploy
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
-	"net/url"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/relay-dev/relay/infra/scheduler"
 	"github.com/relay-dev/relay/internal/awsproto"
 )
 
@@ -53,8 +49,9 @@ type SchedulerStats struct {
 // already pending (409 ConflictException) and, at RunAt of each accepted
 // one-time schedule, deletes it (ActionAfterCompletion DELETE frees the
 // name) and hands its input to the target. Requests the relay must never
-// send (flexible window on, no delete after completion, not at(), not
-// UTC, unsigned) are answered 400 and counted as Invalid.
+// send (awsproto.ParseCreateSchedule, the contract schedulertest checks
+// too: flexible window on, no delete after completion, not at(), not UTC,
+// unsigned, no client token...) are answered 400 and counted as Invalid.
 type Scheduler struct {
 	clk       Clock
 	precision time.Duration
@@ -102,7 +99,8 @@ func (s *Scheduler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.latency > 0 {
 		time.Sleep(s.latency) // the request's round trip, not synchronisation
 	}
-	name, sc, problem := parseCreate(r)
+	sc, problem := awsproto.ParseCreateSchedule(r)
+	name := sc.Name
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stats.Requests++
@@ -119,72 +117,17 @@ func (s *Scheduler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	s.stats.Created++
 	s.pending[name] = true
-	run := RunAt(sc.at, s.precision, s.rng)
+	run := RunAt(sc.At, s.precision, s.rng)
 	s.clk.AfterFunc(max(run.Sub(s.clk.Now()), 0), func() {
 		s.mu.Lock()
 		delete(s.pending, name)
 		s.stats.Runs++
-		s.stats.Late += s.clk.Now().Sub(sc.at)
+		s.stats.Late += s.clk.Now().Sub(sc.At)
 		s.mu.Unlock()
-		s.target(sc.arn, []byte(sc.input))
+		s.target(sc.TargetARN, []byte(sc.Input))
 	})
 	w.Header().Set("Content-Type", "application/json")
-	_, _ = fmt.Fprintf(w, `{"ScheduleArn":"arn:aws:scheduler:us-east-1:123456789012:schedule/%s/%s"}`, sc.group, name)
-}
-
-type createRequest struct {
-	at                      time.Time
-	group, arn, role, input string
-}
-
-// parseCreate checks a request against what the relay's kicker sends
-// (infra/scheduler), as schedulertest does for the unit tests.
-func parseCreate(r *http.Request) (string, createRequest, string) {
-	raw, ok := strings.CutPrefix(r.URL.EscapedPath(), "/schedules/")
-	if r.Method != http.MethodPost || !ok {
-		return "", createRequest{}, fmt.Sprintf("unexpected request %s %s (only CreateSchedule is expected)", r.Method, r.URL.Path)
-	}
-	name, err := url.PathUnescape(raw)
-	if err != nil || !scheduler.ValidName(name) {
-		return "", createRequest{}, fmt.Sprintf("invalid schedule name %q", raw)
-	}
-	if !awsproto.Signed(r) {
-		return name, createRequest{}, name + ": request not signed with SigV4"
-	}
-	var b struct {
-		ActionAfterCompletion      string
-		ClientToken                string
-		Description                string
-		FlexibleTimeWindow         struct{ Mode string }
-		GroupName                  string
-		ScheduleExpression         string
-		ScheduleExpressionTimezone string
-		State                      string
-		Target                     struct{ Arn, RoleArn, Input string }
-	}
-	data, err := io.ReadAll(r.Body)
-	if err == nil {
-		dec := json.NewDecoder(strings.NewReader(string(data)))
-		dec.DisallowUnknownFields()
-		err = dec.Decode(&b)
-	}
-	if err != nil {
-		return name, createRequest{}, fmt.Sprintf("%s: body: %v", name, err)
-	}
-	inner, ok := strings.CutPrefix(b.ScheduleExpression, "at(")
-	inner, ok2 := strings.CutSuffix(inner, ")")
-	at, err := time.Parse("2006-01-02T15:04:05", inner)
-	switch {
-	case !ok || !ok2 || err != nil:
-		return name, createRequest{}, fmt.Sprintf("%s: expression %q is not at(yyyy-mm-ddThh:mm:ss)", name, b.ScheduleExpression)
-	case b.GroupName == "" || b.ScheduleExpressionTimezone != "UTC":
-		return name, createRequest{}, fmt.Sprintf("%s: group %q timezone %q, want a group and UTC", name, b.GroupName, b.ScheduleExpressionTimezone)
-	case b.FlexibleTimeWindow.Mode != "OFF" || b.ActionAfterCompletion != "DELETE":
-		return name, createRequest{}, fmt.Sprintf("%s: flexible window %q, after completion %q, want OFF and DELETE", name, b.FlexibleTimeWindow.Mode, b.ActionAfterCompletion)
-	case b.Target.Arn == "" || b.Target.RoleArn == "" || !json.Valid([]byte(b.Target.Input)):
-		return name, createRequest{}, name + ": target without Arn, RoleArn or JSON input"
-	}
-	return name, createRequest{at: at.UTC(), group: b.GroupName, arn: b.Target.Arn, role: b.Target.RoleArn, input: b.Target.Input}, ""
+	_, _ = fmt.Fprintf(w, `{"ScheduleArn":"arn:aws:scheduler:us-east-1:123456789012:schedule/%s/%s"}`, sc.Group, name)
 }
 
 // Sweep runs a rate schedule: every period from a seeded phase within the

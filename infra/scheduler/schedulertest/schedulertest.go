@@ -19,13 +19,9 @@
 package schedulertest
 
 import (
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
-	"net/url"
 	"sort"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -34,21 +30,12 @@ import (
 	awsscheduler "github.com/aws/aws-sdk-go-v2/service/scheduler"
 
 	"github.com/relay-dev/relay/infra/internal/awstest"
-	"github.com/relay-dev/relay/infra/scheduler"
 	"github.com/relay-dev/relay/internal/awsproto"
 )
 
-// Schedule is one accepted CreateSchedule request.
-type Schedule struct {
-	Name, Group string
-	// Expression is the at(...) expression; At is its time (UTC).
-	Expression string
-	At         time.Time
-	TargetARN  string
-	RoleARN    string
-	// Input is the target input: the fire function's event.
-	Input string
-}
+// Schedule is one accepted CreateSchedule request (awsproto's, the
+// contract the emulated deployment checks too).
+type Schedule = awsproto.Schedule
 
 // Stats counts requests.
 type Stats struct {
@@ -151,24 +138,11 @@ func (s *Server) sortedLocked(keep func(Schedule) bool) []Schedule {
 	return out
 }
 
-// createBody is CreateSchedule's JSON body.
-type createBody struct {
-	ActionAfterCompletion      string
-	ClientToken                string
-	Description                string
-	FlexibleTimeWindow         struct{ Mode string }
-	GroupName                  string
-	ScheduleExpression         string
-	ScheduleExpressionTimezone string
-	State                      string
-	Target                     struct{ Arn, RoleArn, Input string }
-}
-
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stats.Requests++
-	sc, problem := parseCreate(r)
+	sc, problem := awsproto.ParseCreateSchedule(r)
 	if problem != "" {
 		s.ep.Violation(problem)
 		s.stats.Failed++
@@ -189,69 +163,6 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = fmt.Fprintf(w, `{"ScheduleArn":"arn:aws:scheduler:us-east-1:123456789012:schedule/%s/%s"}`, sc.Group, sc.Name)
 	}
-}
-
-// parseCreate checks a request against what the relay's Kicker must send.
-func parseCreate(r *http.Request) (Schedule, string) {
-	rawName, ok := strings.CutPrefix(r.URL.EscapedPath(), "/schedules/")
-	if r.Method != http.MethodPost || !ok {
-		return Schedule{}, fmt.Sprintf("unexpected request %s %s (only CreateSchedule is expected)", r.Method, r.URL.Path)
-	}
-	name, err := url.PathUnescape(rawName)
-	if err != nil || !scheduler.ValidName(name) {
-		return Schedule{}, fmt.Sprintf("invalid schedule name %q", rawName)
-	}
-	if !awsproto.Signed(r) {
-		return Schedule{}, fmt.Sprintf("%s: request not signed with SigV4", name)
-	}
-	data, err := io.ReadAll(r.Body)
-	if err != nil {
-		return Schedule{}, fmt.Sprintf("%s: read body: %v", name, err)
-	}
-	var b createBody
-	dec := json.NewDecoder(strings.NewReader(string(data)))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&b); err != nil {
-		return Schedule{}, fmt.Sprintf("%s: body %s: %v", name, data, err)
-	}
-	at, err := parseAt(b.ScheduleExpression)
-	switch {
-	case err != nil:
-		return Schedule{}, fmt.Sprintf("%s: %v", name, err)
-	case b.GroupName == "":
-		return Schedule{}, name + ": no GroupName (relay schedules live in a dedicated group)"
-	case b.ScheduleExpressionTimezone != "UTC":
-		return Schedule{}, fmt.Sprintf("%s: timezone %q, want UTC", name, b.ScheduleExpressionTimezone)
-	case b.FlexibleTimeWindow.Mode != "OFF":
-		return Schedule{}, fmt.Sprintf("%s: flexible window %q, want OFF", name, b.FlexibleTimeWindow.Mode)
-	case b.ActionAfterCompletion != "DELETE":
-		return Schedule{}, fmt.Sprintf("%s: ActionAfterCompletion %q, want DELETE", name, b.ActionAfterCompletion)
-	case b.Target.Arn == "" || b.Target.RoleArn == "":
-		return Schedule{}, name + ": target without Arn or RoleArn"
-	case !json.Valid([]byte(b.Target.Input)):
-		return Schedule{}, fmt.Sprintf("%s: target input %q is not JSON", name, b.Target.Input)
-	case b.ClientToken == "":
-		return Schedule{}, name + ": no ClientToken"
-	}
-	return Schedule{
-		Name: name, Group: b.GroupName, Expression: b.ScheduleExpression, At: at,
-		TargetARN: b.Target.Arn, RoleARN: b.Target.RoleArn, Input: b.Target.Input,
-	}, ""
-}
-
-func parseAt(expr string) (time.Time, error) {
-	inner, ok := strings.CutPrefix(expr, "at(")
-	if ok {
-		inner, ok = strings.CutSuffix(inner, ")")
-	}
-	if !ok {
-		return time.Time{}, fmt.Errorf("expression %q is not at(...)", expr)
-	}
-	t, err := time.Parse("2006-01-02T15:04:05", inner)
-	if err != nil {
-		return time.Time{}, fmt.Errorf("expression %q: %w", expr, err)
-	}
-	return t.UTC(), nil
 }
 
 // writeError answers in Scheduler's error shape.
