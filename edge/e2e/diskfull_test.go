@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -177,13 +178,20 @@ func runDiskFull(t *testing.T, policy string) {
 			c.stop() // from here on, what b receives stays owed to c
 		}
 		batch := f.batch(fmt.Sprintf("p%d", i), 10)
+		// The split is by id, not by map order: each half holds one of
+		// the batch's two large segments (-00 and -05). Only a segment
+		// file passes every fault point (a small one received into
+		// memory goes to a pack and skips created, copied, synced and
+		// renamed: edge/segstore/faultinject.go), so a half of small
+		// segments alone would never reach a file-only point.
+		ids := slices.Sorted(maps.Keys(batch))
 		half := map[string][]byte{}
 		rest := map[string][]byte{}
-		for id, content := range batch {
-			if len(half) < len(batch)/2 {
-				half[id] = content
+		for n, id := range ids {
+			if n < len(ids)/2 {
+				half[id] = batch[id]
 			} else {
-				rest[id] = content
+				rest[id] = batch[id]
 			}
 		}
 		ingest(t, a, half) // in flight while the disk fills

@@ -57,6 +57,11 @@ import (
 //
 // A packed segment (storage.pack_max_bytes) passes write, copied, packed,
 // syncfs and dirsync; created, synced and renamed are a segment file's.
+// A small segment a peer sends is staged in memory (Reservation.Stage,
+// edge/daemon's receive pipeline) and copied there before any point, so
+// when it goes to a pack it passes only write, packed, syncfs and dirsync:
+// a test that wants a refusal at copied (or at a file's points) must send
+// a segment larger than the pack limit.
 // Other words match nothing. Evictions and start-up repair are not
 // affected: removing files does not run out of space.
 //
