@@ -1,0 +1,379 @@
+package takedowns_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/relay-dev/relay/edge/takedown"
+	"github.com/relay-dev/relay/relaycore"
+	"github.com/relay-dev/relay/relaycore/takedowns"
+)
+
+// Reports of one node apply in the order it sent them, under its
+// idempotency key: the same key and reports again write nothing, the same
+// key with other reports is refused.
+func TestReports(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e *env) {
+		e.nodes["edge-a"] = true
+		now := e.clock.Now()
+		held := takedowns.Report{ContentID: "seg-1", SHA256: digestOf("seg-1"), Size: 7, State: "held", ObservedMS: now.UnixMilli()}
+		evicted := held
+		evicted.State, evicted.ObservedMS = "evicted", held.ObservedMS+1
+		r, err := e.o.Report(e.ctx, "edge-a", "batch/1", []takedowns.Report{held, evicted})
+		if err != nil || r.Accepted != 2 || r.Replayed {
+			t.Fatalf("report: %+v %v", r, err)
+		}
+		before := e.src.applies.Load()
+		r, err = e.o.Report(e.ctx, "edge-a", "batch/1", []takedowns.Report{held, evicted})
+		if err != nil || !r.Replayed {
+			t.Fatalf("replay: %+v %v", r, err)
+		}
+		if _, err := e.o.Report(e.ctx, "edge-a", "batch/1", []takedowns.Report{held}); !errors.Is(err, relaycore.ErrIdempotencyKeyReused) {
+			t.Fatalf("key reused with other reports: %v", err)
+		}
+		if n := e.src.applies.Load() - before; n != 0 {
+			t.Fatalf("the replay and the refusal applied %d batches", n)
+		}
+		e.clock.add(time.Second)
+		e.deliver()
+		hs, err := e.o.Holders(e.ctx, "seg-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(hs) != 1 || hs[0].Node != "edge-a" || hs[0].State != "evicted" || hs[0].ObservedMS != evicted.ObservedMS ||
+			hs[0].ReportedMS != now.UnixMilli() || hs[0].SHA256 != held.SHA256 {
+			t.Fatalf("holders: %+v", hs)
+		}
+		for i, bad := range []takedowns.Report{
+			{ContentID: ".x", SHA256: held.SHA256, State: "held", ObservedMS: 1},
+			{ContentID: "x", SHA256: strings.ToUpper(held.SHA256), State: "held", ObservedMS: 1},
+			{ContentID: "x", SHA256: held.SHA256, State: "gone", ObservedMS: 1},
+			{ContentID: "x", SHA256: held.SHA256, State: "held", ObservedMS: 0},
+			{ContentID: "x", SHA256: held.SHA256, State: "held", ObservedMS: 1, Size: -1},
+		} {
+			if _, err := e.o.Report(e.ctx, "edge-a", fmt.Sprintf("bad/%d", i), []takedowns.Report{bad}); !errors.Is(err, takedowns.ErrInvalid) {
+				t.Errorf("bad report %d: %v", i, err)
+			}
+		}
+	})
+}
+
+// 500 reports of distinct contents, the most one request carries, commit
+// as one idempotent batch on DynamoDB's 100 items per transaction (one row
+// page per holder shard, not per content).
+func TestReportBatchFits(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e *env) {
+		var rs []takedowns.Report
+		for i := range takedowns.MaxReports {
+			c := fmt.Sprintf("seg-%03d-%s", i, strings.Repeat("x", 118))
+			rs = append(rs, takedowns.Report{ContentID: c, SHA256: digestOf(c), Size: 1 << 20, State: "held", ObservedMS: 1800000000123})
+		}
+		node := strings.Repeat("n", 64)
+		if _, err := e.o.Report(e.ctx, node, "full", rs); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// The whole flow: holders a and b, a request, orders to each, signed
+// receipts, complete only after the last receipt; the receipt file verifies
+// offline with the CA only.
+func TestTakedownFlow(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e *env) {
+		t0 := e.clock.Now()
+		e.report("edge-a", "seg-9f2c", "held", t0)
+		e.report("edge-b", "seg-9f2c", "held", t0)
+		e.report("edge-c", "seg-other", "held", t0)
+		e.deliver()
+		e.clock.add(time.Second)
+		td, nodes, err := e.o.Request(e.ctx, "seg-9f2c", "dmca 2026-118", "operator-1")
+		if err != nil || strings.Join(nodes, ",") != "edge-a,edge-b" {
+			t.Fatalf("request: %v %v", nodes, err)
+		}
+		if _, err := e.o.Status(e.ctx, td.ID); !errors.Is(err, takedowns.ErrNotYet) {
+			t.Fatalf("status before delivery: %v", err)
+		}
+		if _, err := e.o.Status(e.ctx, "1796180302096-88204ce0"); !errors.Is(err, takedowns.ErrNotFound) {
+			t.Fatalf("status of an unknown takedown: %v", err)
+		}
+		e.deliver()
+		st := e.status(td.ID)
+		if st.Complete || st.HoldersExpected != 2 || st.Pending != 2 || st.RequestedBy != "operator-1" {
+			t.Fatalf("status before the orders: %+v", st)
+		}
+		if r := e.run(); r.Ordered != 2 || r.Open != 1 {
+			t.Fatalf("run: %+v", r)
+		}
+		if r := e.run(); r.Ordered != 0 || r.Waiting != 1 {
+			t.Fatalf("second run before delivery: %+v", r)
+		}
+		e.deliver()
+		if r := e.run(); r.Ordered != 0 || r.LateRequests != 0 || r.Pending != 2 {
+			t.Fatalf("run after delivery: %+v", r)
+		}
+		if o := e.orders("edge-c"); len(o) != 0 {
+			t.Fatalf("edge-c was ordered: %+v", o)
+		}
+		lines := map[string][]byte{}
+		for _, n := range []string{"edge-a", "edge-b"} {
+			os := e.orders(n)
+			want := fmt.Sprintf("seg-9f2c/%s/%019d", n, td.RequestedMS)
+			if len(os) != 1 || os[0].Request != want || os[0].SHA256 != digestOf("seg-9f2c") || os[0].Takedown != td.ID ||
+				os[0].Reason != "dmca 2026-118" || len(os[0].Cursor) != 20 {
+				t.Fatalf("orders of %s: %+v", n, os)
+			}
+			lines[n] = e.evict(e.pki, n, os[0], e.clock.Now())
+		}
+		r, err := e.o.Receipt(e.ctx, "edge-a", lines["edge-a"])
+		if err != nil || r.Replayed || r.Takedown != td.ID {
+			t.Fatalf("receipt: %+v %v", r, err)
+		}
+		if r, err := e.o.Receipt(e.ctx, "edge-a", append(lines["edge-a"], '\n')); err != nil || !r.Replayed {
+			t.Fatalf("the same receipt again, before delivery: %+v %v", r, err)
+		}
+		e.deliver()
+		if r, err := e.o.Receipt(e.ctx, "edge-a", lines["edge-a"]); err != nil || !r.Replayed {
+			t.Fatalf("the same receipt again: %+v %v", r, err)
+		}
+		st = e.status(td.ID)
+		if st.Complete || st.ReceiptsVerified != 1 || st.Pending != 1 || st.Holders[1].State != "pending" || st.Holders[1].LastReportMS != t0.UnixMilli() {
+			t.Fatalf("status with one receipt: %+v", st)
+		}
+		if _, err := e.o.Receipt(e.ctx, "edge-b", lines["edge-b"]); err != nil {
+			t.Fatal(err)
+		}
+		if st := e.status(td.ID); st.Complete {
+			t.Fatalf("complete before the receipt was delivered: %+v", st)
+		}
+		e.deliver()
+		st = e.status(td.ID)
+		if !st.Complete || st.ReceiptsVerified != 2 || st.Pending != 0 {
+			t.Fatalf("status with both receipts: %+v", st)
+		}
+		file, err := e.o.Receipts(e.ctx, td.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := takedown.VerifyAll(bytes.NewReader(file), caPool(t, e.pki), e.clock.Now())
+		if err != nil || len(res) != 2 || res[0].Err != nil || res[1].Err != nil {
+			t.Fatalf("receipt file: %+v %v", res, err)
+		}
+	})
+}
+
+// accepted sets up takedown of seg-9f2c held by edge-a and edge-b, ordered
+// and delivered, and returns it with edge-b's order.
+func (e *env) ordered() (takedowns.Takedown, takedowns.Order) {
+	e.t.Helper()
+	t0 := e.clock.Now()
+	e.report("edge-a", "seg-9f2c", "held", t0)
+	e.report("edge-b", "seg-9f2c", "held", t0)
+	e.deliver()
+	td, _, err := e.o.Request(e.ctx, "seg-9f2c", "dmca 2026-118", "operator-1")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.deliver()
+	e.run()
+	e.deliver()
+	os := e.orders("edge-b")
+	if len(os) != 1 {
+		e.t.Fatalf("orders: %+v", os)
+	}
+	return td, os[0]
+}
+
+// Hostile receipts are refused and change nothing: forged (another key,
+// another CA, another node's certificate), another node's receipt, a
+// request never ordered to that node, a digest the index did not have,
+// dated before the request, a second receipt for an answered request.
+func TestHostileReceipts(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e *env) {
+		td, ord := e.ordered()
+		other := pkitestNew(t, "edge-b")
+		good := e.evict(e.pki, "edge-b", ord, e.clock.Now())
+		aLine := e.evict(e.pki, "edge-a", e.orders("edge-a")[0], e.clock.Now())
+
+		swap := func(line []byte, field string, from []byte) []byte {
+			var m, f map[string]any
+			json.Unmarshal(line, &m)
+			json.Unmarshal(from, &f)
+			m[field] = f[field]
+			out, _ := json.Marshal(struct {
+				V         int    `json:"v"`
+				Receipt   string `json:"receipt"`
+				Signature string `json:"signature"`
+				Chain     []any  `json:"chain"`
+			}{1, m["receipt"].(string), m["signature"].(string), m["chain"].([]any)})
+			return out
+		}
+		// edge-a's signature over its own receipt, put on edge-b's receipt.
+		wrongKey := swap(good, "signature", aLine)
+		// edge-b's receipt with edge-a's certificate chain.
+		otherNodesCert := swap(good, "chain", aLine)
+		otherCA := e.evict(other, "edge-b", ord, e.clock.Now())
+		changed := ord
+		changed.SHA256 = strings.Repeat("cd", 32)
+		wrongDigest := e.evict(e.pki, "edge-b", changed, e.clock.Now())
+		changed = ord
+		changed.Request = "seg-9f2c/edge-b/0000000000000000001"
+		notOrdered := e.evict(e.pki, "edge-b", changed, e.clock.Now())
+		changed = ord
+		changed.ContentID = "seg-other"
+		otherContent := e.evict(e.pki, "edge-b", changed, e.clock.Now())
+		early := e.evict(e.pki, "edge-b", ord, time.UnixMilli(ord.RequestedMS).Add(-takedown.MaxClockSkew-time.Second))
+		resigned := e.evict(e.pki, "edge-b", ord, e.clock.Now().Add(time.Second))
+
+		cases := []struct {
+			name, node string
+			line       []byte
+			why        string
+		}{
+			{"wrong key", "edge-b", wrongKey, "signature does not verify"},
+			{"other CA", "edge-b", otherCA, "not issued by a trusted CA"},
+			{"other node's certificate", "edge-b", otherNodesCert, "another node's"},
+			{"another node's receipt", "edge-a", good, "caller is \"edge-a\""},
+			{"digest never held", "edge-b", wrongDigest, "not the one the holder index had"},
+			{"not ordered", "edge-b", notOrdered, "no order for request"},
+			{"other content", "edge-b", otherContent, "not the order's"},
+			{"dated before the request", "edge-b", early, "before the request"},
+			{"malformed", "edge-b", append([]byte(" "), good...), "malformed"},
+		}
+		check := func(name, node string, line []byte, why string) {
+			t.Helper()
+			s0, d0 := e.src.applies.Load(), e.dst.applies.Load()
+			_, err := e.o.Receipt(e.ctx, node, line)
+			if !errors.Is(err, takedowns.ErrRefused) || !strings.Contains(err.Error(), why) {
+				t.Errorf("%s: %v, want refused: %s", name, err, why)
+			}
+			if s, d := e.src.applies.Load()-s0, e.dst.applies.Load()-d0; s+d != 0 {
+				t.Errorf("%s: refused, yet %d+%d batches applied", name, s, d)
+			}
+		}
+		for _, c := range cases {
+			check(c.name, c.node, c.line, c.why)
+		}
+		e.deliver()
+		if st := e.status(td.ID); st.ReceiptsVerified != 0 || st.Complete {
+			t.Fatalf("after hostile receipts: %+v", st)
+		}
+		if _, err := e.o.Receipt(e.ctx, "edge-b", good); err != nil {
+			t.Fatal(err)
+		}
+		e.deliver()
+		check("another receipt for an answered request", "edge-b", resigned, "accepted already")
+		if st := e.status(td.ID); st.ReceiptsVerified != 1 || st.Holders[1].State != "evicted" {
+			t.Fatalf("status: %+v", st)
+		}
+	})
+}
+
+// A late holder (edge-c reports the content after the request) gets its
+// own request and order; the takedown is not complete until it answers. A
+// holder whose content comes back after its receipt (a rebuilt edged.db)
+// is requested again.
+func TestLateHolder(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e *env) {
+		td, ord := e.ordered()
+		for _, n := range []string{"edge-a", "edge-b"} {
+			o := ord
+			if n == "edge-a" {
+				o = e.orders("edge-a")[0]
+			}
+			if _, err := e.o.Receipt(e.ctx, n, e.evict(e.pki, n, o, e.clock.Now())); err != nil {
+				t.Fatal(err)
+			}
+		}
+		e.deliver()
+		if st := e.status(td.ID); !st.Complete {
+			t.Fatalf("not complete: %+v", st)
+		}
+		e.clock.add(time.Minute)
+		e.report("edge-c", "seg-9f2c", "held", e.clock.Now())
+		e.deliver()
+		st := e.status(td.ID)
+		if st.Complete || st.HoldersExpected != 3 || st.Holders[2].State != "unrequested" {
+			t.Fatalf("with a late holder: %+v", st)
+		}
+		if r := e.run(); r.LateRequests != 1 {
+			t.Fatalf("run: %+v", r)
+		}
+		e.deliver()
+		if r := e.run(); r.Ordered != 1 || r.LateRequests != 0 {
+			t.Fatalf("run: %+v", r)
+		}
+		e.deliver()
+		os := e.orders("edge-c")
+		if len(os) != 1 || os[0].RequestedMS != e.clock.Now().UnixMilli() {
+			t.Fatalf("edge-c's orders: %+v", os)
+		}
+		if _, err := e.o.Receipt(e.ctx, "edge-c", e.evict(e.pki, "edge-c", os[0], e.clock.Now())); err != nil {
+			t.Fatal(err)
+		}
+		e.deliver()
+		if st := e.status(td.ID); !st.Complete || st.ReceiptsVerified != 3 {
+			t.Fatalf("after edge-c's receipt: %+v", st)
+		}
+		// edge-b holds it again (observed after its eviction): requested anew.
+		e.clock.add(time.Minute)
+		e.report("edge-b", "seg-9f2c", "held", e.clock.Now())
+		e.deliver()
+		if r := e.run(); r.LateRequests != 1 {
+			t.Fatalf("run: %+v", r)
+		}
+		e.deliver()
+		e.run()
+		e.deliver()
+		if os := e.orders("edge-b"); len(os) != 2 || os[1].Cursor <= os[0].Cursor {
+			t.Fatalf("edge-b's orders: %+v", os)
+		}
+		if st := e.status(td.ID); st.Complete || st.Holders[1].State != "pending" || st.Holders[1].Requests != 2 {
+			t.Fatalf("status: %+v", st)
+		}
+	})
+}
+
+// A holder past its handoff's timer is overdue, counted by every pass and
+// never dropped; a waiver (audited) completes the takedown without it.
+func TestOverdueAndWaive(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e *env) {
+		td, ord := e.ordered()
+		if _, err := e.o.Receipt(e.ctx, "edge-b", e.evict(e.pki, "edge-b", ord, e.clock.Now())); err != nil {
+			t.Fatal(err)
+		}
+		e.deliver()
+		if r := e.run(); r.Overdue != 0 || r.Pending != 1 {
+			t.Fatalf("run: %+v", r)
+		}
+		e.clock.add(overdue)
+		for range 2 {
+			if r := e.run(); r.Overdue != 1 || r.Pending != 1 || r.Complete != 0 {
+				t.Fatalf("run past the timer: %+v", r)
+			}
+		}
+		st := e.status(td.ID)
+		if st.Overdue != 1 || !st.Holders[0].Overdue || st.Holders[0].Node != "edge-a" {
+			t.Fatalf("status: %+v", st)
+		}
+		if _, err := e.o.Waive(e.ctx, td.ID, "edge-c", "never held it", "operator-2"); !errors.Is(err, takedowns.ErrNotHolder) {
+			t.Fatalf("waive a non-holder: %v", err)
+		}
+		if _, err := e.o.Waive(e.ctx, td.ID, "edge-a", "device destroyed, ticket 4411", "operator-2"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.o.Waive(e.ctx, td.ID, "edge-a", "again", "operator-2"); !errors.Is(err, takedowns.ErrWaived) {
+			t.Fatalf("waive twice: %v", err)
+		}
+		e.deliver()
+		st = e.status(td.ID)
+		if !st.Complete || st.Waived != 1 || st.Holders[0].Waiver == nil || st.Holders[0].Waiver.By != "operator-2" ||
+			st.Holders[0].Waiver.Reason != "device destroyed, ticket 4411" {
+			t.Fatalf("status after the waiver: %+v", st)
+		}
+	})
+}

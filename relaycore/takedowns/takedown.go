@@ -1,0 +1,241 @@
+package takedowns
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/relay-dev/relay/relaycore"
+)
+
+// Takedown is a takedown's record ("meta"): what was asked, by whom, when
+// and why. It is written once, with the first requests, and never changed.
+type Takedown struct {
+	V           int    `json:"v"`
+	ID          string `json:"id"`
+	ContentID   string `json:"content_id"`
+	Reason      string `json:"reason"`
+	RequestedBy string `json:"requested_by"`
+	RequestedMS int64  `json:"requested_ms"`
+}
+
+// Order is one order in a node's order partition: evict ContentID (digest
+// SHA256, as the holder index had it) for Request, the per-holder request
+// id. Cursor is set when read (GET /v1/orders), never stored.
+type Order struct {
+	Cursor      string `json:"cursor,omitempty"`
+	Request     string `json:"request"`
+	ContentID   string `json:"content_id"`
+	SHA256      string `json:"sha256"`
+	Takedown    string `json:"takedown"`
+	Reason      string `json:"reason"`
+	RequestedMS int64  `json:"requested_ms"`
+}
+
+// Waiver is an operator's decision that a holder need not prove its
+// eviction (a device destroyed, a node gone for good): who, when, why.
+type Waiver struct {
+	By     string `json:"by"`
+	Reason string `json:"reason"`
+	AtMS   int64  `json:"at_ms"`
+}
+
+// MaxReasonLen bounds a takedown's or a waiver's reason (relaycore's
+// takedown request limit).
+const MaxReasonLen = 1024
+
+func checkReason(r string) error {
+	if r == "" || len(r) > MaxReasonLen || !utf8.ValidString(r) || strings.ContainsFunc(r, func(c rune) bool { return c < 0x20 || c == 0x7f }) {
+		return invalid("reason must be 1..%d bytes of UTF-8 text without control characters", MaxReasonLen)
+	}
+	return nil
+}
+
+// checkID refuses what cannot be a takedown id (New's form: digits, '-',
+// hex), before it names a partition.
+func checkID(id string) error {
+	if len(id) < 1 || len(id) > 64 || strings.Trim(id, "0123456789abcdef-") != "" {
+		return fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	return nil
+}
+
+// Request opens a takedown of content: it resolves the holders the index
+// knows now (state held) into one relaycore.ContentTakedownV1 each, and
+// enqueues, through the control source, the takedown's record, its entry
+// in the open list and those requests. by is the verified caller, kept as
+// the audit's "who". A holder missing from the requests (a report the
+// index had not received yet, a commit cut short) is a late holder to the
+// owner, which requests it itself.
+func (o *Owner) Request(ctx context.Context, content, reason, by string) (Takedown, []string, error) {
+	if err := CheckContent(content); err != nil {
+		return Takedown{}, nil, err
+	}
+	if err := checkReason(reason); err != nil {
+		return Takedown{}, nil, err
+	}
+	holders, err := o.Holders(ctx, content)
+	if err != nil {
+		return Takedown{}, nil, err
+	}
+	var rnd [4]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		return Takedown{}, nil, err
+	}
+	now := o.now().UnixMilli()
+	td := Takedown{V: 1, ID: fmt.Sprintf("%013d-%s", now, hex.EncodeToString(rnd[:])), ContentID: content,
+		Reason: reason, RequestedBy: by, RequestedMS: now}
+	meta, _ := json.Marshal(td)
+	target := TakedownTarget(td.ID)
+	rows := []relaycore.Row{
+		{Target: OpenTarget, Puts: []relaycore.KV{{Key: td.ID, Value: meta}}},
+		{Target: target, Puts: []relaycore.KV{{Key: keyMeta, Value: meta}}},
+	}
+	var nodes []string
+	for _, h := range holders {
+		if h.State != StateHeld {
+			continue
+		}
+		row, err := relaycore.NewTakedownRow(target, relaycore.ContentTakedownV1{Version: 1, ContentID: content,
+			LateHolder: h.Node, RequestedMS: now, Reason: reason})
+		if err != nil {
+			return Takedown{}, nil, err
+		}
+		rows = append(rows, row)
+		nodes = append(nodes, h.Node)
+	}
+	if _, err := o.Relay.Enqueue(ctx, ControlSource, rows, relaycore.EnqueueOptions{}); err != nil {
+		return Takedown{}, nil, err
+	}
+	o.log().Info("takedown requested", "takedown", td.ID, "content_id", content, "by", by, "reason", reason,
+		"requested_ms", now, "holders", nodes)
+	return td, nodes, nil
+}
+
+// view is one takedown as its partition and the holder index show it.
+type view struct {
+	meta     Takedown
+	requests map[string]relaycore.ContentTakedownV1 // by request id
+	handoffs map[string]relaycore.TakedownHandoffV1
+	ordered  map[string]Order
+	receipts map[string][]byte // the receipt line, by request id
+	waivers  map[string]Waiver // by node
+	holders  map[string]Holder // the index, by node
+}
+
+func (o *Owner) load(ctx context.Context, id string) (*view, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	items, err := o.readAll(ctx, TakedownTarget(id), "")
+	if err != nil {
+		return nil, err
+	}
+	v := &view{requests: map[string]relaycore.ContentTakedownV1{}, handoffs: map[string]relaycore.TakedownHandoffV1{},
+		ordered: map[string]Order{}, receipts: map[string][]byte{}, waivers: map[string]Waiver{}, holders: map[string]Holder{}}
+	corrupt := func(key string, err error) error {
+		return fmt.Errorf("%w: takedown %s key %s: %v", relaycore.ErrCorruptRecord, id, key, err)
+	}
+	for _, it := range items {
+		k := it.Key
+		switch {
+		case k == keyMeta:
+			if err := json.Unmarshal(it.Value, &v.meta); err != nil || v.meta.V != 1 {
+				return nil, corrupt(k, err)
+			}
+		case strings.HasPrefix(k, relaycore.TakedownHandoffPrefix):
+			h, err := relaycore.DecodeTakedownHandoff(it.Value)
+			if err != nil {
+				return nil, corrupt(k, err)
+			}
+			v.handoffs[requestSuffix(h.Request)] = h
+		case strings.HasPrefix(k, relaycore.TakedownPrefix):
+			t, err := relaycore.DecodeTakedown(it.Value)
+			if err != nil {
+				return nil, corrupt(k, err)
+			}
+			v.requests[requestSuffix(t)] = t
+		case strings.HasPrefix(k, orderedPfx):
+			var ord Order
+			if err := json.Unmarshal(it.Value, &ord); err != nil {
+				return nil, corrupt(k, err)
+			}
+			v.ordered[ord.Request] = ord
+		case strings.HasPrefix(k, receiptPfx):
+			v.receipts[strings.TrimPrefix(k, receiptPfx)] = it.Value
+		case strings.HasPrefix(k, waivePfx):
+			var w Waiver
+			if err := json.Unmarshal(it.Value, &w); err != nil {
+				return nil, corrupt(k, err)
+			}
+			v.waivers[strings.TrimPrefix(k, waivePfx)] = w
+		}
+	}
+	if v.meta.ID == "" {
+		if done, err := o.caughtUp(ctx, TakedownTarget(id)); err != nil || !done {
+			return nil, errors.Join(fmt.Errorf("%w: %q", ErrNotYet, id), err)
+		}
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	hs, err := o.Holders(ctx, v.meta.ContentID)
+	if err != nil {
+		return nil, err
+	}
+	for _, h := range hs {
+		v.holders[h.Node] = h
+	}
+	return v, nil
+}
+
+// latest is node's latest request in the takedown (ok false: none).
+func (v *view) latest(node string) (relaycore.ContentTakedownV1, bool) {
+	var (
+		best relaycore.ContentTakedownV1
+		ok   bool
+	)
+	for _, t := range v.requests {
+		if t.LateHolder == node && (!ok || t.RequestedMS > best.RequestedMS) {
+			best, ok = t, true
+		}
+	}
+	return best, ok
+}
+
+// Waive records that node need not prove its eviction for takedown id: an
+// operator's decision, with who (by) and why. Only a holder the takedown
+// expects can be waived, once.
+func (o *Owner) Waive(ctx context.Context, id, node, reason, by string) (Waiver, error) {
+	if err := CheckNode(node); err != nil {
+		return Waiver{}, err
+	}
+	if err := checkReason(reason); err != nil {
+		return Waiver{}, err
+	}
+	v, err := o.load(ctx, id)
+	if err != nil {
+		return Waiver{}, err
+	}
+	if _, ok := v.waivers[node]; ok {
+		return Waiver{}, fmt.Errorf("%w: %s in takedown %s", ErrWaived, node, id)
+	}
+	_, requested := v.latest(node)
+	if h, held := v.holders[node]; !requested && !(held && h.State == StateHeld) {
+		return Waiver{}, fmt.Errorf("%w: %s is not a holder of takedown %s", ErrNotHolder, node, id)
+	}
+	w := Waiver{By: by, Reason: reason, AtMS: o.now().UnixMilli()}
+	val, _ := json.Marshal(w)
+	row := relaycore.Row{Target: TakedownTarget(id), Puts: []relaycore.KV{{Key: waivePfx + node, Value: val}}}
+	if _, err := o.enqueue(ctx, ControlSource, idemKey("w", id, node), []relaycore.Row{row}); err != nil {
+		if errors.Is(err, relaycore.ErrIdempotencyKeyReused) {
+			return Waiver{}, fmt.Errorf("%w: %s in takedown %s", ErrWaived, node, id)
+		}
+		return Waiver{}, err
+	}
+	o.log().Info("takedown holder waived", "takedown", id, "node", node, "by", by, "reason", reason)
+	return w, nil
+}
