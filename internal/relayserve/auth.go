@@ -138,6 +138,14 @@ func authorize(name string, roles Roles, c classified) *authError {
 		if !roles.Operate {
 			return forbidden("principal %q lacks the operate role (%s)", name, c.pattern)
 		}
+	case needHold:
+		if !roles.Hold {
+			return forbidden("principal %q lacks the hold role (%s)", name, c.pattern)
+		}
+	case needTakedown:
+		if !roles.Takedown {
+			return forbidden("principal %q lacks the takedown role (%s)", name, c.pattern)
+		}
 	case needOperateRead:
 		switch {
 		case !roles.Operate:

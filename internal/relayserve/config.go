@@ -20,6 +20,7 @@ import (
 	"github.com/relay-dev/relay/lambda/api"
 	"github.com/relay-dev/relay/lambda/event"
 	"github.com/relay-dev/relay/relaycore"
+	"github.com/relay-dev/relay/relaycore/takedowns"
 )
 
 // Defaults of the configuration (docs/serve.md lists the same values).
@@ -76,6 +77,8 @@ type Config struct {
 	Limits Limits `yaml:"limits"`
 	// Alarms (alarms) tunes the in-process alarm clock and sweeper.
 	Alarms Alarms `yaml:"alarms"`
+	// Takedowns (takedowns) configures the takedown owner.
+	Takedowns Takedowns `yaml:"takedowns"`
 	// DrainTimeout (drain_timeout, default 30s) bounds a graceful
 	// shutdown: in-flight requests and fires get this long to finish.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
@@ -129,6 +132,13 @@ type Roles struct {
 	Read bool `yaml:"read"`
 	// Operate allows the operator routes (targets, actions, archive).
 	Operate bool `yaml:"operate"`
+	// Hold makes the principal a node of the takedown owner: it reports
+	// its own holdings, reads its own orders and posts its own receipts
+	// (its name is its node id). docs/takedown.md.
+	Hold bool `yaml:"hold"`
+	// Takedown allows requesting takedowns, reading their status,
+	// receipts and the holder index, and waiving a holder.
+	Takedown bool `yaml:"takedown"`
 }
 
 // Limits bound the cost of one client.
@@ -168,6 +178,7 @@ func Default() Config {
 			MaxConnections: DefaultMaxConnections,
 		},
 		Alarms:       Alarms{Workers: DefaultAlarmWorkers, SweepInterval: DefaultSweepInterval, ClaimTTL: DefaultClaimTTL},
+		Takedowns:    Takedowns{Overdue: takedowns.DefaultOverdue},
 		DrainTimeout: DefaultDrainTimeout,
 		LogLevel:     "info",
 	}
@@ -245,7 +256,7 @@ func parse(data []byte, dir string) (Config, error) {
 		}
 	}
 	if dir != "" {
-		for _, p := range []*string{&c.DB, &c.Targets.DB, &c.TLS.Cert, &c.TLS.Key, &c.TLS.ClientCA, &c.Auth.TokensFile} {
+		for _, p := range []*string{&c.DB, &c.Targets.DB, &c.TLS.Cert, &c.TLS.Key, &c.TLS.ClientCA, &c.Auth.TokensFile, &c.Takedowns.CA} {
 			if *p != "" && !filepath.IsAbs(*p) {
 				*p = filepath.Join(dir, *p)
 			}
@@ -301,6 +312,12 @@ func (c *Config) validate() []error {
 	}
 	if c.Auth.Anonymous != nil {
 		errs = append(errs, checkRoles(at("auth", "anonymous"), *c.Auth.Anonymous)...)
+		if c.Auth.Anonymous.Hold {
+			bad(at("auth", "anonymous", "hold"), "auth.anonymous.hold: a holder is a node, named by its credential; anonymous callers cannot be one")
+		}
+	}
+	if c.Takedowns.Overdue < time.Minute || c.Takedowns.Overdue > 365*24*time.Hour {
+		bad(at("takedowns", "overdue"), "takedowns.overdue %v: want 1m..8760h", c.Takedowns.Overdue)
 	}
 	for _, name := range slices.Sorted(maps.Keys(c.Principals)) {
 		if err := checkPrincipalName(name); err != nil {
@@ -310,6 +327,11 @@ func (c *Config) validate() []error {
 			bad(at("principals", name), "principals: the name %s is reserved for requests without credentials (auth.anonymous)", name)
 		}
 		errs = append(errs, checkRoles(at("principals", name), c.Principals[name])...)
+		if c.Principals[name].Hold {
+			if err := takedowns.CheckNode(name); err != nil {
+				bad(at("principals", name, "hold"), "principals.%s.hold: a holder's name is its node id: %v", name, err)
+			}
+		}
 	}
 
 	l := c.Limits

@@ -24,6 +24,10 @@ const (
 	// that may act on targets but not read data cannot read it here
 	// either.
 	needOperateRead
+	// needHold: the hold role (a node's holdings, orders and receipts).
+	needHold
+	// needTakedown: the takedown role.
+	needTakedown
 )
 
 func (n need) String() string {
@@ -36,6 +40,10 @@ func (n need) String() string {
 		return "operate"
 	case needOperateRead:
 		return "operate and read"
+	case needHold:
+		return "hold"
+	case needTakedown:
+		return "takedown"
 	}
 	return "authenticated"
 }
@@ -68,6 +76,10 @@ func apiRoutes() []apiRoute {
 	for _, r := range api.Routes() {
 		n := needRead
 		switch {
+		case r.Role() == api.RoleHold:
+			n = needHold
+		case r.Role() == api.RoleTakedown:
+			n = needTakedown
 		case r.Producer && !r.Operator:
 			n = needProduce
 		case r.Operator && !r.Producer && dataRoutes[r.Method+" "+r.Pattern]:

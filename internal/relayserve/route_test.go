@@ -17,6 +17,10 @@ func TestClassifyEveryRoute(t *testing.T) {
 		c := classify(routes, r.Method, path)
 		want := needRead
 		switch {
+		case r.Role() == api.RoleHold:
+			want = needHold // a node's own holdings, orders and receipts
+		case r.Role() == api.RoleTakedown:
+			want = needTakedown
 		case r.Producer && !r.Operator:
 			want = needProduce
 		case r.Operator && !r.Producer && r.Method == "GET" && (strings.HasSuffix(r.Pattern, "/archive/{entry}") || strings.HasSuffix(r.Pattern, "/archive/export")):

@@ -16,6 +16,7 @@ import (
 	"github.com/relay-dev/relay/infra/alarmclock"
 	"github.com/relay-dev/relay/lambda/api"
 	"github.com/relay-dev/relay/relaycore"
+	"github.com/relay-dev/relay/relaycore/takedowns"
 )
 
 // Table names in the bbolt files, the same as `relay demo`, `relay
@@ -145,18 +146,32 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 	// A fire's targets are delivered together, so their batches share the
 	// file's group commit (infra/bolt): one fsync, not one per target.
 	relay := &relaycore.RelayHandler{Source: src, Target: dst, Budget: budget, Logger: log, ClaimTTL: cfg.Alarms.ClaimTTL,
-		DeliverConcurrency: 8}
+		DeliverConcurrency: 8, Hook: takedowns.Hook{Delay: cfg.Takedowns.Overdue}}
+	roots, err := takedownRoots(cfg)
+	if err != nil {
+		return err
+	}
+	owner := &takedowns.Owner{Relay: relay, Roots: roots, Logger: log}
+	ownerKick := make(chan struct{}, 1)
 	clock := alarmclock.New(alarmclock.Config{
 		Handler: detachedAlarmer{relay, fireCtx, &firesRunning}, Index: st.index, Workers: cfg.Alarms.Workers,
 		SweepInterval: cfg.Alarms.SweepInterval, Logger: log,
 		Observe: func(s relaycore.Partition, r relaycore.AlarmResult, err error) {
 			m.alarm(fireCtx, s, r, err)
+			if takedowns.Reserved(string(s)) {
+				// What it delivered may be the owner's next step.
+				select {
+				case ownerKick <- struct{}{}:
+				default:
+				}
+			}
 		},
 		ObserveSweep: m.sweep,
 	})
 	relay.Kicker = clock
 	h := &api.Handler{
 		Source: src, Relay: relay, Routes: api.RoutesAll, Logger: log, MaxBodyBytes: cfg.Limits.MaxBodyBytes,
+		Takedowns: owner,
 	}
 
 	var clockRunning, draining atomic.Bool
@@ -227,6 +242,14 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 		clock.Run(clockCtx)
 		clockRunning.Store(false)
 	}()
+	ownerDone := make(chan struct{})
+	go func() {
+		defer close(ownerDone)
+		runOwner(clockCtx, owner, cfg.Alarms.SweepInterval, ownerKick, newTakedownMetrics(m.reg), log)
+	}()
+	// The owner stops with the clock, and before the store closes (the
+	// deferred close runs after this).
+	defer func() { stopClock(); <-ownerDone }()
 	serveErr := make(chan error, 1)
 	go func() {
 		if tc != nil {

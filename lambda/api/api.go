@@ -38,6 +38,7 @@ import (
 
 	"github.com/relay-dev/relay/lambda/event"
 	"github.com/relay-dev/relay/relaycore"
+	"github.com/relay-dev/relay/relaycore/takedowns"
 )
 
 // Defaults for Handler's limits.
@@ -79,6 +80,15 @@ type Handler struct {
 	Relay   *relaycore.RelayHandler
 	Routes  RouteSet
 	Logger  *slog.Logger
+
+	// Takedowns serves the takedown routes (docs/takedown.md); nil: they
+	// answer 500 not_configured.
+	Takedowns *takedowns.Owner
+	// NodeOf maps the verified caller to its node id for the hold routes
+	// (a Lambda deployment's IAM principal -> node mapping); ok false
+	// refuses the caller (403). Nil: the caller's name is its node id, as
+	// relay serve's principals are (a client certificate's node id).
+	NodeOf func(caller string) (node string, ok bool)
 
 	MaxBodyBytes, MaxRows int
 	// MaxExportBytes bounds the JSON body of one archive export page and

@@ -14,6 +14,7 @@ import (
 
 	"github.com/relay-dev/relay/lambda/event"
 	"github.com/relay-dev/relay/relaycore"
+	"github.com/relay-dev/relay/relaycore/takedowns"
 )
 
 // EnqueueRequest is the body of POST /v1/sources/{id}/rows.
@@ -143,6 +144,19 @@ func (h *Handler) enqueue(ctx context.Context, m matched, req Request, log *slog
 	rows, err := ParseRows(body, maxRows)
 	if err != nil {
 		return nil, err
+	}
+	// The takedown owner's sources and targets take only its own rows:
+	// a producer's row there could forge a holder report, an order or a
+	// receipt.
+	if takedowns.Reserved(string(src)) {
+		return nil, fail(403, "forbidden", "source %q is the takedown owner's (%s...): nodes report holdings with POST /v1/holdings", src, takedowns.Namespace)
+	}
+	for i, r := range rows {
+		if takedowns.Reserved(string(r.Target)) {
+			e := fail(400, "invalid_row", "rows[%d]: target %q is the takedown owner's (%s...); no producer may write there", i, r.Target, takedowns.Namespace)
+			e.row = &i
+			return nil, e
+		}
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		opts.Deadline = dl.Add(-commitMargin)

@@ -84,6 +84,14 @@ var routes = []Route{
 	{"POST", "/v1/sources/{source}/archive/{entry}/requeue", false, true, (*Handler).requeue},
 	{"GET", "/v1/targets/{target}/items", true, true, (*Handler).targetItems},
 	{"GET", "/v1/targets/{target}/watermarks", true, true, (*Handler).targetWatermarks},
+	{"POST", "/v1/holdings", true, false, (*Handler).postHoldings},
+	{"GET", "/v1/orders", true, false, (*Handler).getOrders},
+	{"POST", "/v1/receipts", true, false, (*Handler).postReceipt},
+	{"POST", "/v1/takedowns", false, true, (*Handler).postTakedown},
+	{"GET", "/v1/takedowns/{takedown}", false, true, (*Handler).getTakedown},
+	{"GET", "/v1/takedowns/{takedown}/receipts", false, true, (*Handler).getTakedownReceipts},
+	{"POST", "/v1/takedowns/{takedown}/waive", false, true, (*Handler).postWaive},
+	{"GET", "/v1/holdings/{content}", false, true, (*Handler).getHolders},
 }
 
 // Routes lists every route of the API (for the OpenAPI check and docs).
@@ -95,6 +103,9 @@ type matched struct {
 	source relaycore.Partition
 	target relaycore.Partition
 	entry  uint64
+	// takedown and content are the takedown routes' parameters, decoded
+	// (the takedowns package checks them).
+	takedown, content string
 }
 
 // Match reports whether rawPath (still percent-encoded) fits the route's
@@ -195,6 +206,10 @@ func decodeParams(r Route, raw map[string]string) (matched, *apiError) {
 				return m, fail(400, "bad_request", "archive entry %q is not a positive integer", s)
 			}
 			m.entry = id
+		case "takedown":
+			m.takedown = s
+		case "content":
+			m.content = s
 		}
 	}
 	return m, nil

@@ -95,6 +95,9 @@ func (h *Handler) serve(ctx context.Context, req Request, log *slog.Logger) Resp
 		}
 		return errorResponse(ae)
 	}
+	if raw, ok := body.(rawBody); ok {
+		return Response{Status: 200, Headers: map[string]string{"content-type": raw.contentType}, Body: raw.data}
+	}
 	return jsonResponse(200, body)
 }
 

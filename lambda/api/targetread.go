@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/relay-dev/relay/relaycore"
+	"github.com/relay-dev/relay/relaycore/takedowns"
 )
 
 // The target read routes let an application read what relay delivered to
@@ -48,7 +49,21 @@ func (h *Handler) targetStore() (relaycore.Store, error) {
 	return nil, fail(500, "internal", "target reads are not configured on this endpoint")
 }
 
+// reservedTarget refuses reading the takedown partitions through the
+// target reads: the holder index, orders and receipts are read through the
+// takedown routes, by the roles those need (a node reads only its own
+// orders).
+func reservedTarget(t relaycore.Partition) *apiError {
+	if takedowns.Reserved(string(t)) {
+		return fail(403, "forbidden", "target %q is the takedown owner's: read it through the takedown routes (docs/takedown.md)", t)
+	}
+	return nil
+}
+
 func (h *Handler) targetItems(ctx context.Context, m matched, req Request, _ *slog.Logger) (any, error) {
+	if e := reservedTarget(m.target); e != nil {
+		return nil, e
+	}
 	q, e := query(req, "prefix", "after", "limit")
 	if e != nil {
 		return nil, e
@@ -80,6 +95,9 @@ func (h *Handler) targetItems(ctx context.Context, m matched, req Request, _ *sl
 }
 
 func (h *Handler) targetWatermarks(ctx context.Context, m matched, req Request, _ *slog.Logger) (any, error) {
+	if e := reservedTarget(m.target); e != nil {
+		return nil, e
+	}
 	if _, e := query(req); e != nil {
 		return nil, e
 	}
