@@ -177,3 +177,62 @@ func (f *fireRun) claim() (busy bool, err error) {
 	f.cur.Claim = start.rs.Claim
 	return false, nil
 }
+
+// AlarmCheck is a source's wake-up as a sweeper sees it just before firing
+// one it did not arm itself (an alarm found through the due index, or a
+// retry after meeting a claim): whether there is anything to fire, and
+// whether a fire or an operator action is at work on it already. Several
+// processes sweeping one store use it to leave a source to the process
+// that holds it, for the price of one read instead of a fire.
+type AlarmCheck struct {
+	// DueMS is the alarm record's due time (unix ms), 0 when the source has
+	// no alarm record: its outbox was empty when the last alarm cleared it,
+	// so there is nothing to fire.
+	DueMS int64
+	// Claim is the live claim met (UntilMS after now), nil when none.
+	Claim *Claim
+	// RetryMS, when Claim is set, is when the source is worth trying again,
+	// as FireResult.BusyRetryMS: when the claim lapses, or within a second
+	// for an operator action's.
+	RetryMS int64
+	// Operator says the claim is an operator action's, which re-arms
+	// nothing when it ends (a fire's holder re-arms the alarm itself).
+	Operator bool
+}
+
+// Fire reports whether a fire at nowMS would find work nobody else is
+// doing: the alarm is armed, due, and no live claim holds the source.
+func (c AlarmCheck) Fire(nowMS int64) bool {
+	return c.DueMS != 0 && c.DueMS <= nowMS && c.Claim == nil
+}
+
+// CheckAlarm reads source's alarm record and rs in one GetMany and says
+// whether its alarm is due and whether a live claim holds it (see
+// AlarmCheck). It changes nothing; what it reads may change right after,
+// so it only saves work: a fire it lets through may still meet a claim
+// taken meanwhile (and returns Busy, as always).
+func CheckAlarm(ctx context.Context, st Store, source Partition, now time.Time) (AlarmCheck, error) {
+	vals, err := GetMany(ctx, st, source, []string{KeyAlarm, KeyRS})
+	if err != nil {
+		return AlarmCheck{}, fmt.Errorf("check alarm %s: %w", source, err)
+	}
+	var chk AlarmCheck
+	if raw, ok := vals[KeyAlarm]; ok {
+		a, err := decodeAlarm(raw)
+		if err != nil {
+			return AlarmCheck{}, fmt.Errorf("check alarm %s: %w", source, err)
+		}
+		chk.DueMS = max(a.DueMS, 1)
+	}
+	if raw, ok := vals[KeyRS]; ok {
+		rs, err := decodeRS(raw)
+		if err != nil {
+			return AlarmCheck{}, fmt.Errorf("check alarm %s: %w", source, err)
+		}
+		nowMS := unixMS(now)
+		if c := rs.Claim; c != nil && c.UntilMS > nowMS {
+			chk.Claim, chk.RetryMS, chk.Operator = c, busyRetryMS(c, nowMS), strings.HasPrefix(c.Owner, opTokenPrefix)
+		}
+	}
+	return chk, nil
+}

@@ -12,12 +12,34 @@
 // that meets another holder's claim (one left by a process killed
 // mid-fire) kicks the clock for the moment that claim lapses, so such a
 // source waits out the claim, not the sweep.
+//
+// Several clocks (one per `relay serve` replica) may share one store. Each
+// is kicked by its own process's enqueues and re-arms, so a source is
+// fired where it was written to or last fired. Every clock sweeps the same
+// due index, so a wake-up the clock did not get from a kick (one the
+// sweep found, or the retry of an alarm that met a claim) is checked
+// first (relaycore.CheckAlarm: one read): a source whose alarm is gone or
+// not yet due, or that a live claim holds, is left to whoever holds it,
+// and a claim met by a sweep's wake-up is tried once more when it lapses
+// (its holder may have died), not again while claims keep being renewed
+// (their holders are alive, and the next sweep looks again). Each clock
+// fires what its sweep found in its own order (a hash of Config.Replica
+// and the source), so clocks that sweep together start at different
+// sources. Claims and guarded batches keep fires safe whatever the clocks
+// do; this only keeps them from doing one another's work, and it cannot
+// strand a source: a source left alone is one whose alarm record is gone
+// (nothing to fire), due later (whoever re-armed it was kicked), or held
+// by a live claim (its holder re-arms when it ends; a holder that died
+// leaves an overdue alarm that every clock's next sweep finds once the
+// claim lapses, so its sources are fired within claim TTL plus the sweep
+// period).
 package alarmclock
 
 import (
 	"container/heap"
 	"context"
 	"errors"
+	"hash/fnv"
 	"log/slog"
 	"sync"
 	"time"
@@ -39,6 +61,18 @@ type Config struct {
 	// Index lists overdue durable alarm records (the safety net). Nil
 	// disables sweeping.
 	Index relaycore.DueIndex
+	// Source is the store holding the alarm records and claims (the
+	// handler's Source). With it, wake-ups the clock did not get from a
+	// kick are checked before they fire (see the package doc); nil fires
+	// them unchecked, which only a clock alone on its store can afford.
+	Source relaycore.Store
+	// Replica names this clock among the clocks sharing one store; it
+	// seeds the order in which the sweep fires what it found, so give
+	// each replica its own name.
+	Replica string
+	// Clock tells the time (default relaycore.SystemClock); share the
+	// handler's.
+	Clock relaycore.Clock
 	// Workers bounds concurrent alarms (default 4).
 	Workers int
 	// SweepInterval is the safety-net period (default 1 minute, the
@@ -63,11 +97,11 @@ type Clock struct {
 	cfg Config
 
 	mu      sync.Mutex
-	pending wakeHeap                      // due wake-ups, earliest first
-	dueOf   map[relaycore.Partition]int64 // earliest pending due per source
-	running map[relaycore.Partition]bool  // sources with an alarm in progress
-	rerun   map[relaycore.Partition]int64 // kicks that arrived while running
-	changed chan struct{}                 // wakes Run when the heap changes
+	pending wakeHeap                     // due wake-ups, earliest first
+	dueOf   map[relaycore.Partition]pend // earliest pending wake-up per source
+	running map[relaycore.Partition]bool // sources with an alarm in progress
+	rerun   map[relaycore.Partition]pend // wake-ups that arrived while running
+	changed chan struct{}                // wakes Run when the heap changes
 	stats   Stats
 }
 
@@ -76,6 +110,41 @@ type Stats struct {
 	Kicks, Alarms, SweepFound, Errors int64
 	// SweepErrors counts sweeps that could not list the due index.
 	SweepErrors int64
+	// Busy counts alarms that met another holder's claim (wasted: one
+	// read each).
+	Busy int64
+	// Checks counts wake-ups checked before firing; of them, SkippedDone
+	// found no alarm due (another clock fired the source, or re-armed it
+	// for later) and SkippedClaimed a live claim. CheckErrors could not
+	// read (retried after a second).
+	Checks, SkippedDone, SkippedClaimed, CheckErrors int64
+}
+
+// kind is where a wake-up came from, which decides whether it is checked.
+type kind uint8
+
+const (
+	// kicked: a Kick (an enqueue or a re-arm here): fired when due.
+	kicked kind = iota
+	// swept: found overdue by the sweep: checked; met a claim: retried
+	// when it lapses.
+	swept
+	// retried: the retry after a claim met: checked; met a live claim
+	// again: dropped (its holder is alive; the sweep looks again).
+	retried
+)
+
+// pend is one pending wake-up of a source.
+type pend struct {
+	due   int64
+	kind  kind
+	order uint64 // sweep order among wake-ups due at one instant
+}
+
+// before reports whether p should replace q: earlier, or as early and
+// needing less checking.
+func (p pend) before(q pend) bool {
+	return p.due < q.due || (p.due == q.due && p.kind < q.kind)
 }
 
 // New returns a Clock; it does nothing until Run.
@@ -92,11 +161,14 @@ func New(cfg Config) *Clock {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Clock == nil {
+		cfg.Clock = relaycore.SystemClock{}
+	}
 	return &Clock{
 		cfg:     cfg,
-		dueOf:   map[relaycore.Partition]int64{},
+		dueOf:   map[relaycore.Partition]pend{},
 		running: map[relaycore.Partition]bool{},
-		rerun:   map[relaycore.Partition]int64{},
+		rerun:   map[relaycore.Partition]pend{},
 		changed: make(chan struct{}, 1),
 	}
 }
@@ -107,23 +179,23 @@ func (c *Clock) Kick(_ context.Context, source relaycore.Partition, dueMS int64)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.stats.Kicks++
-	c.schedule(source, dueMS)
+	c.schedule(source, pend{due: dueMS})
 	return nil
 }
 
 // schedule needs c.mu.
-func (c *Clock) schedule(source relaycore.Partition, dueMS int64) {
+func (c *Clock) schedule(source relaycore.Partition, p pend) {
 	if c.running[source] {
-		if d, ok := c.rerun[source]; !ok || dueMS < d {
-			c.rerun[source] = dueMS
+		if d, ok := c.rerun[source]; !ok || p.before(d) {
+			c.rerun[source] = p
 		}
 		return
 	}
-	if d, ok := c.dueOf[source]; ok && d <= dueMS {
+	if d, ok := c.dueOf[source]; ok && !p.before(d) {
 		return
 	}
-	c.dueOf[source] = dueMS
-	heap.Push(&c.pending, wake{source: source, due: dueMS})
+	c.dueOf[source] = p
+	heap.Push(&c.pending, wake{source: source, pend: p})
 	select {
 	case c.changed <- struct{}{}:
 	default:
@@ -150,7 +222,7 @@ func (c *Clock) NextDue() (int64, bool) {
 	defer c.mu.Unlock()
 	for c.pending.Len() > 0 {
 		w := c.pending[0]
-		if c.dueOf[w.source] != w.due {
+		if c.dueOf[w.source] != w.pend {
 			heap.Pop(&c.pending) // superseded by an earlier kick
 			continue
 		}
@@ -162,14 +234,14 @@ func (c *Clock) NextDue() (int64, bool) {
 // Run fires due alarms until ctx is cancelled, then waits for running
 // alarms and returns ctx's error.
 func (c *Clock) Run(ctx context.Context) error {
-	work := make(chan relaycore.Partition)
+	work := make(chan wake)
 	var wg sync.WaitGroup
 	for range c.cfg.Workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for src := range work {
-				c.runAlarm(ctx, src)
+			for w := range work {
+				c.runAlarm(ctx, w.source, w.pend)
 			}
 		}()
 	}
@@ -184,10 +256,10 @@ func (c *Clock) Run(ctx context.Context) error {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		src, wait, ok := c.popDue(time.Now().UnixMilli())
+		w, wait, ok := c.popDue(c.nowMS())
 		if ok {
 			select {
-			case work <- src:
+			case work <- w:
 				continue
 			case <-ctx.Done():
 				return ctx.Err()
@@ -205,29 +277,44 @@ func (c *Clock) Run(ctx context.Context) error {
 	}
 }
 
+func (c *Clock) nowMS() int64 { return c.cfg.Clock.Now().UnixMilli() }
+
 // popDue takes the earliest due wake-up if it is due at nowMS, marking its
 // source running; otherwise it says how long to wait.
-func (c *Clock) popDue(nowMS int64) (relaycore.Partition, time.Duration, bool) {
+func (c *Clock) popDue(nowMS int64) (wake, time.Duration, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for c.pending.Len() > 0 {
 		w := c.pending[0]
-		if c.dueOf[w.source] != w.due {
+		if c.dueOf[w.source] != w.pend {
 			heap.Pop(&c.pending)
 			continue
 		}
 		if w.due > nowMS {
-			return "", time.Duration(w.due-nowMS) * time.Millisecond, false
+			return wake{}, time.Duration(w.due-nowMS) * time.Millisecond, false
 		}
 		heap.Pop(&c.pending)
 		delete(c.dueOf, w.source)
 		c.running[w.source] = true
-		return w.source, 0, true
+		return w, 0, true
 	}
-	return "", time.Hour, false
+	return wake{}, time.Hour, false
 }
 
-func (c *Clock) runAlarm(ctx context.Context, src relaycore.Partition) {
+// retryAfterError is how soon a source whose alarm or check failed on a
+// store error is tried again: storage trouble, not a reason to wait for
+// the sweep.
+const retryAfterError = time.Second
+
+func (c *Clock) runAlarm(ctx context.Context, src relaycore.Partition, p pend) {
+	if p.kind != kicked && c.cfg.Source != nil {
+		if next, fire := c.check(ctx, src, p); !fire {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			c.done(src, next)
+			return
+		}
+	}
 	res, err := c.cfg.Handler.Alarm(ctx, src)
 	if err != nil && !errors.Is(err, context.Canceled) {
 		c.cfg.Logger.Warn("relay alarm failed; retrying after the sweep interval or the next kick", "source", string(src), "err", err)
@@ -241,14 +328,66 @@ func (c *Clock) runAlarm(ctx context.Context, src relaycore.Partition) {
 	if err != nil {
 		c.stats.Errors++
 	}
+	if res.Busy {
+		c.stats.Busy++
+		// The alarm kicked us for when the claim it met lapses: that
+		// wake-up is a retry, checked before it fires (the claim's
+		// holder, when alive, re-arms and fires the source itself).
+		if r, ok := c.rerun[src]; ok && r == (pend{due: res.BusyRetryMS}) {
+			c.rerun[src] = pend{due: r.due, kind: retried}
+		}
+	}
+	var next *pend
+	if err != nil && !errors.Is(err, context.Canceled) {
+		next = &pend{due: c.nowMS() + retryAfterError.Milliseconds(), kind: p.kind}
+	}
+	c.done(src, next)
+}
+
+// check runs before a wake-up the clock did not get from a kick: fire
+// says whether to run the alarm; otherwise next (nil: none) is the
+// wake-up to keep instead.
+func (c *Clock) check(ctx context.Context, src relaycore.Partition, p pend) (next *pend, fire bool) {
+	now := c.cfg.Clock.Now()
+	chk, err := relaycore.CheckAlarm(ctx, c.cfg.Source, src, now)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stats.Checks++
+	switch {
+	case err != nil:
+		c.stats.CheckErrors++
+		if errors.Is(err, context.Canceled) {
+			return nil, false
+		}
+		c.cfg.Logger.Warn("relay alarm check failed; retrying", "source", string(src), "err", err)
+		return &pend{due: now.UnixMilli() + retryAfterError.Milliseconds(), kind: p.kind}, false
+	case chk.Fire(now.UnixMilli()):
+		return nil, true
+	case chk.Claim == nil:
+		c.stats.SkippedDone++ // fired, cleared or re-armed for later elsewhere
+		return nil, false
+	}
+	c.stats.SkippedClaimed++
+	if p.kind == swept || chk.Operator {
+		// Its holder may have died (a fire's claim) or re-arms nothing
+		// (an operator's): look again when the claim lapses.
+		return &pend{due: chk.RetryMS, kind: retried}, false
+	}
+	// A retry meeting a fire's live claim: its holder was alive after
+	// the claim we waited for lapsed, and re-arms the source itself.
+	return nil, false
+}
+
+// done ends src's run: a wake-up that arrived meanwhile, and next (when
+// set), are scheduled. It needs c.mu.
+func (c *Clock) done(src relaycore.Partition, next *pend) {
 	delete(c.running, src)
 	if d, ok := c.rerun[src]; ok {
 		delete(c.rerun, src)
 		c.schedule(src, d)
 	}
-	if err != nil && !errors.Is(err, context.Canceled) {
-		// Storage trouble: try again soon rather than waiting a sweep.
-		c.schedule(src, time.Now().Add(time.Second).UnixMilli())
+	if next != nil {
+		c.schedule(src, *next)
 	}
 }
 
@@ -257,7 +396,7 @@ func (c *Clock) sweep(ctx context.Context) {
 	if c.cfg.Index == nil {
 		return
 	}
-	now := time.Now().UnixMilli()
+	now := c.nowMS()
 	due, err := c.cfg.Index.Due(ctx, now, c.cfg.SweepLimit)
 	found := 0
 	c.mu.Lock()
@@ -270,7 +409,12 @@ func (c *Clock) sweep(ctx context.Context) {
 		}
 		found++
 		c.stats.SweepFound++
-		c.schedule(e.Partition, e.Due)
+		if _, ok := c.dueOf[e.Partition]; ok || c.running[e.Partition] {
+			continue // this clock has it in hand already
+		}
+		// Due now, in this clock's own order: clocks sweeping together
+		// start at different sources.
+		c.schedule(e.Partition, pend{due: now, kind: swept, order: c.sweepOrder(e.Partition)})
 	}
 	c.mu.Unlock()
 	if err != nil {
@@ -281,9 +425,25 @@ func (c *Clock) sweep(ctx context.Context) {
 	}
 }
 
+// sweepOrder ranks src among the sources one sweep found: a hash of this
+// clock's replica name and src, a different order per replica. FNV-1a
+// alone keeps names that differ in their last bytes (s10, s11, ...) in
+// runs, so its sum goes through splitmix64's finalizer, which spreads
+// every input bit over the whole word.
+func (c *Clock) sweepOrder(src relaycore.Partition) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(c.cfg.Replica))
+	h.Write([]byte{0})
+	h.Write([]byte(src))
+	z := h.Sum64()
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
+}
+
 type wake struct {
 	source relaycore.Partition
-	due    int64
+	pend
 }
 
 type wakeHeap []wake
@@ -292,6 +452,9 @@ func (h wakeHeap) Len() int { return len(h) }
 func (h wakeHeap) Less(i, j int) bool {
 	if h[i].due != h[j].due {
 		return h[i].due < h[j].due
+	}
+	if h[i].order != h[j].order {
+		return h[i].order < h[j].order
 	}
 	return h[i].source < h[j].source
 }
