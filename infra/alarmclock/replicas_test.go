@@ -111,6 +111,10 @@ const claimTTL = 10 * time.Second
 // newReplicas starts n replicas' clocks (not running: the tests step them,
 // or Run them) on s. wrap, when set, wraps replica i's target store.
 func newReplicas(s shared, n int, clock relaycore.Clock, sweep time.Duration, wrap func(i int, st relaycore.Store) relaycore.Store, observed chan<- struct{}) []*replica {
+	return newReplicasTTL(s, n, clock, sweep, claimTTL, wrap, observed)
+}
+
+func newReplicasTTL(s shared, n int, clock relaycore.Clock, sweep, ttl time.Duration, wrap func(i int, st relaycore.Store) relaycore.Store, observed chan<- struct{}) []*replica {
 	var out []*replica
 	for i := range n {
 		dst := s.dst
@@ -118,7 +122,7 @@ func newReplicas(s shared, n int, clock relaycore.Clock, sweep time.Duration, wr
 			dst = wrap(i, dst)
 		}
 		r := &replica{name: fmt.Sprintf("r%d", i), delivered: map[relaycore.Partition]int{}}
-		r.h = &relaycore.RelayHandler{Source: s.src, Target: dst, Clock: clock, ClaimTTL: claimTTL}
+		r.h = &relaycore.RelayHandler{Source: s.src, Target: dst, Clock: clock, ClaimTTL: ttl}
 		r.clock = alarmclock.New(alarmclock.Config{
 			Handler: r.h, Index: s.index, Source: s.src, Replica: r.name, Clock: clock, SweepInterval: sweep,
 			Observe: func(src relaycore.Partition, res relaycore.AlarmResult, _ error) {

@@ -57,8 +57,15 @@ const superuser = "relay"
 
 // Cluster is one running server.
 type Cluster struct {
-	dir     string // temp dir: data/ and the socket
-	cmd     *exec.Cmd
+	dir  string // temp dir: data/ and the socket
+	bin  string
+	cred *syscall.Credential
+	env  []string
+	cmd  *exec.Cmd
+	// commits: synchronous_commit on, so a commit acknowledged survives
+	// the server's crash (Private clusters, which Restart crashes; fsync
+	// stays off: only the machine's crash would need it).
+	commits bool
 	exited  chan struct{}
 	log     *logBuffer
 	dbSeq   atomic.Int64
@@ -100,7 +107,7 @@ func Get(tb testing.TB) *Cluster {
 			notPresent = why
 			return
 		}
-		shared, startErr = start(bin)
+		shared, startErr = start(bin, false)
 	})
 	if notPresent != "" {
 		msg := fmt.Sprintf("PostgreSQL not installed (%s): apt-get install postgresql, or set %s to the directory of initdb and postgres", notPresent, BinEnv)
@@ -287,7 +294,7 @@ func runAs() (*syscall.Credential, error) {
 	return nil, errors.New("running as root, and there is neither a postgres nor a nobody user to run the server as (useradd postgres)")
 }
 
-func start(bin string) (*Cluster, error) {
+func start(bin string, commits bool) (*Cluster, error) {
 	cred, err := runAs()
 	if err != nil {
 		return nil, err
@@ -298,7 +305,7 @@ func start(bin string) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{dir: dir, exited: make(chan struct{}), log: &logBuffer{}}
+	c := &Cluster{dir: dir, exited: make(chan struct{}), log: &logBuffer{}, commits: commits}
 	fail := func(err error) (*Cluster, error) {
 		_ = os.RemoveAll(dir)
 		return nil, err
@@ -321,13 +328,29 @@ func start(bin string) (*Cluster, error) {
 	if out, err := initdb.CombinedOutput(); err != nil {
 		return fail(fmt.Errorf("initdb (%s) as uid %d: %v\n%s", bin, uidOf(cred), err, out))
 	}
-	cmd := exec.Command(filepath.Join(bin, "postgres"), "-D", data,
+	c.bin, c.cred, c.env = bin, cred, env
+	if err := c.launch(); err != nil {
+		return fail(err)
+	}
+	return c, nil
+}
+
+// launch starts the server on c's data directory and waits until it
+// accepts connections.
+func (c *Cluster) launch() error {
+	dir, data, cred, env := c.dir, filepath.Join(c.dir, "data"), c.cred, c.env
+	c.exited = make(chan struct{})
+	syncCommit := "off"
+	if c.commits {
+		syncCommit = "on"
+	}
+	cmd := exec.Command(filepath.Join(c.bin, "postgres"), "-D", data,
 		"-c", "listen_addresses=",
 		"-c", "unix_socket_directories="+dir,
 		"-c", "port=5432",
 		"-c", "fsync=off",
 		"-c", "full_page_writes=off",
-		"-c", "synchronous_commit=off",
+		"-c", "synchronous_commit="+syncCommit,
 		"-c", "shared_buffers=32MB",
 		"-c", "max_connections=200",
 		"-c", "log_min_error_statement=panic",
@@ -337,13 +360,14 @@ func start(bin string) (*Cluster, error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGQUIT, Setpgid: true}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
-		return fail(err)
+		return err
 	}
 	cmd.Stdout = c.log
 	if err := cmd.Start(); err != nil {
-		return fail(fmt.Errorf("start postgres: %w", err))
+		return fmt.Errorf("start postgres: %w", err)
 	}
 	c.cmd = cmd
+	exited := c.exited
 	// The server says when it accepts connections; reading its log is the
 	// readiness signal, so no polling.
 	ready := make(chan struct{})
@@ -361,18 +385,62 @@ func start(bin string) (*Cluster, error) {
 	}()
 	go func() {
 		_ = cmd.Wait()
-		close(c.exited)
+		close(exited)
 	}()
 	select {
 	case <-ready:
-		return c, nil
-	case <-c.exited:
-		return fail(fmt.Errorf("postgres exited before accepting connections:\n%s", c.log.String()))
+		return nil
+	case <-exited:
+		return fmt.Errorf("postgres exited before accepting connections:\n%s", c.log.String())
 	case <-time.After(2 * time.Minute):
 		_ = cmd.Process.Kill()
-		<-c.exited
-		return fail(fmt.Errorf("postgres did not accept connections within 2 minutes:\n%s", c.log.String()))
+		<-exited
+		return fmt.Errorf("postgres did not accept connections within 2 minutes:\n%s", c.log.String())
 	}
+}
+
+// Private starts a cluster of tb's own, stopped when tb ends, for a test
+// that restarts the server (the shared cluster serves the other tests
+// meanwhile). Its commits are synchronous, so what it acknowledged
+// survives Restart's crash. It skips or fails tb as Get does.
+func Private(tb testing.TB) *Cluster {
+	tb.Helper()
+	Get(tb) // the installation check, and its skip message
+	bin, _ := findBin()
+	c, err := start(bin, true)
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := c.stop(); err != nil {
+			tb.Errorf("pgtest: %v", err)
+		}
+	})
+	return c
+}
+
+// Restart stops the server as a crash would (SIGQUIT: immediate shutdown,
+// every connection cut, crash recovery at the next start) and starts it
+// again on the same data directory, returning once it accepts
+// connections. Pools on it see their connections fail and reconnect.
+func (c *Cluster) Restart(tb testing.TB) {
+	tb.Helper()
+	_ = c.cmd.Process.Signal(syscall.SIGQUIT)
+	<-c.exited
+	if err := c.launch(); err != nil {
+		tb.Fatalf("pgtest: restart: %v", err)
+	}
+}
+
+// NewDatabase creates an empty database on c and returns its connection
+// string, as the package's NewDatabase does on the shared cluster.
+func (c *Cluster) NewDatabase(tb testing.TB) string {
+	tb.Helper()
+	name := fmt.Sprintf("t%d", c.dbSeq.Add(1))
+	if err := c.admin("CREATE DATABASE " + name + " TEMPLATE template0"); err != nil {
+		tb.Fatalf("pgtest: create database %s: %v", name, err)
+	}
+	return c.DSN(name)
 }
 
 // stop closes the shared pools and shuts the server down (fast shutdown:
