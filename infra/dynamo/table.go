@@ -96,3 +96,27 @@ func checkSchema(t *types.TableDescription) error {
 	}
 	return nil
 }
+
+// CheckTable reads table's description (DescribeTable: nothing is
+// written) and checks it has the relay's key schema and, when withDue, its
+// due index. A missing table is an error wrapping
+// *types.ResourceNotFoundException.
+func CheckTable(ctx context.Context, client *dynamodb.Client, table string, withDue bool) error {
+	d, err := client.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(table)})
+	if err != nil {
+		return fmt.Errorf("table %s: %w", table, err)
+	}
+	if err := checkSchema(d.Table); err != nil {
+		return fmt.Errorf("table %s: %w", table, err)
+	}
+	if withDue {
+		found := false
+		for _, g := range d.Table.GlobalSecondaryIndexes {
+			found = found || aws.ToString(g.IndexName) == DueIndexName
+		}
+		if !found {
+			return fmt.Errorf("table %s: no global secondary index %q (docs/dynamodb.md)", table, DueIndexName)
+		}
+	}
+	return nil
+}

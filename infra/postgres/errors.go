@@ -9,12 +9,16 @@ import (
 	"github.com/relay-dev/relay/relaycore"
 )
 
-// Errors of Open and Migrate.
+// Errors of Open, Migrate and Verify.
 var (
 	// ErrSchemaTooNew means the database's relay schema was migrated by a
 	// newer release than this one. Nothing was written; run a release at
 	// least as new.
 	ErrSchemaTooNew = errors.New("postgres: relay schema is newer than this release")
+	// ErrPermission means the role lacks a privilege the relay needs
+	// (Verify). Nothing was written; grant it (docs/postgres.md,
+	// Permissions).
+	ErrPermission = errors.New("postgres: the relay's role lacks privileges")
 )
 
 // Errors of every Store call.

@@ -138,6 +138,15 @@ func Fetch(ctx context.Context, client *http.Client, req *http.Request, dir stri
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		// The server's error body, {"error":{"code","message"}}, is
+		// shown as its message: on a database store (501
+		// not_supported) that says which backups to use instead.
+		var eb struct {
+			Error struct{ Code, Message string } `json:"error"`
+		}
+		if json.Unmarshal(msg, &eb) == nil && eb.Error.Message != "" {
+			return nil, fmt.Errorf("fetch backup: %s: %s: %s", resp.Status, eb.Error.Code, eb.Error.Message)
+		}
 		return nil, fmt.Errorf("fetch backup: %s: %s", resp.Status, strings.TrimSpace(string(msg)))
 	}
 	tr := tar.NewReader(resp.Body)

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/relay-dev/relay/infra/postgres/pgtest"
 	"github.com/relay-dev/relay/internal/relayserve"
 	"github.com/relay-dev/relay/internal/relayserve/servetest"
 	"github.com/relay-dev/relay/lambda/api"
@@ -21,7 +22,39 @@ import (
 
 var relayBin string
 
-func TestMain(m *testing.M) { os.Exit(servetest.Main(m, &relayBin)) }
+func TestMain(m *testing.M) { os.Exit(pgtest.After(servetest.Main(m, &relayBin))) }
+
+// TestServeBackupOnPostgres: the backup route of a server on PostgreSQL
+// answers 501 not_supported naming the database's own backups, and
+// `relay backup --url` says so, exits non-zero and writes nothing.
+func TestServeBackupOnPostgres(t *testing.T) {
+	dir := t.TempDir()
+	const tok = "relay_backup_operator"
+	if err := os.WriteFile(filepath.Join(dir, "tokens"), []byte("operator "+relayserve.HashToken(tok)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "operator.token"), []byte(tok+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fmt.Sprintf(`listen: 127.0.0.1:0
+store: {type: postgres, postgres: {dsn: %q}}
+auth: {tokens_file: %s/tokens}
+principals:
+  operator: {read: true, operate: true}
+`, pgtest.NewDatabase(t), dir)
+	p := servetest.Start(t, relayBin, servetest.WriteConfig(t, cfg))
+	out := t.TempDir()
+	msg, err := relayCmd(t, "backup", "--url", p.URL, "--token-file", filepath.Join(dir, "operator.token"), out)
+	if err == nil || !strings.Contains(msg, "501 Not Implemented: not_supported") || !strings.Contains(msg, "pg_dump") || !strings.Contains(msg, "point-in-time recovery") {
+		t.Errorf("relay backup of a server on PostgreSQL: %v\n%s", err, msg)
+	}
+	if entries, _ := os.ReadDir(out); len(entries) != 0 {
+		t.Errorf("relay backup wrote %v", entries)
+	}
+	if code := p.Stop(t); code != 0 {
+		t.Fatalf("relay serve exited %d", code)
+	}
+}
 
 // relayCmd runs the relay binary and returns its combined output.
 func relayCmd(t *testing.T, args ...string) (string, error) {

@@ -44,7 +44,12 @@ bbolt's consistency check and only then renamed into place.
                     their own file), written into the directory OUTDIR. Needs a
                     principal with the operate and read roles: --token-file (a
                     file holding the bearer token) or --cert/--key; --ca trusts
-                    the server's CA.`,
+                    the server's CA. Only a server on bbolt files has
+                    this backup: one on PostgreSQL or DynamoDB answers
+                    501 not_supported, and backup exits non-zero saying
+                    what to use instead (pg_dump or pg_basebackup with
+                    WAL archiving; DynamoDB point-in-time recovery or
+                    on-demand backups; docs/serve.md).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			out := args[0]

@@ -21,7 +21,7 @@ func serveCmd(stdout, stderr io.Writer) *cobra.Command {
 	var check bool
 	c := &cobra.Command{
 		Use:   "serve --config FILE",
-		Short: "Run the relay as a self-hosted server: HTTP API, alarm clock and sweeper on a bbolt file",
+		Short: "Run the relay as a self-hosted server: HTTP API, alarm clock and sweeper on bbolt, PostgreSQL or DynamoDB",
 		Long: `serve runs the embedded relay as a server (docs/serve.md): the HTTP API of the
 function URL, authenticated by client certificates or bearer tokens, the in-process
 alarm clock and sweeper, /healthz, /readyz and Prometheus /metrics. JSON logs go to
@@ -32,8 +32,11 @@ current tokens file, client CA and server certificate, all or nothing; a change
 to any other key is refused and logged: it needs a restart.
 
 --check-config loads the configuration and every file it names, prints every problem
-(with its line in the file) and exits non-zero if there is one, without opening or
-creating the store (it checks that the store's directory exists).`,
+(with its line in the file) and exits non-zero if there is one, without creating or
+writing anything: on bbolt it checks that the files' directories exist; on PostgreSQL
+it connects and checks that the schema is one this release knows and that the role
+has the privileges the relay needs; on DynamoDB it checks both tables' layout and
+that they can be read.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if configPath == "" {
@@ -44,6 +47,9 @@ creating the store (it checks that the store's directory exists).`,
 				return err
 			}
 			if check {
+				if err := relayserve.CheckStore(cmd.Context(), cfg); err != nil {
+					return fmt.Errorf("%s: %w", configPath, err)
+				}
 				_, err := fmt.Fprintf(stdout, "%s: ok\n", configPath)
 				return err
 			}
@@ -76,7 +82,7 @@ creating the store (it checks that the store's directory exists).`,
 		},
 	}
 	c.Flags().StringVar(&configPath, "config", "", "YAML configuration file (docs/serve.md)")
-	c.Flags().BoolVar(&check, "check-config", false, "validate the configuration and the files it names, then exit")
+	c.Flags().BoolVar(&check, "check-config", false, "validate the configuration, the files it names and the database connection (writing nothing), then exit")
 	c.Flags().StringVar(&readyFile, "ready-file", "", `write {"addr","url","pid"} JSON here once listening (removed on exit)`)
 	c.AddCommand(tokenCmd(stdout))
 	return c

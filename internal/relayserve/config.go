@@ -59,8 +59,12 @@ type Config struct {
 	// port 0 picks a free port (the bound address is logged and written
 	// to the ready file).
 	Listen string `yaml:"listen"`
-	// DB (db, required) is the bbolt file holding the sources' outboxes
-	// (created if missing).
+	// Store (store) says which database holds the outboxes and the
+	// target partitions: bbolt files (the default), PostgreSQL or
+	// DynamoDB.
+	Store Store `yaml:"store"`
+	// DB (db, required with store.type bbolt) is the bbolt file holding
+	// the sources' outboxes (created if missing).
 	DB string `yaml:"db"`
 	// Targets (targets) says where rows are delivered.
 	Targets Targets `yaml:"targets"`
@@ -92,6 +96,77 @@ type Targets struct {
 	// holding the target partitions. Another file keeps application reads
 	// of the targets off the outbox's write lock.
 	DB string `yaml:"db"`
+}
+
+// Store types (store.type).
+const (
+	StoreBbolt    = "bbolt"
+	StorePostgres = "postgres"
+	StoreDynamoDB = "dynamodb"
+)
+
+// Defaults of the database stores (docs/serve.md lists the same values).
+const (
+	DefaultPostgresMaxConns         = 8
+	DefaultPostgresStatementTimeout = 30 * time.Second
+)
+
+// Store selects and configures the database.
+type Store struct {
+	// Type (store.type, default bbolt): bbolt (the files db and
+	// targets.db), postgres (store.postgres) or dynamodb
+	// (store.dynamodb). Only the chosen type's block may be set.
+	Type     string   `yaml:"type"`
+	Postgres Postgres `yaml:"postgres"`
+	DynamoDB DynamoDB `yaml:"dynamodb"`
+}
+
+// Postgres configures a PostgreSQL database (infra/postgres,
+// docs/postgres.md).
+type Postgres struct {
+	// DSN (store.postgres.dsn, required) is the connection string, a
+	// URL or key=value pairs as libpq takes them; TLS to the database is
+	// its sslmode, sslrootcert, sslcert and sslkey (absolute paths). A
+	// host other than a Unix socket or a loopback address needs sslmode
+	// verify-full or verify-ca. A password is better in a passfile or
+	// PGPASSWORD than here.
+	DSN string `yaml:"dsn"`
+	// MaxConns (store.postgres.max_conns, default 8) bounds the pool;
+	// it overrides the DSN's pool_max_conns.
+	MaxConns int `yaml:"max_conns"`
+	// StatementTimeout (store.postgres.statement_timeout, default 30s)
+	// is the server's statement_timeout for the relay's sessions: a
+	// statement past it (a batch waiting on a lock) is cancelled by the
+	// server, surely not applied.
+	StatementTimeout time.Duration `yaml:"statement_timeout"`
+}
+
+// DynamoDB configures two DynamoDB tables (infra/dynamo,
+// docs/dynamodb.md). Credentials come from the AWS SDK's default chain
+// (environment, shared config and credentials files, SSO, the instance or
+// task role), never from this file.
+type DynamoDB struct {
+	// SourceTable and TargetTable (store.dynamodb.source_table,
+	// target_table, both required, different) are the tables of the
+	// outboxes and of the target partitions, with the relay's layout.
+	SourceTable string `yaml:"source_table"`
+	TargetTable string `yaml:"target_table"`
+	// Region (store.dynamodb.region, default: the SDK's, AWS_REGION or
+	// the profile's).
+	Region string `yaml:"region"`
+	// Endpoint (store.dynamodb.endpoint, default AWS's for the region)
+	// is another DynamoDB-API endpoint's URL (DynamoDB Local, a VPC
+	// endpoint). http:// only to a loopback address.
+	Endpoint string `yaml:"endpoint"`
+	// CreateTables (store.dynamodb.create_tables, default false) creates
+	// missing tables at start (on-demand billing, the due index).
+	// Without it a missing table is an error.
+	CreateTables bool `yaml:"create_tables"`
+	// DueIndex (store.dynamodb.due_index, default gsi) is how the sweep
+	// finds due alarms: gsi queries the tables' due index; scan reads the
+	// whole source table, for endpoints whose secondary indexes are not
+	// reliable (emulators).
+	DueIndex string `yaml:"due_index"`
 }
 
 // Budget is a plan or a custom budget.
@@ -170,6 +245,7 @@ type Alarms struct {
 func Default() Config {
 	return Config{
 		Listen: DefaultListen,
+		Store:  Store{Type: StoreBbolt, Postgres: defaultPostgres(), DynamoDB: defaultDynamoDB()},
 		Budget: Budget{Plan: "free"},
 		Limits: Limits{
 			MaxBodyBytes: DefaultMaxBodyBytes, MaxHeaderBytes: DefaultMaxHeaderBytes,
@@ -183,6 +259,12 @@ func Default() Config {
 		LogLevel:     "info",
 	}
 }
+
+func defaultPostgres() Postgres {
+	return Postgres{MaxConns: DefaultPostgresMaxConns, StatementTimeout: DefaultPostgresStatementTimeout}
+}
+
+func defaultDynamoDB() DynamoDB { return DynamoDB{DueIndex: "gsi"} }
 
 // ErrConfig is wrapped by every error Load and Parse return.
 var ErrConfig = errors.New("invalid relay serve configuration")
@@ -284,12 +366,7 @@ func (c *Config) validate() []error {
 	} else {
 		loopback = LoopbackHost(host)
 	}
-	if c.DB == "" {
-		bad(nil, "db is required: the bbolt file of the relay")
-	}
-	if c.Targets.DB != "" && c.Targets.DB == c.DB {
-		bad(at("targets", "db"), "targets.db is the same file as db: leave it out to keep targets in the same file")
-	}
+	errs = append(errs, c.validateStore()...)
 
 	if _, err := c.RelayBudget(); err != nil {
 		errs = append(errs, flatten(err)...)

@@ -1,6 +1,8 @@
 // Package relayserve is `relay serve`: the embedded relay as a
-// self-hosted server. One process on one bbolt file (targets in the same
-// file or another) serves the HTTP API of lambda/api, runs the in-process
+// self-hosted server. One process on one store (a bbolt file, targets in
+// the same file or another; PostgreSQL, infra/postgres; or two DynamoDB
+// tables, infra/dynamo: store.go and storedb.go open what the
+// configuration names) serves the HTTP API of lambda/api, runs the in-process
 // alarm clock and sweeper (infra/alarmclock) with the configured budget,
 // and exports Prometheus metrics carrying the Lambda functions' EMF
 // signals.
@@ -19,7 +21,7 @@
 // finish within drain_timeout, close the store. A fire cut short by the
 // deadline (or by kill -9) leaves its claim to lapse and its durable
 // alarm record for the sweep after the next start: acknowledged rows are
-// in the outbox file before the client hears of them, and the targets'
+// committed to the store before the client hears of them, and the targets'
 // rh watermarks make redelivery idempotent.
 //
 // SIGHUP (Options.Reload) re-reads the configuration file and applies

@@ -20,6 +20,7 @@ import (
 	"github.com/relay-dev/relay/edge/pki"
 	"github.com/relay-dev/relay/edge/pki/pkitest"
 	"github.com/relay-dev/relay/infra/bolt"
+	"github.com/relay-dev/relay/infra/postgres/pgtest"
 	"github.com/relay-dev/relay/internal/relayserve"
 	"github.com/relay-dev/relay/internal/relayserve/servetest"
 	"github.com/relay-dev/relay/lambda/api"
@@ -29,7 +30,9 @@ import (
 // relayBin is the relay binary under test, built once in TestMain.
 var relayBin string
 
-func TestMain(m *testing.M) { os.Exit(servetest.Main(m, &relayBin)) }
+// The PostgreSQL cluster of the store tests (pgtest) starts on first use
+// and stops after the tests.
+func TestMain(m *testing.M) { os.Exit(pgtest.After(servetest.Main(m, &relayBin))) }
 
 // fixture is a server configuration with TLS, client certificates and
 // tokens, and the credentials of its principals.

@@ -21,7 +21,8 @@ import (
 
 // Table names in the bbolt files, the same as `relay demo`, `relay
 // status` and the operator commands use, so they all work on a server's
-// file (when it is stopped: bbolt allows one process at a time).
+// file (when it is stopped: bbolt allows one process at a time). They are
+// also the store names in PostgreSQL's relay_items.
 const (
 	SourceTable = "source"
 	TargetTable = "target"
@@ -65,7 +66,8 @@ type ReadyInfo struct {
 
 // Check loads everything the configuration names (TLS files, tokens
 // file, client CA) without opening the store or listening, and returns
-// every problem found: what `relay serve --check-config` runs after Load.
+// every problem found: what `relay serve --check-config` runs after Load
+// (and then CheckStore, which connects to a database store).
 func Check(cfg Config) error {
 	_, err := loadCredentials(cfg)
 	for _, f := range []struct{ key, path string }{{"db", cfg.DB}, {"targets.db", cfg.Targets.DB}} {

@@ -35,11 +35,6 @@ type store struct {
 	close func() error
 }
 
-// openConfiguredStore opens the store cfg names.
-func openConfiguredStore(_ context.Context, cfg Config, log *slog.Logger) (*store, error) {
-	return openBoltStores(cfg, log)
-}
-
 // openBoltStores opens the bbolt file db (the sources, and the targets
 // unless targets.db names a file of their own).
 func openBoltStores(cfg Config, log *slog.Logger) (*store, error) {

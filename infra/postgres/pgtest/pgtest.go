@@ -83,8 +83,12 @@ var (
 
 // Main runs m and then stops the cluster, if a test started one. Use it
 // from TestMain.
-func Main(m *testing.M) int {
-	code := m.Run()
+func Main(m *testing.M) int { return After(m.Run()) }
+
+// After stops the cluster, if a test started one, and returns code, or 1
+// if stopping failed: for a TestMain that runs its tests through another
+// helper, as os.Exit(pgtest.After(servetest.Main(m, &bin))).
+func After(code int) int {
 	if shared != nil {
 		if err := shared.stop(); err != nil {
 			fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)

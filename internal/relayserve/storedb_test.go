@@ -1,0 +1,451 @@
+package relayserve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relay-dev/relay/infra/dynamotest"
+	"github.com/relay-dev/relay/infra/mem"
+	"github.com/relay-dev/relay/infra/postgres"
+	"github.com/relay-dev/relay/infra/postgres/pgtest"
+	"github.com/relay-dev/relay/relaycore"
+)
+
+// dbConfig is a loopback, anonymous-everything server on the store block
+// given (YAML flow mapping).
+func dbConfig(t *testing.T, store string) Config {
+	t.Helper()
+	cfg, err := Parse([]byte(fmt.Sprintf(`listen: 127.0.0.1:0
+auth: {anonymous: {produce: ["*"], read: true, operate: true}}
+alarms: {sweep_interval: 1s, claim_ttl: 1s}
+store: %s
+`, store)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func pgStore(dsn string) string { return fmt.Sprintf("{type: postgres, postgres: {dsn: %q}}", dsn) }
+
+// get answers GET url: status and body.
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// waitFor polls GET url until ok accepts the answer (a hang guard, not
+// a timing assertion: the state it waits for comes as soon as it can).
+func waitFor(t *testing.T, url string, what string, ok func(int, string) bool) string {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		code, body := get(t, url)
+		if ok(code, body) {
+			return body
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GET %s: still %d %s, waiting for %s", url, code, body, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func waitWatermark(t *testing.T, url, target string) {
+	t.Helper()
+	waitFor(t, url+"/v1/targets/"+target+"/watermarks", "orders delivered to "+target, func(code int, body string) bool {
+		return code == 200 && strings.Contains(body, `"orders"`)
+	})
+}
+
+// serveAndDeliver runs the server on cfg, enqueues a row and waits for its
+// delivery through the API, checks the backup route's answer, and stops.
+func serveAndDeliver(t *testing.T, cfg Config, backupSays string) {
+	t.Helper()
+	cancel, done, url, _ := runServer(t, cfg, nil)
+	enqueueOne(t, url)
+	waitWatermark(t, url, "t1")
+	if code, body := get(t, url+"/readyz"); code != 200 {
+		t.Fatalf("readyz %d %s", code, body)
+	}
+	code, body := get(t, url+PathBackup)
+	if code != http.StatusNotImplemented || !strings.Contains(body, `"code":"`+BackupNotSupported+`"`) || !strings.Contains(body, backupSays) {
+		t.Fatalf("backup: %d %s; want 501 %s naming %q", code, body, BackupNotSupported, backupSays)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
+
+func TestServeOnPostgres(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	serveAndDeliver(t, dbConfig(t, pgStore(dsn)), "pg_dump")
+	pool := pgtest.Pool(t, dsn, 1)
+	var n int
+	if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM relay_items WHERE store = 'target' AND part = 't1' AND key = 'k'`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("delivered row in relay_items: %d, %v", n, err)
+	}
+}
+
+// startRefused runs the server, which must refuse to start: the error is
+// returned, and the same configuration fails --check-config (CheckStore)
+// with it too.
+func startRefused(t *testing.T, cfg Config) (start, check error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second) // a hang guard
+	defer cancel()
+	check = CheckStore(ctx, cfg)
+	start = Run(ctx, cfg, Options{})
+	if start == nil || check == nil {
+		t.Fatalf("accepted: start %v, check %v", start, check)
+	}
+	t.Logf("start: %v\ncheck: %v", start, check)
+	return start, check
+}
+
+// Bad input (issue 22's proof): a wrong DSN, a role without privileges,
+// a schema from a newer release are refused at start and by
+// --check-config, with a message saying what is wrong, and nothing is
+// written.
+func TestPostgresRefusedAtStart(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	admin := pgtest.Pool(t, dsn, 1)
+	relayTables := func() string {
+		var names string
+		if err := admin.QueryRow(t.Context(), `SELECT coalesce(string_agg(relname, ',' ORDER BY relname), '') FROM pg_class WHERE relname LIKE 'relay_%' AND relkind = 'r'`).Scan(&names); err != nil {
+			t.Fatal(err)
+		}
+		return names
+	}
+	var roles atomic.Int64
+	role := func(t *testing.T) string {
+		name := fmt.Sprintf("relay_role_%d_%d", time.Now().UnixNano()%1e6, roles.Add(1))
+		pgtest.Admin(t, "CREATE ROLE "+name+" LOGIN")
+		return name
+	}
+	as := func(user string) string { return strings.Replace(dsn, "user=relay", "user="+user, 1) }
+	both := func(t *testing.T, start, check error, want ...string) {
+		t.Helper()
+		for _, err := range []error{start, check} {
+			for _, w := range want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error lacks %q: %v", w, err)
+				}
+			}
+		}
+	}
+
+	t.Run("no such database", func(t *testing.T) {
+		start, check := startRefused(t, dbConfig(t, pgStore(strings.Replace(dsn, "dbname=", "dbname=nope", 1))))
+		both(t, start, check, "store.postgres", "does not exist")
+	})
+	t.Run("nothing listening", func(t *testing.T) {
+		start, check := startRefused(t, dbConfig(t, pgStore("host=127.0.0.1 port=1 user=relay dbname=relay sslmode=disable")))
+		both(t, start, check, "store.postgres (host=127.0.0.1 database=relay user=relay)", "connect")
+	})
+	t.Run("role without CREATE on a new database", func(t *testing.T) {
+		start, check := startRefused(t, dbConfig(t, pgStore(as(role(t)))))
+		both(t, start, check, "lacks CREATE on schema public")
+		if !errors.Is(start, postgres.ErrPermission) {
+			t.Errorf("start: %v, want ErrPermission", start)
+		}
+		if got := relayTables(); got != "" {
+			t.Fatalf("tables written: %s", got)
+		}
+	})
+
+	// The owner creates the schema once (a relay that starts as the
+	// superuser); a role granted only SELECT may not run on it.
+	serveAndDeliver(t, dbConfig(t, pgStore(dsn)), "pg_dump")
+	countItems := func() int {
+		var n int
+		if err := admin.QueryRow(t.Context(), `SELECT count(*) FROM relay_items`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	items := countItems()
+
+	t.Run("role that may only read", func(t *testing.T) {
+		r := role(t)
+		if _, err := admin.Exec(t.Context(), "GRANT SELECT ON relay_items, relay_schema TO "+r); err != nil {
+			t.Fatal(err)
+		}
+		start, check := startRefused(t, dbConfig(t, pgStore(as(r))))
+		both(t, start, check, "role "+r+" lacks INSERT on relay_items, UPDATE on relay_items, DELETE on relay_items")
+	})
+	t.Run("role with every privilege runs", func(t *testing.T) {
+		r := role(t)
+		if _, err := admin.Exec(t.Context(), "GRANT SELECT, INSERT, UPDATE, DELETE ON relay_items TO "+r+"; GRANT SELECT ON relay_schema TO "+r); err != nil {
+			t.Fatal(err)
+		}
+		if err := CheckStore(t.Context(), dbConfig(t, pgStore(as(r)))); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("schema from a newer release", func(t *testing.T) {
+		if _, err := admin.Exec(t.Context(), `INSERT INTO relay_schema (version, description) VALUES (99, 'from the future')`); err != nil {
+			t.Fatal(err)
+		}
+		start, check := startRefused(t, dbConfig(t, pgStore(dsn)))
+		both(t, start, check, "the database has schema version 99, this release knows up to 1")
+		if !errors.Is(start, postgres.ErrSchemaTooNew) || !errors.Is(check, postgres.ErrSchemaTooNew) {
+			t.Errorf("start %v, check %v: want ErrSchemaTooNew", start, check)
+		}
+	})
+	if n := countItems(); n != items {
+		t.Fatalf("relay_items: %d items, %d before the refused starts", n, items)
+	}
+}
+
+// unixSocket is the socket path of a pgtest DSN (host=<dir> port=5432).
+func unixSocket(t *testing.T, dsn string) string {
+	t.Helper()
+	c, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(c.Host, fmt.Sprintf(".s.PGSQL.%d", c.Port))
+}
+
+// readyzFollows checks /readyz through a database that goes away (the
+// proxy cuts every connection and refuses new ones) and comes back.
+func readyzFollows(t *testing.T, url string, p *faultProxy, db string) {
+	t.Helper()
+	if code, body := get(t, url+"/readyz"); code != 200 {
+		t.Fatalf("readyz %d %s", code, body)
+	}
+	p.cut()
+	body := waitFor(t, url+"/readyz", "not ready", func(code int, _ string) bool { return code == http.StatusServiceUnavailable })
+	if !strings.Contains(body, db+" does not answer") {
+		t.Fatalf("readyz reason %s: want %q", body, db+" does not answer")
+	}
+	p.restore()
+	waitFor(t, url+"/readyz", "ready again", func(code int, _ string) bool { return code == 200 })
+	// And it works again: a row enqueued now is delivered.
+	enqueueOne(t, url)
+}
+
+func TestReadyzFollowsPostgres(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	p := newFaultProxy(t, "unix", unixSocket(t, dsn))
+	c, _ := pgconn.ParseConfig(dsn)
+	proxied := fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=%s sslmode=disable", p.addr().Port, c.User, c.Database)
+	cancel, done, url, _ := runServer(t, dbConfig(t, pgStore(proxied)), nil)
+	readyzFollows(t, url, p, "PostgreSQL")
+	waitWatermark(t, url, "t1")
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
+
+// A request (or fire) that gives up cancels its query on the server
+// (pgx's CancelRequestContextWatcherHandler): the server answers the
+// query with query_canceled (57014). pgx's default handler only sets a
+// deadline on the socket and the query runs on in the server (failing
+// this test: the error is a timeout, not the server's).
+func TestCancelledContextCancelsQuery(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	pool, _, err := postgresPool(t.Context(), Postgres{DSN: dsn, MaxConns: 2, StatementTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var timeout string
+	if err := pool.QueryRow(t.Context(), `SHOW statement_timeout`).Scan(&timeout); err != nil || timeout != "1min" {
+		t.Fatalf("statement_timeout %q, %v; want 1min", timeout, err)
+	}
+	admin := pgtest.Pool(t, dsn, 1)
+	ctx, cancel := context.WithCancel(t.Context())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := pool.Exec(ctx, `SELECT pg_sleep(120) /* cancel me */`)
+		errc <- err
+	}()
+	waitActive(t, admin, 1)
+	cancel()
+	err = <-errc
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "57014" {
+		t.Fatalf("cancelled query: %v; want the server's query_canceled (57014)", err)
+	}
+	waitActive(t, admin, 0)
+}
+
+// waitActive waits until n backends run the pg_sleep query.
+func waitActive(t *testing.T, admin *pgxpool.Pool, n int) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second) // a hang guard
+	for {
+		var got int
+		if err := admin.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%/* cancel me */'`).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d backends run the query, waiting for %d", got, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// awsEnv gives the SDK's default chain static credentials and keeps it off
+// the instance metadata service and the user's files.
+func awsEnv(t *testing.T) {
+	t.Setenv("AWS_ACCESS_KEY_ID", "relay")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "relay")
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	t.Setenv("AWS_CONFIG_FILE", filepath.Join(t.TempDir(), "none"))
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", filepath.Join(t.TempDir(), "none"))
+	t.Setenv("AWS_REGION", "")
+	t.Setenv("AWS_DEFAULT_REGION", "")
+}
+
+func dynStore(endpoint, extra string) string {
+	return fmt.Sprintf("{type: dynamodb, dynamodb: {source_table: relay-source, target_table: relay-target, region: us-east-1, endpoint: %q, due_index: scan%s}}", endpoint, extra)
+}
+
+func TestServeOnDynamoDB(t *testing.T) {
+	awsEnv(t)
+	ep := dynamotest.Start(t)
+	u, _ := url.Parse(ep.URL)
+	p := newFaultProxy(t, "tcp", u.Host)
+	cfg := dbConfig(t, dynStore(fmt.Sprintf("http://127.0.0.1:%d", p.addr().Port), ", create_tables: true"))
+	if err := CheckStore(t.Context(), cfg); err != nil {
+		t.Fatalf("check-config before the tables exist, with create_tables: %v", err)
+	}
+	serveAndDeliver(t, cfg, "point-in-time recovery")
+	cancel, done, url, _ := runServer(t, cfg, nil)
+	readyzFollows(t, url, p, "DynamoDB")
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
+
+func TestDynamoDBRefusedAtStart(t *testing.T) {
+	awsEnv(t)
+	ep := dynamotest.Start(t)
+	t.Run("missing tables", func(t *testing.T) {
+		start, check := startRefused(t, dbConfig(t, dynStore(ep.URL, "")))
+		for _, err := range []error{start, check} {
+			if !strings.Contains(err.Error(), "table relay-source does not exist") || !strings.Contains(err.Error(), "create_tables") {
+				t.Errorf("error %v: want the missing table and create_tables named", err)
+			}
+		}
+	})
+	t.Run("nothing listening", func(t *testing.T) {
+		startRefused(t, dbConfig(t, dynStore("http://127.0.0.1:1", ", create_tables: true")))
+	})
+	t.Run("no region", func(t *testing.T) {
+		cfg := dbConfig(t, dynStore(ep.URL, ""))
+		cfg.Store.DynamoDB.Region = ""
+		start, check := startRefused(t, cfg)
+		for _, err := range []error{start, check} {
+			if !strings.Contains(err.Error(), "no region") {
+				t.Errorf("error %v: want no region", err)
+			}
+		}
+	})
+}
+
+// failingStore fails every Apply with err while it is set: the fault
+// around a real store.
+type failingStore struct {
+	relaycore.Store
+	err atomic.Pointer[error]
+}
+
+func (f *failingStore) Apply(ctx context.Context, p relaycore.Partition, b relaycore.Batch) error {
+	if e := f.err.Load(); e != nil {
+		return *e
+	}
+	return f.Store.Apply(ctx, p, b)
+}
+
+// A database store is not ready while its latest commit failed for a
+// reason of the database's, and ready again at the next commit that
+// succeeds; a false precondition or a caller that gave up is no fault of
+// the database's.
+func TestCommitWatch(t *testing.T) {
+	f := &failingStore{Store: mem.New(mem.DefaultCapabilities)}
+	w := &commitWatch{Store: f, name: "the target store"}
+	put := relaycore.Batch{Writes: []relaycore.Write{{Key: "k", Value: []byte("v")}}}
+	if err := w.Apply(t.Context(), "p", put); err != nil || w.failed() != nil {
+		t.Fatalf("apply %v, failed %v", err, w.failed())
+	}
+	down := errors.New("connection refused")
+	f.err.Store(&down)
+	if err := w.Apply(t.Context(), "p", put); !errors.Is(err, down) || !errors.Is(w.failed(), down) {
+		t.Fatalf("apply %v, failed %v; want %v", err, w.failed(), down)
+	}
+	f.err.Store(nil)
+	guarded := relaycore.Batch{Preconditions: []relaycore.Precondition{{Key: "k", Absent: true}}, Writes: put.Writes}
+	if err := w.Apply(t.Context(), "p", guarded); !errors.As(err, new(*relaycore.ConditionFailedError)) || w.failed() == nil {
+		t.Fatalf("a false precondition: %v, failed %v; want it kept", err, w.failed())
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	f.err.Store(&down)
+	_ = w.Apply(ctx, "p", put)
+	f.err.Store(nil)
+	if err := w.Apply(t.Context(), "p", put); err != nil || w.failed() != nil {
+		t.Fatalf("a commit that succeeds: %v, failed %v; want cleared", err, w.failed())
+	}
+	f.err.Store(&down)
+	_ = w.Apply(ctx, "p", put) // the caller gave up: not recorded
+	if w.failed() != nil {
+		t.Fatalf("a cancelled caller's error recorded: %v", w.failed())
+	}
+	if m, err := relaycore.GetMany(t.Context(), w, "p", []string{"k"}); err != nil || string(m["k"]) != "v" {
+		t.Fatalf("GetMany through the watch: %v, %v", m, err)
+	}
+}
+
+// A readiness probe flood costs the database one ping at a time and at
+// most one per pingEvery.
+func TestPingerSharesPings(t *testing.T) {
+	var pings atomic.Int64
+	release := make(chan struct{})
+	p := &pinger{every: time.Hour, ping: func(context.Context) error { pings.Add(1); <-release; return nil }}
+	errs := make(chan error, 10)
+	for range 10 {
+		go func() { errs <- p.check(t.Context()) }()
+	}
+	// Whether a check comes while the ping runs (it waits for it) or
+	// after (it reads its answer), it sends none of its own.
+	close(release)
+	for range 10 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.check(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if n := pings.Load(); n != 1 {
+		t.Fatalf("%d pings for 11 checks within pingEvery, want 1", n)
+	}
+}
