@@ -100,12 +100,12 @@ func CheckStore(ctx context.Context, cfg Config) error {
 	return nil
 }
 
-// pingPartition and pingKey name an item no batch writes (partitions
-// are source and target ids, which cannot start with "_"): the DynamoDB
+// pingPartition and pingKey name an item no batch writes (no source or
+// target id may start with relaycore.ReservedPrefix): the DynamoDB
 // readiness ping and --check-config read it.
 const (
 	pingPartition relaycore.Partition = "_relay/ping"
-	pingKey                           = "ping"
+	pingKey       string              = "ping"
 )
 
 // postgresPool builds the pool the configuration describes: max_conns,
