@@ -19,9 +19,19 @@ import (
 // is refused at start rather than at its first enqueue. An error reaching
 // the database is returned as it is.
 func Verify(ctx context.Context, pool *pgxpool.Pool) error {
-	v, err := schemaVersion(ctx, pool)
-	if err != nil {
+	// A role that may not read relay_schema cannot learn the version:
+	// that is a missing privilege too, not the server's bare refusal.
+	var exists, readable bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass('relay_schema') IS NOT NULL,
+		coalesce(has_table_privilege(to_regclass('relay_schema'), 'SELECT'), false)`).Scan(&exists, &readable); err != nil {
 		return fmt.Errorf("postgres: verify: %w", explain(err))
+	}
+	v := SchemaVersion // unreadable: check the run-time privileges, which name it
+	if !exists || readable {
+		var err error
+		if v, err = schemaVersion(ctx, pool); err != nil {
+			return fmt.Errorf("postgres: verify: %w", explain(err))
+		}
 	}
 	if v > SchemaVersion {
 		return fmt.Errorf("%w: the database has schema version %d, this release knows up to %d (run a release at least as new as the one that migrated it)", ErrSchemaTooNew, v, SchemaVersion)
@@ -45,7 +55,7 @@ func Verify(ctx context.Context, pool *pgxpool.Pool) error {
 			{"relay_schema", "SELECT"},
 		} {
 			var ok bool
-			if err := pool.QueryRow(ctx, `SELECT has_table_privilege(to_regclass($1), $2)`, p.table, p.privs).Scan(&ok); err != nil {
+			if err := pool.QueryRow(ctx, `SELECT coalesce(has_table_privilege(to_regclass($1), $2), false)`, p.table, p.privs).Scan(&ok); err != nil {
 				return fmt.Errorf("postgres: verify: %w", err)
 			}
 			if !ok {
