@@ -323,6 +323,9 @@ func TestLateHolder(t *testing.T) {
 		e.clock.add(time.Minute)
 		e.report("edge-b", "seg-9f2c", "held", e.clock.Now())
 		e.deliver()
+		if st := e.status(td.ID); st.Complete || st.Holders[1].State != "unrequested" {
+			t.Fatalf("edge-b holds it again, before the owner's pass: %+v", st)
+		}
 		if r := e.run(); r.LateRequests != 1 {
 			t.Fatalf("run: %+v", r)
 		}

@@ -102,6 +102,14 @@ func (v *view) status(now time.Time, roots *x509.CertPool) Status {
 			}
 		}
 		w, waived := v.waivers[n]
+		if h, ok := v.holders[n]; ok && hs.EvictedAt != "" && h.State == StateHeld {
+			// The node reported holding the content after the eviction
+			// it proved (its own clock on both): it holds it again, and
+			// the owner is to request it anew.
+			if at, err := time.Parse(time.RFC3339Nano, hs.EvictedAt); err == nil && h.ObservedMS > at.UnixMilli() {
+				hs.EvictedAt, requested = "", false
+			}
+		}
 		switch {
 		case hs.EvictedAt != "":
 			hs.State = HolderEvicted
