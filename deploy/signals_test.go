@@ -46,6 +46,7 @@ func TestMetricAlarms(t *testing.T) {
 		"OldestUndeliveredAlarm": {metrics.OldestUndeliveredAge, "Maximum", "${OldestUndeliveredAlarmMs}", "ignore"},
 		"QuarantineAlarm":        {metrics.TargetsQuarantined, "Maximum", "0", "notBreaching"},
 		"SweepErrorAlarm":        {metrics.SweepErrors, "Sum", "0", "notBreaching"},
+		"TakedownOverdueAlarm":   {metrics.TakedownHoldersOverdue, "Maximum", "0", "notBreaching"},
 	}
 	seen := map[string]bool{}
 	for id, a := range resources(t, raw, "AWS::CloudWatch::Alarm") {

@@ -21,6 +21,8 @@ func TestDocumentsEveryMetric(t *testing.T) {
 	m := newMetrics(nil)
 	m.alarm(context.Background(), "s", relaycore.AlarmResult{Cleared: true, RowsDelivered: 1}, nil)
 	m.sweep(1, nil)
+	tm := newTakedownMetrics(m.reg)
+	tm.runs.WithLabelValues("ok").Inc()
 	m.requests.WithLabelValues("/healthz", "GET", "200").Inc()
 	m.duration.WithLabelValues("/healthz", "GET").Observe(0.001)
 	families, err := m.reg.Gather()

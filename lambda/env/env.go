@@ -14,6 +14,7 @@
 package env
 
 import (
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -21,6 +22,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/relay-dev/relay/infra/dynamo"
 	"github.com/relay-dev/relay/lambda/fire"
@@ -99,6 +101,11 @@ type Config struct {
 	MetricsNamespace string
 	MetricsStack     string
 	MetricsPerSource bool
+	// TakedownRoots, TakedownOverdue and HoldNodes configure the takedown
+	// owner (takedown.go).
+	TakedownRoots   *x509.CertPool
+	TakedownOverdue time.Duration
+	HoldNodes       map[string]string
 }
 
 // Parse reads the configuration through getenv (os.Getenv in mains) and
@@ -227,6 +234,8 @@ func Parse(getenv func(string) string) (Config, error) {
 		}
 		*ep.dst = v
 	}
+
+	parseTakedowns(get, bad, &c)
 
 	if len(errs) > 0 {
 		return c, fmt.Errorf("%w: %w", ErrConfig, errors.Join(errs...))

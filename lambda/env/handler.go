@@ -31,17 +31,20 @@ func (d *Deps) APIHandler(getenv func(string) string) (*api.Handler, error) {
 		d.UseFastKick()
 	}
 	d.Logger.Info("api: serving", "routes", string(routes))
-	return &api.Handler{Source: d.Source, Target: d.Target, Clock: d.Clock, Relay: d.Relay, Routes: routes, Logger: d.Logger}, nil
+	return &api.Handler{Source: d.Source, Target: d.Target, Clock: d.Clock, Relay: d.Relay, Routes: routes, Logger: d.Logger,
+		Takedowns: d.Takedowns, NodeOf: NodeOf(d.Config.HoldNodes)}, nil
 }
 
 // FireHandler is the fire function's handler: one alarm per event,
 // continuing through Invoker up to CONTINUATION_HOPS.
 func (d *Deps) FireHandler() *fire.Handler {
-	return &fire.Handler{Relay: d.Relay, Logger: d.Logger, Continue: d.Invoker, MaxHops: d.Config.ContinuationHops, Clock: d.Clock, Metrics: d.Metrics}
+	return &fire.Handler{Relay: d.Relay, Logger: d.Logger, Continue: d.Invoker, MaxHops: d.Config.ContinuationHops, Clock: d.Clock, Metrics: d.Metrics,
+		Takedowns: d.Takedowns}
 }
 
 // SweepHandler is the sweep function's handler: every overdue alarm fired
 // or re-kicked through the Scheduler kicker.
 func (d *Deps) SweepHandler() *sweep.Handler {
-	return &sweep.Handler{Relay: d.Relay, Index: d.Source, Source: d.Source, Kicker: d.Kicker, Clock: d.Clock, Logger: d.Logger, Metrics: d.Metrics}
+	return &sweep.Handler{Relay: d.Relay, Index: d.Source, Source: d.Source, Kicker: d.Kicker, Clock: d.Clock, Logger: d.Logger, Metrics: d.Metrics,
+		Takedowns: d.Takedowns}
 }

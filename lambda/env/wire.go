@@ -18,6 +18,7 @@ import (
 	"github.com/relay-dev/relay/lambda/fire"
 	"github.com/relay-dev/relay/lambda/metrics"
 	"github.com/relay-dev/relay/relaycore"
+	"github.com/relay-dev/relay/relaycore/takedowns"
 )
 
 var _ fire.Continuer = (*lambdainvoke.Invoker)(nil)
@@ -48,6 +49,9 @@ type Deps struct {
 	// Relay runs fires and alarms with the plan's budget, kicking through
 	// Kicker when it re-arms.
 	Relay *relaycore.RelayHandler
+	// Takedowns is the takedown owner on Relay: the api function serves
+	// its routes, the sweep and fire functions run its passes.
+	Takedowns *takedowns.Owner
 	// Metrics writes EMF metric lines to the log output (Load) for the
 	// fire and sweep functions; nil from Wire alone (Build sets it).
 	Metrics *metrics.Recorder
@@ -154,7 +158,9 @@ func Wire(cfg Config, awsCfg aws.Config, logger *slog.Logger) (*Deps, error) {
 		Kicker:             kicker,
 		Logger:             logger,
 		DeliverConcurrency: cfg.DeliverConcurrency,
+		Hook:               takedowns.Hook{Delay: cfg.TakedownOverdue},
 	}
+	d.Takedowns = &takedowns.Owner{Relay: d.Relay, Roots: cfg.TakedownRoots, Logger: logger}
 	return d, nil
 }
 

@@ -54,6 +54,7 @@ import (
 	"github.com/relay-dev/relay/lambda/event"
 	"github.com/relay-dev/relay/lambda/metrics"
 	"github.com/relay-dev/relay/relaycore"
+	"github.com/relay-dev/relay/relaycore/takedowns"
 )
 
 // Alarmer runs one alarm; *relaycore.RelayHandler is one.
@@ -96,6 +97,11 @@ type Handler struct {
 	// records none. It runs after the continuation is queued, so its
 	// state read does not delay the next hop.
 	Metrics *metrics.Recorder
+	// Takedowns, when set, runs one takedown owner pass after an alarm of
+	// a takedown source (what it delivered may be the owner's next step:
+	// an order after a request, a status after a receipt), so a takedown
+	// does not wait for the sweep's minute.
+	Takedowns *takedowns.Owner
 }
 
 // Event is the fire function's input. A schedule sends {"source":...}
@@ -197,6 +203,14 @@ func (h *Handler) Handle(ctx context.Context, payload json.RawMessage) (Result, 
 	}
 	log.Info("relay alarm done", "continued", res.Continued)
 	h.Metrics.Alarm(ctx, metrics.AlarmOutcome{Source: src, Result: ar})
+	if h.Takedowns != nil && takedowns.Reserved(string(src)) && ar.RowsDelivered > 0 {
+		r, err := h.Takedowns.Run(ctx)
+		if err != nil {
+			log.Warn("takedown owner: pass after the alarm failed; the sweep's pass starts over", "err", err)
+		} else {
+			log.Info("takedown owner: pass", "ordered", r.Ordered, "late_requests", r.LateRequests, "pending", r.Pending, "overdue", r.Overdue)
+		}
+	}
 	return res, nil
 }
 

@@ -84,6 +84,7 @@ var Names = []string{
 	Alarms, AlarmsBusy, AlarmsIdle, AlarmsFailed, RowsDelivered, OldestUndeliveredAge,
 	TargetsBlocked, TargetsQuarantined, TargetsPaused, RowsHeld, TargetsAutoQuarantined,
 	SweepOverdue, SweepFired, SweepKicked, SweepErrors,
+	TakedownsOpen, TakedownHoldersPending, TakedownHoldersOverdue, TakedownOrders, TakedownLateRequests, TakedownErrors,
 }
 
 // Metric is one value of a line.
@@ -187,6 +188,43 @@ type SweepCounts struct {
 	// Errors: re-reads, alarms and kicks that failed, plus one when the
 	// sweep itself failed (it could not list the due index).
 	Errors int
+}
+
+// Metric names written by Takedowns (once per takedown owner pass: the
+// sweep's, and the fire function's after an alarm of a takedown source).
+const (
+	// TakedownsOpen counts the takedowns the owner watches;
+	// TakedownHoldersPending their holders without a verified receipt or
+	// waiver, TakedownHoldersOverdue those past the overdue timer (the
+	// TakedownOverdueAlarm's metric).
+	TakedownsOpen          = "TakedownsOpen"
+	TakedownHoldersPending = "TakedownHoldersPending"
+	TakedownHoldersOverdue = "TakedownHoldersOverdue"
+	// TakedownOrders were written by the pass, TakedownLateRequests made
+	// for late holders; TakedownErrors is 1 when the pass failed.
+	TakedownOrders       = "TakedownOrders"
+	TakedownLateRequests = "TakedownLateRequests"
+	TakedownErrors       = "TakedownErrors"
+)
+
+// TakedownCounts is one owner pass, as Takedowns records it.
+type TakedownCounts struct {
+	Open, Pending, Overdue, Orders, LateRequests, Errors int
+}
+
+// Takedowns records one takedown owner pass (aggregate only).
+func (r *Recorder) Takedowns(c TakedownCounts) {
+	if r == nil {
+		return
+	}
+	r.write("", []Metric{
+		{TakedownsOpen, UnitCount, int64(c.Open)},
+		{TakedownHoldersPending, UnitCount, int64(c.Pending)},
+		{TakedownHoldersOverdue, UnitCount, int64(c.Overdue)},
+		{TakedownOrders, UnitCount, int64(c.Orders)},
+		{TakedownLateRequests, UnitCount, int64(c.LateRequests)},
+		{TakedownErrors, UnitCount, int64(c.Errors)},
+	})
 }
 
 // Sweep records one sweep's metrics (aggregate only: a sweep has no

@@ -98,8 +98,11 @@ func TestBootstrapsPrintMetrics(t *testing.T) {
 	var sr sweep.Result
 	sweepFn.invokeOK(t, readEvent(t, "sweep.json"), &sr)
 	lines = emfLines(t, sweepFn)
-	if len(lines) != 2 {
-		t.Fatalf("sweep printed %d EMF lines, want the alarm's and its own:\n%s", len(lines), sweepFn.log.String())
+	if len(lines) != 3 {
+		t.Fatalf("sweep printed %d EMF lines, want the alarm's, its own and its takedown owner pass's:\n%s", len(lines), sweepFn.log.String())
+	}
+	if td := lines[2]; td[metrics.TakedownsOpen] != float64(0) || td[metrics.TakedownErrors] != float64(0) {
+		t.Errorf("sweep's takedown line %v, want no takedowns and no errors", td)
 	}
 	if a := lines[0]; a["Source"] != "orders" || a[metrics.RowsDelivered] != float64(2) {
 		t.Errorf("sweep's alarm line %v", a)

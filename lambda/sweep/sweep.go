@@ -38,6 +38,7 @@ import (
 	"github.com/relay-dev/relay/lambda/event"
 	"github.com/relay-dev/relay/lambda/metrics"
 	"github.com/relay-dev/relay/relaycore"
+	"github.com/relay-dev/relay/relaycore/takedowns"
 )
 
 // Defaults for Handler's limits.
@@ -78,6 +79,11 @@ type Handler struct {
 
 	FireLimit, KickLimit, Parallel int
 	Reserve                        time.Duration
+
+	// Takedowns, when set, runs one takedown owner pass after each sweep
+	// (docs/takedown.md): the sweep's schedule is the owner's clock, as the
+	// interval is in relay serve.
+	Takedowns *takedowns.Owner
 }
 
 // Event is the sweep schedule's input (template.yaml's ScheduleV2 Input
@@ -108,6 +114,8 @@ type Result struct {
 	RowsDelivered int `json:"rows_delivered"`
 	// More: the index listed the limit, so more overdue alarms may wait.
 	More bool `json:"more,omitempty"`
+	// Takedowns is the takedown owner's pass after the sweep (nil: none).
+	Takedowns *takedowns.RunResult `json:"takedowns,omitempty"`
 }
 
 // ParseEvent decodes and validates a sweep event.
@@ -206,7 +214,27 @@ func (h *Handler) Handle(ctx context.Context, payload json.RawMessage) (Result, 
 		"listed", res.Listed, "stale", res.Stale, "fired", res.Fired, "busy", res.Busy,
 		"kicked", res.Kicked, "failed", res.Failed, "rows_delivered", res.RowsDelivered, "more", res.More)
 	h.Metrics.Sweep(metrics.SweepCounts{Overdue: res.Overdue, Fired: res.Fired, Kicked: res.Kicked, Errors: res.Failed})
+	if h.Takedowns != nil {
+		res.Takedowns = RunTakedowns(ctx, h.Takedowns, h.Metrics, log)
+	}
 	return res, nil
+}
+
+// RunTakedowns runs one takedown owner pass, logs and records it (the
+// sweep's, and the fire function's after an alarm of a takedown source).
+// A failed pass is logged and counted, not returned: every step of the
+// owner is idempotent and the next pass starts over.
+func RunTakedowns(ctx context.Context, o *takedowns.Owner, m *metrics.Recorder, log *slog.Logger) *takedowns.RunResult {
+	r, err := o.Run(ctx)
+	c := metrics.TakedownCounts{Open: r.Open, Pending: r.Pending, Overdue: r.Overdue, Orders: r.Ordered, LateRequests: r.LateRequests}
+	if err != nil {
+		c.Errors = 1
+		log.Error("takedown owner: pass failed (the next pass starts over)", "err", err)
+	}
+	log.Info("takedown owner: pass", "open", r.Open, "complete", r.Complete, "waiting", r.Waiting,
+		"ordered", r.Ordered, "late_requests", r.LateRequests, "pending", r.Pending, "overdue", r.Overdue)
+	m.Takedowns(c)
+	return &r
 }
 
 // fireAll runs the alarms of due in order, par at a time, and stops

@@ -89,7 +89,7 @@ func (o *Owner) Receipt(ctx context.Context, node string, line []byte) (ReceiptR
 	if r.Node != node {
 		return ReceiptResult{}, refused("the receipt is node %q's, and the caller is %q: a node posts only its own receipts", r.Node, node)
 	}
-	raw, ok, err := o.Relay.Target.Get(ctx, OrdersTarget(node), orderReqPfx+r.Request)
+	raw, ok, err := o.getTarget(ctx, OrdersTarget(node), orderReqPfx+r.Request)
 	if err != nil {
 		return ReceiptResult{}, err
 	}
@@ -113,7 +113,7 @@ func (o *Owner) Receipt(ctx context.Context, node string, line []byte) (ReceiptR
 		return ReceiptResult{}, fmt.Errorf("%w: order %s of %s names takedown %q", relaycore.ErrCorruptRecord, r.Request, node, ord.Takedown)
 	}
 	target := TakedownTarget(ord.Takedown)
-	prev, ok, err := o.Relay.Target.Get(ctx, target, receiptPfx+r.Request)
+	prev, ok, err := o.getTarget(ctx, target, receiptPfx+r.Request)
 	if err != nil {
 		return ReceiptResult{}, err
 	}
@@ -136,4 +136,19 @@ func (o *Owner) Receipt(ctx context.Context, node string, line []byte) (ReceiptR
 			"content_id", r.ContentID, "sha256", r.SHA256, "evicted_at", r.EvictedAt.Format(time.RFC3339Nano))
 	}
 	return res, nil
+}
+
+// getTarget reads one key of a target partition with a one-item scan
+// rather than a Get: the api function's role may only page through the
+// target table (template.yaml: producers read it, never write it, and
+// need no other action on it).
+func (o *Owner) getTarget(ctx context.Context, target relaycore.Partition, key string) ([]byte, bool, error) {
+	pg, err := relaycore.ReadTarget(ctx, o.Relay.Target, target, relaycore.TargetReadRequest{Prefix: key, Limit: 1})
+	if err != nil {
+		return nil, false, err
+	}
+	if len(pg.Items) == 0 || pg.Items[0].Key != key {
+		return nil, false, nil
+	}
+	return pg.Items[0].Value, true, nil
 }
