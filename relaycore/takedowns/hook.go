@@ -67,8 +67,11 @@ func (h Hook) BeforeApply(ctx context.Context, req relaycore.HookRequest) ([]rel
 		return relaycore.TakedownRequestTimer{Delay: h.delay()}.BeforeApply(ctx, req)
 	case strings.HasPrefix(t, ordersPrefix):
 		return byKey(req.Rows, func(r relaycore.Row, kv relaycore.KV) (string, []byte, error) {
-			if !strings.HasPrefix(kv.Key, orderReqPfx) {
-				return "", nil, fmt.Errorf("takedowns: a row may write only %q keys to an order partition, not %q", orderReqPfx, kv.Key)
+			switch {
+			case strings.HasPrefix(kv.Key, orderForPfx):
+				return "", nil, nil // which takedowns the order answers: no cursor
+			case !strings.HasPrefix(kv.Key, orderReqPfx):
+				return "", nil, fmt.Errorf("takedowns: a row may write only %q and %q keys to an order partition, not %q", orderReqPfx, orderForPfx, kv.Key)
 			}
 			return fmt.Sprintf("%s%020d", orderSeqPfx, r.Seq), kv.Value, nil
 		})
@@ -86,7 +89,9 @@ func byKey(rows []relaycore.Row, derive func(relaycore.Row, relaycore.KV) (strin
 			if err != nil {
 				return nil, err
 			}
-			out[k] = v
+			if k != "" {
+				out[k] = v
+			}
 		}
 	}
 	ws := make([]relaycore.Write, 0, len(out))

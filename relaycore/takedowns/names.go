@@ -66,6 +66,7 @@ const (
 	waivePfx     = "waive/"
 	orderReqPfx  = "r/"
 	orderSeqPfx  = "o/"
+	orderForPfx  = "t/"
 	reportAtTail = "/at"
 )
 

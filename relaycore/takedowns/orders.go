@@ -109,24 +109,39 @@ func (o *Owner) Receipt(ctx context.Context, node string, line []byte) (ReceiptR
 		return ReceiptResult{}, refused("evicted_at %s is before the request (%s, allowing %v of clock skew)",
 			r.EvictedAt.Format(time.RFC3339Nano), time.UnixMilli(ord.RequestedMS).UTC().Format(time.RFC3339Nano), takedown.MaxClockSkew)
 	}
-	if err := checkID(ord.Takedown); err != nil {
-		return ReceiptResult{}, fmt.Errorf("%w: order %s of %s names takedown %q", relaycore.ErrCorruptRecord, r.Request, node, ord.Takedown)
-	}
-	target := TakedownTarget(ord.Takedown)
-	prev, ok, err := o.getTarget(ctx, target, receiptPfx+r.Request)
+	ids, err := o.takedownsOf(ctx, node, r.Request, ord.Takedown)
 	if err != nil {
 		return ReceiptResult{}, err
 	}
 	res := ReceiptResult{Request: r.Request, Takedown: ord.Takedown}
-	if ok {
-		if bytes.Equal(prev, line) {
-			res.Replayed = true
-			return res, nil
+	var rows []relaycore.Row
+	same := 0
+	for _, id := range ids {
+		target := TakedownTarget(id)
+		prev, ok, err := o.getTarget(ctx, target, receiptPfx+r.Request)
+		switch {
+		case err != nil:
+			return ReceiptResult{}, err
+		case ok && bytes.Equal(prev, line):
+			same++
+		case ok:
+			// It holds another receipt for the request: it keeps it.
+		default:
+			rows = append(rows, relaycore.Row{Target: target, Puts: []relaycore.KV{{Key: receiptPfx + r.Request, Value: bytes.Clone(line)}}})
 		}
-		return ReceiptResult{}, refused("another receipt for request %q was accepted already", r.Request)
 	}
-	row := relaycore.Row{Target: target, Puts: []relaycore.KV{{Key: receiptPfx + r.Request, Value: bytes.Clone(line)}}}
-	cr, err := o.enqueue(ctx, ControlSource, idemKey("r", string(line)), []relaycore.Row{row})
+	if len(rows) == 0 {
+		if same == 0 {
+			return ReceiptResult{}, refused("another receipt for request %q was accepted already", r.Request)
+		}
+		res.Replayed = true
+		return res, nil
+	}
+	key := []string{string(line)}
+	for _, row := range rows {
+		key = append(key, string(row.Target))
+	}
+	cr, err := o.enqueue(ctx, ControlSource, idemKey("r", key...), rows)
 	if err != nil {
 		return ReceiptResult{}, err
 	}
@@ -151,4 +166,27 @@ func (o *Owner) getTarget(ctx context.Context, target relaycore.Partition, key s
 		return nil, false, nil
 	}
 	return pg.Items[0].Value, true, nil
+}
+
+// takedownsOf lists the takedowns the order of request answers (its
+// "t/<request>/<id>" marks in node's order partition), first the order's
+// own.
+func (o *Owner) takedownsOf(ctx context.Context, node, request, first string) ([]string, error) {
+	pfx := orderForPfx + request + "/"
+	items, err := o.readAll(ctx, OrdersTarget(node), pfx)
+	if err != nil {
+		return nil, err
+	}
+	ids := []string{first}
+	for _, it := range items {
+		if id := strings.TrimPrefix(it.Key, pfx); id != first {
+			ids = append(ids, id)
+		}
+	}
+	for _, id := range ids {
+		if err := checkID(id); err != nil {
+			return nil, fmt.Errorf("%w: order %s of %s names takedown %q", relaycore.ErrCorruptRecord, request, node, id)
+		}
+	}
+	return ids, nil
 }

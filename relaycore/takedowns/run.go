@@ -130,8 +130,13 @@ func (o *Owner) order(ctx context.Context, v *view, t relaycore.ContentTakedownV
 	req := requestSuffix(t)
 	ord := Order{Request: req, ContentID: t.ContentID, SHA256: h.SHA256, Takedown: v.meta.ID, Reason: t.Reason, RequestedMS: t.RequestedMS}
 	val, _ := json.Marshal(ord)
+	// Two takedowns of one content can derive the same request for a
+	// node (a late holder's request time is its report's): the order is
+	// one, and "t/<request>/<takedown>" lists every takedown it answers,
+	// so its receipt reaches each of them.
 	rows := []relaycore.Row{
-		{Target: OrdersTarget(t.LateHolder), Puts: []relaycore.KV{{Key: orderReqPfx + req, Value: val}}},
+		{Target: OrdersTarget(t.LateHolder), Puts: []relaycore.KV{{Key: orderReqPfx + req, Value: val},
+			{Key: orderForPfx + req + "/" + v.meta.ID, Value: val}}},
 		{Target: TakedownTarget(v.meta.ID), Puts: []relaycore.KV{{Key: orderedPfx + req, Value: val}}},
 	}
 	_, err := o.enqueue(ctx, ControlSource, idemKey("o", v.meta.ID, req), rows)

@@ -1,0 +1,376 @@
+package takedowns_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/relay-dev/relay/edge/takedown"
+	"github.com/relay-dev/relay/infra/mem"
+	"github.com/relay-dev/relay/relaycore"
+	"github.com/relay-dev/relay/relaycore/takedowns"
+)
+
+// faulty injects crashes around a real store: an Apply that fails before it
+// is applied, or after (the caller is told it may have been applied), and
+// reads that fail. Off once the model quiesces.
+type faulty struct {
+	relaycore.Store
+	mu   sync.Mutex
+	rng  *rand.Rand
+	on   bool
+	hits int
+}
+
+var errInjected = errors.New("injected fault")
+
+func (f *faulty) roll(p float64) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.on && f.rng.Float64() < p {
+		f.hits++
+		return true
+	}
+	return false
+}
+
+func (f *faulty) Apply(ctx context.Context, p relaycore.Partition, b relaycore.Batch) error {
+	if f.roll(0.08) {
+		return errInjected // surely not applied
+	}
+	err := f.Store.Apply(ctx, p, b)
+	if err == nil && f.roll(0.08) {
+		return fmt.Errorf("%w: %v after the apply", relaycore.ErrMaybeApplied, errInjected)
+	}
+	return err
+}
+
+func (f *faulty) Get(ctx context.Context, p relaycore.Partition, key string) ([]byte, bool, error) {
+	if f.roll(0.03) {
+		return nil, false, errInjected
+	}
+	return f.Store.Get(ctx, p, key)
+}
+
+func (f *faulty) Scan(ctx context.Context, p relaycore.Partition, req relaycore.ScanRequest) (relaycore.ScanPage, error) {
+	if f.roll(0.03) {
+		return relaycore.ScanPage{}, errInjected
+	}
+	return f.Store.Scan(ctx, p, req)
+}
+
+// mnode is one edge node as the model runs it: what it holds, its reports
+// still to send (each under its idempotency key, resent as is until
+// committed), its order cursor and the receipts it has still to post.
+type mnode struct {
+	name      string
+	holds     bool
+	everHeld  bool
+	evictedAt time.Time
+	reports   []mreport
+	keys      int
+	cursor    string
+	outbox    [][]byte
+	// signed: edged keeps each request's receipt and answers it again,
+	// byte for byte, when the order comes again.
+	signed map[string][]byte
+}
+
+type mreport struct {
+	key string
+	r   takedowns.Report
+}
+
+const content = "seg-9f2c"
+
+// TestModel runs the owner with nodes' reports racing takedown requests,
+// owner passes, fires and receipts, in a seeded order, with crashes
+// injected into every store call (before and after applies, and reads).
+// Safety, checked after every step from the raw partitions: no takedown is
+// reported complete while a node the holder index says holds the content
+// lacks a receipt proving an eviction after that report. Liveness, once
+// the faults stop: every takedown completes, every node has evicted, no
+// request was ordered twice, and no honest receipt was ever refused. Six
+// seeds in make test; RELAY_TAKEDOWN_MODEL_SEEDS=N runs N.
+func TestModel(t *testing.T) {
+	seeds := 6
+	if v := os.Getenv("RELAY_TAKEDOWN_MODEL_SEEDS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			t.Fatalf("RELAY_TAKEDOWN_MODEL_SEEDS=%q", v)
+		}
+		seeds = n
+	}
+	for seed := range uint64(seeds) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			defer func() {
+				if t.Failed() {
+					t.Logf("seed %d", seed)
+				}
+			}()
+			runModel(t, seed)
+		})
+	}
+}
+
+func runModel(t *testing.T, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 0x7a4e))
+	src := &faulty{Store: mem.New(relaycore.Capabilities{}), rng: rand.New(rand.NewPCG(seed, 1)), on: true}
+	dst := &faulty{Store: mem.New(relaycore.Capabilities{}), rng: rand.New(rand.NewPCG(seed, 2)), on: true}
+	e := newEnv(t, src, dst)
+	e.relay.QuarantineAfter = -1
+	nodes := []*mnode{{name: "edge-a"}, {name: "edge-b"}, {name: "edge-c"}}
+	for _, n := range nodes {
+		e.nodes[n.name] = true
+		n.signed = map[string][]byte{}
+	}
+	keys := map[string]bool{}
+	ctx := e.ctx
+	requests := 0
+
+	acquire := func(n *mnode) {
+		n.holds, n.everHeld = true, true
+		n.keys++
+		n.reports = append(n.reports, mreport{fmt.Sprintf("%s/%d", n.name, n.keys), takedowns.Report{ContentID: content,
+			SHA256: digestOf(content), Size: 1, State: "held", ObservedMS: e.clock.Now().UnixMilli()}})
+	}
+	sendReport := func(n *mnode) {
+		if len(n.reports) == 0 {
+			return
+		}
+		r := n.reports[0]
+		_, err := e.o.Report(ctx, n.name, r.key, []takedowns.Report{r.r})
+		if err == nil {
+			n.reports = n.reports[1:]
+		} else if !transient(err) {
+			t.Fatalf("report %s: %v", r.key, err)
+		}
+	}
+	pull := func(n *mnode) {
+		os, _, err := e.o.Orders(ctx, n.name, n.cursor, 10)
+		if err != nil {
+			if !transient(err) {
+				t.Fatalf("orders of %s: %v", n.name, err)
+			}
+			return
+		}
+		for _, o := range os {
+			if n.holds {
+				// Daemon.Takedown: evict, report the eviction, sign.
+				n.holds, n.evictedAt = false, e.clock.Now().UTC()
+				n.keys++
+				n.reports = append(n.reports, mreport{fmt.Sprintf("%s/%d", n.name, n.keys), takedowns.Report{ContentID: content,
+					SHA256: digestOf(content), Size: 1, State: "evicted", ObservedMS: e.clock.Now().UnixMilli()}})
+			}
+			// Evicted before: a receipt of its own for that same eviction.
+			if n.signed[o.Request] == nil {
+				n.signed[o.Request] = e.evict(e.pki, n.name, o, n.evictedAt)
+			}
+			n.outbox = append(n.outbox, n.signed[o.Request])
+			n.cursor = o.Cursor
+		}
+	}
+	post := func(n *mnode) {
+		if len(n.outbox) == 0 {
+			return
+		}
+		_, err := e.o.Receipt(ctx, n.name, n.outbox[0])
+		switch {
+		case err == nil:
+			n.outbox = n.outbox[1:]
+		case errors.Is(err, takedowns.ErrRefused):
+			t.Fatalf("%s's honest receipt refused: %v", n.name, err)
+		case !transient(err):
+			t.Fatalf("receipt of %s: %v", n.name, err)
+		}
+	}
+	fire := func(s relaycore.Partition) {
+		if _, err := e.relay.Fire(ctx, s); err != nil && !transient(err) {
+			t.Fatalf("fire %s: %v", s, err)
+		}
+	}
+	sources := []relaycore.Partition{takedowns.ControlSource}
+	for _, n := range nodes {
+		sources = append(sources, takedowns.HoldingsSource(n.name))
+	}
+
+	for step := range 260 {
+		n := nodes[rng.IntN(len(nodes))]
+		switch k := rng.IntN(100); {
+		case k < 8:
+			// Acquire it (from a peer), or again after a rebuilt edged.db.
+			if !n.holds && (!n.everHeld || rng.IntN(4) == 0) {
+				acquire(n)
+			}
+		case k < 25:
+			sendReport(n)
+		case k < 30:
+			if requests < 2 {
+				if _, _, err := e.o.Request(ctx, content, "dmca 2026-118", "operator"); err == nil {
+					requests++
+				} else if !transient(err) {
+					t.Fatalf("request: %v", err)
+				}
+			}
+		case k < 55:
+			fire(sources[rng.IntN(len(sources))])
+		case k < 68:
+			if _, err := e.o.Run(ctx); err != nil && !transient(err) {
+				t.Fatalf("owner: %v", err)
+			}
+		case k < 82:
+			pull(n)
+		default:
+			post(n)
+		}
+		// At least a millisecond a step: a node's reports and evictions
+		// are ordered by its clock, as edged's are.
+		e.clock.add(time.Duration(1+rng.IntN(800)) * time.Millisecond)
+		checkSafety(t, e, step)
+	}
+	if requests == 0 {
+		if _, _, err := e.o.Request(ctx, content, "dmca 2026-118", "operator"); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Quiesce: no more faults, no more acquisitions; the system settles.
+	src.mu.Lock()
+	src.on = false
+	src.mu.Unlock()
+	dst.mu.Lock()
+	dst.on = false
+	dst.mu.Unlock()
+	// Targets that failed hold their rows for a retry at a later time,
+	// and no target is quarantined for good (QuarantineAfter < 0): the
+	// model moves the clock on so that every retry comes due.
+	for range 12 {
+		e.clock.add(10 * time.Minute)
+		for _, n := range nodes {
+			for len(n.reports) > 0 {
+				sendReport(n)
+			}
+		}
+		e.deliver()
+		e.run()
+		e.deliver()
+		for _, n := range nodes {
+			pull(n)
+			for len(n.outbox) > 0 {
+				post(n)
+			}
+		}
+		e.deliver()
+		checkSafety(t, e, -1)
+	}
+	open, err := relaycore.ReadTarget(ctx, dst, takedowns.OpenTarget, relaycore.TargetReadRequest{Limit: 100})
+	if err != nil || len(open.Items) == 0 {
+		t.Fatalf("open takedowns: %v %v", open.Items, err)
+	}
+	for _, it := range open.Items {
+		st := e.status(it.Key)
+		if !st.Complete {
+			t.Errorf("takedown %s not complete after quiescing: %+v", it.Key, st)
+		}
+	}
+	for _, n := range nodes {
+		if n.holds {
+			hs, _ := e.o.Holders(ctx, content)
+			var sts []takedowns.Status
+			for _, it := range open.Items {
+				sts = append(sts, e.status(it.Key))
+			}
+			t.Errorf("%s still holds the content: node %+v, index %+v, takedowns %+v", n.name, *n, hs, sts)
+		}
+		pg, err := relaycore.ReadTarget(ctx, dst, takedowns.OrdersTarget(n.name), relaycore.TargetReadRequest{Prefix: "o/", Limit: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range pg.Items {
+			var o takedowns.Order
+			json.Unmarshal(it.Value, &o)
+			// One order per request and takedown (two takedowns of one
+			// content may share a late holder's request).
+			if k := o.Request + " for " + o.Takedown; keys[k] {
+				t.Errorf("request %s ordered twice", k)
+			} else {
+				keys[k] = true
+			}
+		}
+	}
+	t.Logf("seed %d: %d requests, faults injected %d+%d, orders %d", seed, requests, src.hits, dst.hits, len(keys))
+}
+
+// transient reports whether err is an injected fault's consequence (the
+// caller retries later), not a refusal or a bug.
+func transient(err error) bool {
+	return errors.Is(err, errInjected) || errors.Is(err, relaycore.ErrMaybeApplied) || errors.Is(err, relaycore.ErrCommitUnknown) ||
+		errors.Is(err, relaycore.ErrContention) || errors.Is(err, takedowns.ErrNotYet) || errors.Is(err, relaycore.ErrSourceBusy) ||
+		strings.Contains(err.Error(), errInjected.Error())
+}
+
+// checkSafety: a takedown reported complete has, for every node the holder
+// index says holds the content, a stored receipt of that node dated after
+// the report's observation (its own clock on both), or a waiver. Computed
+// from the raw partitions, not from Status's own reasoning.
+func checkSafety(t *testing.T, e *env, step int) {
+	t.Helper()
+	ctx := context.Background()
+	inner := func(p relaycore.Partition, prefix string) []relaycore.KV {
+		pg, err := relaycore.ReadTarget(ctx, unwrap(e.dst), p, relaycore.TargetReadRequest{Prefix: prefix, Limit: 1000})
+		if err != nil || pg.Next != "" {
+			t.Fatalf("read %s: %v", p, err)
+		}
+		return pg.Items
+	}
+	for _, it := range inner(takedowns.OpenTarget, "") {
+		st, err := e.o.Status(ctx, it.Key)
+		if err != nil || !st.Complete {
+			continue
+		}
+		evicted := map[string]time.Time{}
+		for _, kv := range inner(takedowns.TakedownTarget(it.Key), "receipt/") {
+			s, err := takedown.ParseLine(kv.Value)
+			if err != nil {
+				t.Fatalf("stored receipt: %v", err)
+			}
+			if s.Receipt.EvictedAt.After(evicted[s.Receipt.Node]) {
+				evicted[s.Receipt.Node] = s.Receipt.EvictedAt
+			}
+		}
+		waived := map[string]bool{}
+		for _, kv := range inner(takedowns.TakedownTarget(it.Key), "waive/") {
+			waived[strings.TrimPrefix(kv.Key, "waive/")] = true
+		}
+		for _, kv := range inner(takedowns.HoldersTarget(content), content+"/") {
+			if strings.HasSuffix(kv.Key, "/at") {
+				continue
+			}
+			var h struct {
+				State      string `json:"state"`
+				ObservedMS int64  `json:"observed_ms"`
+			}
+			json.Unmarshal(kv.Value, &h)
+			node := strings.TrimPrefix(kv.Key, content+"/")
+			if h.State == "held" && !waived[node] && evicted[node].UnixMilli() < h.ObservedMS {
+				t.Fatalf("step %d: takedown %s reported complete while %s holds the content (reported at %d, last eviction proved %v): %+v",
+					step, it.Key, node, h.ObservedMS, evicted[node], st)
+			}
+		}
+	}
+}
+
+func unwrap(c *counting) relaycore.Store {
+	if f, ok := c.Store.(*faulty); ok {
+		return f.Store
+	}
+	return c.Store
+}
