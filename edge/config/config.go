@@ -7,8 +7,8 @@
 // because a misspelt key that is silently ignored (evict_on_relays: true)
 // is the kind of mistake an operator only finds after the disk fills.
 //
-// Relative file paths (tls.cert, tls.key, tls.ca, storage.dir and a unix
-// rpc.listen socket) are resolved against the directory of the config file
+// Relative file paths (tls.cert, tls.key, tls.ca, storage.dir, relay_api.ca
+// and a unix rpc.listen socket) are resolved against the directory of the config file
 // by Load, so a config works the same whatever directory edged starts in.
 // Parse, which has no file, leaves them as written.
 //
@@ -136,7 +136,72 @@ type Config struct {
 	Storage Storage `yaml:"storage"`
 	// RPC (rpc) is the local operator interface.
 	RPC RPC `yaml:"rpc"`
+	// RelayAPI (relay_api, default off) is the relay's HTTP API that this
+	// node reports its holdings to, pulls its takedown orders from and
+	// posts its eviction receipts to (docs/takedown.md).
+	RelayAPI RelayAPI `yaml:"relay_api"`
 }
+
+// Values of relay_api.auth.
+const (
+	// AuthMTLS presents the node's own certificate (tls.cert, tls.key) to
+	// relay serve, which names the caller by the certificate's node id.
+	AuthMTLS = "mtls"
+	// AuthSigV4 signs each request with AWS Signature Version 4 (service
+	// lambda, the default credential chain) for a Lambda function URL with
+	// AWS_IAM auth, which names the caller by its IAM identity.
+	AuthSigV4 = "sigv4"
+)
+
+// Defaults and bounds of relay_api.
+const (
+	DefaultRelayAPIAuth           = AuthMTLS
+	DefaultRelayAPIReportInterval = 30 * time.Second
+	DefaultRelayAPIOrderInterval  = 30 * time.Second
+	DefaultRelayAPIBatch          = 500
+	DefaultRelayAPITimeout        = 30 * time.Second
+	DefaultRelayAPIBackoffInitial = time.Second
+	DefaultRelayAPIBackoffMax     = 5 * time.Minute
+	// MaxRelayAPIBatch is the relay's bound on reports per POST
+	// /v1/holdings.
+	MaxRelayAPIBatch = 500
+)
+
+// RelayAPI is the connection to the relay's HTTP API (relay serve, or the
+// api Lambda function's URL). Absent url: off, nothing is reported or
+// pulled, and the other keys are only checked.
+type RelayAPI struct {
+	// URL (relay_api.url) is the API's https base URL, with a path prefix
+	// if it has one: https://relay.example.net:8443, or a function URL.
+	URL string `yaml:"url"`
+	// CA (relay_api.ca, default the system roots) is the PEM bundle the
+	// server's certificate must chain to.
+	CA string `yaml:"ca"`
+	// Auth (relay_api.auth, default mtls): mtls or sigv4.
+	Auth string `yaml:"auth"`
+	// Region (relay_api.region, required with sigv4) is the function
+	// URL's AWS region, which SigV4 signs for.
+	Region string `yaml:"region"`
+	// ReportInterval (relay_api.report_interval, default 30s) is how often
+	// the holdings are compared with what the relay was told and the
+	// difference reported; a change is reported within it.
+	ReportInterval time.Duration `yaml:"report_interval"`
+	// OrderInterval (relay_api.order_interval, default 30s) is how often
+	// the node asks for new takedown orders.
+	OrderInterval time.Duration `yaml:"order_interval"`
+	// Batch (relay_api.batch, default 500, 1..500) bounds the reports in
+	// one POST /v1/holdings.
+	Batch int `yaml:"batch"`
+	// Timeout (relay_api.timeout, default 30s) bounds one request with its
+	// answer.
+	Timeout time.Duration `yaml:"timeout"`
+	// Backoff (relay_api.backoff, default 1s..5m) paces retries after a
+	// failed request: min(max, initial·2^(n-1)).
+	Backoff Backoff `yaml:"backoff"`
+}
+
+// Enabled reports whether a relay API is configured.
+func (r RelayAPI) Enabled() bool { return r.URL != "" }
 
 // TLS names the certificate files. All three are required.
 type TLS struct {
@@ -346,6 +411,11 @@ func Default() *Config {
 			ReceiveMemoryBytes: DefaultReceiveMemory,
 		},
 		RPC: RPC{Listen: DefaultRPCListen},
+		RelayAPI: RelayAPI{
+			Auth: DefaultRelayAPIAuth, ReportInterval: DefaultRelayAPIReportInterval, OrderInterval: DefaultRelayAPIOrderInterval,
+			Batch: DefaultRelayAPIBatch, Timeout: DefaultRelayAPITimeout,
+			Backoff: Backoff{Initial: DefaultRelayAPIBackoffInitial, Max: DefaultRelayAPIBackoffMax},
+		},
 	}
 }
 
@@ -482,6 +552,7 @@ func (c *Config) resolve(dir string) {
 	c.TLS.Key = abs(c.TLS.Key)
 	c.TLS.CA = abs(c.TLS.CA)
 	c.Storage.Dir = abs(c.Storage.Dir)
+	c.RelayAPI.CA = abs(c.RelayAPI.CA)
 	if p, ok := strings.CutPrefix(c.RPC.Listen, unixPrefix); ok {
 		c.RPC.Listen = unixPrefix + abs(p)
 	}

@@ -69,6 +69,15 @@ storage:
   receive_memory_bytes: 2MiB
 rpc:
   listen: unix:/run/edged/rpc.sock
+relay_api:
+  url: https://abc.lambda-url.eu-west-1.on.aws/
+  auth: sigv4
+  region: eu-west-1
+  report_interval: 1m
+  order_interval: 10s
+  batch: 100
+  timeout: 20s
+  backoff: {initial: 2s, max: 10m}
 `
 
 func TestParseFull(t *testing.T) {
@@ -93,6 +102,8 @@ func TestParseFull(t *testing.T) {
 		},
 		Storage: Storage{Dir: "/var/lib/edged", QuotaBytes: 2 << 30, QuotaSegments: 500, MaxSegmentBytes: 16 << 20, OnFull: OnFullEvictRelayedOldest, VerifyOnStart: VerifyNever, FsyncEachFile: true, PackMaxBytes: 0, PeerReservePercent: 50, ScrubInterval: 6 * time.Hour, ScrubRate: 512 << 10, ReceiveMemoryBytes: 2 << 20},
 		RPC:     RPC{Listen: "unix:/run/edged/rpc.sock"},
+		RelayAPI: RelayAPI{URL: "https://abc.lambda-url.eu-west-1.on.aws/", Auth: AuthSigV4, Region: "eu-west-1", ReportInterval: time.Minute,
+			OrderInterval: 10 * time.Second, Batch: 100, Timeout: 20 * time.Second, Backoff: Backoff{Initial: 2 * time.Second, Max: 10 * time.Minute}},
 	}
 	for id, want := range map[string]bool{"edge-b": true, "edge-c": true, "sensor-1": true, "edge-a": false, "edge-d": false} {
 		if c.Accepts(id) != want {
@@ -230,6 +241,19 @@ func TestValidateRules(t *testing.T) {
 		{"accept_from duplicate", "accept_from: [s, s]", "accept_from[1]", `"s" duplicates accept_from[0]`},
 		{"accept_from known peer", "known_peers: [{id: b, address: 'h:1'}]\naccept_from: [b]", "accept_from[0]", "is known_peers[0] already"},
 		{"accept_from mapping", "accept_from: [{id: s}]", "accept_from[0]", "single value"},
+		{"relay_api unknown key", "relay_api: {url: 'https://r:1', interval: 1s}", "relay_api.interval", "unknown key"},
+		{"relay_api http", "relay_api: {url: 'http://r:8443'}", "relay_api.url", "must be https://"},
+		{"relay_api no host", "relay_api: {url: 'https:///v1'}", "relay_api.url", "no host"},
+		{"relay_api credentials", "relay_api: {url: 'https://u:p@r'}", "relay_api.url", "carries credentials"},
+		{"relay_api query", "relay_api: {url: 'https://r/?a=1'}", "relay_api.url", "no query"},
+		{"relay_api ca without url", "relay_api: {ca: ca.crt}", "relay_api.ca", "without relay_api.url"},
+		{"relay_api auth", "relay_api: {url: 'https://r', auth: token}", "relay_api.auth", `"token" is not one of mtls, sigv4`},
+		{"relay_api sigv4 no region", "relay_api: {url: 'https://x.lambda-url.eu-west-1.on.aws', auth: sigv4}", "relay_api.region", "required with relay_api.auth: sigv4"},
+		{"relay_api region with mtls", "relay_api: {url: 'https://r', region: eu-west-1}", "relay_api.region", "only with relay_api.auth: sigv4"},
+		{"relay_api batch zero", "relay_api: {url: 'https://r', batch: 0}", "relay_api.batch", "out of range 1..500"},
+		{"relay_api batch over", "relay_api: {url: 'https://r', batch: 501}", "relay_api.batch", "out of range 1..500"},
+		{"relay_api interval zero", "relay_api: {url: 'https://r', report_interval: 0s}", "relay_api.report_interval", "must be > 0"},
+		{"relay_api backoff", "relay_api: {url: 'https://r', backoff: {initial: 10s, max: 1s}}", "relay_api.backoff.max", "less than relay_api.backoff.initial"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -364,7 +388,7 @@ func TestParseDocumentErrors(t *testing.T) {
 func TestLoadResolvesRelativePaths(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "edged.yaml")
-	doc := minimal + "rpc: {listen: 'unix:run/rpc.sock'}\n"
+	doc := minimal + "rpc: {listen: 'unix:run/rpc.sock'}\nrelay_api: {url: 'https://relay:8443', ca: certs/relay-ca.crt}\n"
 	doc = strings.Replace(doc, "ca: ca.crt", "ca: /abs/ca.crt", 1)
 	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
 		t.Fatal(err)
@@ -381,6 +405,9 @@ func TestLoadResolvesRelativePaths(t *testing.T) {
 	}
 	if c.RPC.Listen != "unix:"+filepath.Join(dir, "run/rpc.sock") {
 		t.Fatalf("rpc.listen = %s", c.RPC.Listen)
+	}
+	if c.RelayAPI.CA != filepath.Join(dir, "certs/relay-ca.crt") || !c.RelayAPI.Enabled() {
+		t.Fatalf("relay_api = %+v", c.RelayAPI)
 	}
 }
 
@@ -458,6 +485,13 @@ func TestDefaultsDocumented(t *testing.T) {
 		"storage.scrub_rate":           d.Storage.ScrubRate.String(),
 		"storage.receive_memory_bytes": d.Storage.ReceiveMemoryBytes.String(),
 		"rpc.listen":                   d.RPC.Listen,
+		"relay_api.auth":               d.RelayAPI.Auth,
+		"relay_api.report_interval":    d.RelayAPI.ReportInterval.String(),
+		"relay_api.order_interval":     d.RelayAPI.OrderInterval.String(),
+		"relay_api.batch":              "500",
+		"relay_api.timeout":            d.RelayAPI.Timeout.String(),
+		"relay_api.backoff.initial":    d.RelayAPI.Backoff.Initial.String(),
+		"relay_api.backoff.max":        d.RelayAPI.Backoff.Max.String(),
 	}
 	rows := map[string]string{}
 	for _, line := range strings.Split(string(doc), "\n") {
@@ -477,7 +511,7 @@ func TestDefaultsDocumented(t *testing.T) {
 			t.Errorf("docs row for %s does not show default `%s`: %s", key, def, row)
 		}
 	}
-	for _, key := range []string{"node_id", "tls.cert", "tls.key", "tls.ca", "known_peers[].id", "known_peers[].address", "accept_from", "storage.dir", "rpc.ingest_dirs"} {
+	for _, key := range []string{"node_id", "tls.cert", "tls.key", "tls.ca", "known_peers[].id", "known_peers[].address", "accept_from", "storage.dir", "rpc.ingest_dirs", "relay_api.url", "relay_api.ca", "relay_api.region"} {
 		if _, ok := rows[key]; !ok {
 			t.Errorf("docs/edge-config.md has no row for %s", key)
 		}

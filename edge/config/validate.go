@@ -3,8 +3,10 @@ package config
 import (
 	"fmt"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/relay-dev/relay/edge/wire"
 )
@@ -68,6 +70,7 @@ func (c *Config) Validate() error {
 	c.validateRelay(&ps)
 	c.validateStorage(&ps)
 	validateRPC(&ps, c.RPC.Listen)
+	c.RelayAPI.validate(&ps)
 	for i, d := range c.RPC.IngestDirs {
 		if strings.TrimSpace(d) == "" {
 			ps.add(fmt.Sprintf("rpc.ingest_dirs[%d]", i), "must be a directory path, not empty")
@@ -275,4 +278,56 @@ func checkID(id string) string {
 		return err.Error()
 	}
 	return ""
+}
+
+func (r RelayAPI) validate(ps *Problems) {
+	if r.URL == "" {
+		for _, f := range []struct{ key, val string }{{"relay_api.ca", r.CA}, {"relay_api.region", r.Region}} {
+			if f.val != "" {
+				ps.add(f.key, "set without relay_api.url, which turns the relay API on")
+			}
+		}
+	} else if u, err := url.Parse(r.URL); err != nil {
+		ps.add("relay_api.url", fmt.Sprintf("%q is not a URL: %v", r.URL, err))
+	} else {
+		switch {
+		case u.Scheme != "https":
+			ps.add("relay_api.url", fmt.Sprintf("%q: must be https:// (holdings, orders and receipts travel over TLS)", r.URL))
+		case u.Host == "" || u.Hostname() == "":
+			ps.add("relay_api.url", fmt.Sprintf("%q has no host", r.URL))
+		case u.User != nil:
+			ps.add("relay_api.url", fmt.Sprintf("%q carries credentials; the node authenticates with relay_api.auth", r.URL))
+		case u.RawQuery != "" || u.Fragment != "" || u.ForceQuery:
+			ps.add("relay_api.url", fmt.Sprintf("%q: a base URL has no query or fragment", r.URL))
+		}
+	}
+	switch r.Auth {
+	case AuthMTLS:
+		if r.Region != "" {
+			ps.add("relay_api.region", "only with relay_api.auth: sigv4")
+		}
+	case AuthSigV4:
+		if r.Region == "" {
+			ps.add("relay_api.region", "required with relay_api.auth: sigv4 (the function URL's region, us-east-1)")
+		}
+	default:
+		ps.add("relay_api.auth", fmt.Sprintf("%q is not one of %s, %s", r.Auth, AuthMTLS, AuthSigV4))
+	}
+	for _, d := range []struct {
+		key string
+		v   time.Duration
+	}{{"relay_api.report_interval", r.ReportInterval}, {"relay_api.order_interval", r.OrderInterval},
+		{"relay_api.timeout", r.Timeout}, {"relay_api.backoff.initial", r.Backoff.Initial}} {
+		if d.v <= 0 {
+			ps.add(d.key, fmt.Sprintf("%s must be > 0", d.v))
+		}
+	}
+	if r.Backoff.Max <= 0 {
+		ps.add("relay_api.backoff.max", fmt.Sprintf("%s must be > 0", r.Backoff.Max))
+	} else if r.Backoff.Initial > 0 && r.Backoff.Max < r.Backoff.Initial {
+		ps.add("relay_api.backoff.max", fmt.Sprintf("%s is less than relay_api.backoff.initial (%s)", r.Backoff.Max, r.Backoff.Initial))
+	}
+	if r.Batch < 1 || r.Batch > MaxRelayAPIBatch {
+		ps.add("relay_api.batch", fmt.Sprintf("%d is out of range 1..%d", r.Batch, MaxRelayAPIBatch))
+	}
 }
