@@ -129,9 +129,34 @@ func statusCmd(g *globals) *cobra.Command {
 				fmt.Fprintf(w, "storage\t%s\n", usageLine(s.Usage))
 				fmt.Fprintf(w, "ledger\tscheduled %d, inflight %d, failed %d, acked %d, deadletter %d, cancelled %d\n",
 					s.Ledger["scheduled"], s.Ledger["inflight"], s.Ledger["failed"], s.Ledger["acked"], s.Ledger["deadletter"], s.Ledger["cancelled"])
+				if a := s.RelayAPI; a != nil {
+					fmt.Fprintf(w, "relay api\t%s (%s)\n", a.URL, a.Auth)
+					fmt.Fprintf(w, "  holdings\t%d reports sent, %d pending%s\n", a.Holdings.Counts["sent"], a.Holdings.Pending, jobLine(a.Holdings))
+					fmt.Fprintf(w, "  orders\tevicted %d, receipt %d, not_held %d, invalid %d%s\n", a.Orders.Counts["evicted"], a.Orders.Counts["receipt"],
+						a.Orders.Counts["not_held"], a.Orders.Counts["invalid"], jobLine(a.Orders))
+					fmt.Fprintf(w, "  receipts\taccepted %d, replayed %d, refused %d, %d pending%s\n", a.Receipts.Counts["accepted"], a.Receipts.Counts["replayed"],
+						a.Receipts.Counts["refused"], a.Receipts.Pending, jobLine(a.Receipts))
+				}
 			})
 		},
 	}
+}
+
+// jobLine is a relay API job's last success, error and refusal.
+func jobLine(j rpc.RelayAPIJob) string {
+	var b strings.Builder
+	if j.LastSuccess != nil {
+		fmt.Fprintf(&b, "; last success %s", j.LastSuccess.Format(time.RFC3339))
+	}
+	if j.Failures > 0 {
+		fmt.Fprintf(&b, "; failing (%d in a row, next attempt %s): %s", j.Failures, j.NextAttempt.Format(time.RFC3339), j.LastError)
+	} else if j.LastErrorAt != nil {
+		fmt.Fprintf(&b, "; last error %s: %s", j.LastErrorAt.Format(time.RFC3339), j.LastError)
+	}
+	if j.LastRefusalAt != nil {
+		fmt.Fprintf(&b, "; last refused %s: %s", j.LastRefusalAt.Format(time.RFC3339), j.LastRefusal)
+	}
+	return b.String()
 }
 
 func usageLine(u rpc.Usage) string {

@@ -34,6 +34,10 @@ func (b backend) Status(context.Context) (rpc.Status, error) {
 	for _, s := range ledger.States() {
 		st.Ledger[s.String()] = counts[s]
 	}
+	if d.api != nil {
+		a := d.api.Status()
+		st.RelayAPI = &a
+	}
 	for _, c := range d.ex.Circuits() {
 		p, _ := d.cfg.Peer(c.Peer)
 		rp := rpc.Peer{ID: p.ID, Address: p.Address, Circuit: string(c.State), DialFailures: c.Failures,

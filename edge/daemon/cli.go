@@ -10,6 +10,7 @@ import (
 	"os"
 
 	"github.com/relay-dev/relay/edge/config"
+	"github.com/relay-dev/relay/edge/relayapi"
 	"github.com/relay-dev/relay/edge/transport"
 )
 
@@ -57,6 +58,12 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, reload <
 	if _, err := transport.NewReloader(cfg.NodeID, cfg.TLS.Cert, cfg.TLS.Key, cfg.TLS.CA, nil); err != nil {
 		fmt.Fprintf(stderr, "edged: %s: %v\n", *cfgPath, tlsProblems(err))
 		return 2
+	}
+	if cfg.RelayAPI.Enabled() {
+		if _, err := relayapi.NewHTTPClient(cfg.RelayAPI, nil); err != nil {
+			fmt.Fprintf(stderr, "edged: %s: %v\n", *cfgPath, err)
+			return 2
+		}
 	}
 	if *check {
 		return checkConfig(cfg, *cfgPath, stdout)
@@ -126,6 +133,16 @@ func checkConfig(cfg *config.Config, path string, stdout io.Writer) int {
 	shareBytes, shareSegs := peerShare(cfg)
 	fmt.Fprintf(stdout, "inbound: idle_timeout=%s min_rate=%s handshake_timeout=%s peer_reserve=%s or %d segments (%d%%)\n",
 		idleTimeout(cfg, 0), r.InboundMinRate, r.DialTimeout, config.ByteSize(shareBytes), shareSegs, s.PeerReservePercent)
+	if a := cfg.RelayAPI; a.Enabled() {
+		ca := a.CA
+		if ca == "" {
+			ca = "system roots"
+		}
+		fmt.Fprintf(stdout, "relay_api: url=%s auth=%s ca=%s region=%s report_interval=%s order_interval=%s batch=%d timeout=%s backoff=%s..%s\n",
+			a.URL, a.Auth, ca, a.Region, a.ReportInterval, a.OrderInterval, a.Batch, a.Timeout, a.Backoff.Initial, a.Backoff.Max)
+	} else {
+		fmt.Fprintln(stdout, "relay_api: off")
+	}
 	return 0
 }
 

@@ -17,6 +17,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -34,6 +35,7 @@ import (
 	"github.com/relay-dev/relay/edge/config"
 	"github.com/relay-dev/relay/edge/ledger"
 	"github.com/relay-dev/relay/edge/relay"
+	"github.com/relay-dev/relay/edge/relayapi"
 	"github.com/relay-dev/relay/edge/rpc"
 	"github.com/relay-dev/relay/edge/segstore"
 	"github.com/relay-dev/relay/edge/transport"
@@ -94,6 +96,8 @@ type Daemon struct {
 	ex    *relay.Executor
 	met   *metrics
 	rpc   *rpc.Server
+	// api is the relay API client (relay_api); nil when it is off.
+	api *relayapi.Agent
 
 	shed shedLog // connections the listener gave up before TLS finished
 
@@ -242,8 +246,42 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
+	if d.api, err = d.relayAPI(); err != nil {
+		return nil, err
+	}
 	d.rpc = rpc.NewServer(backend{d}, d.met.reg, d.log, opt.RPC)
 	return d, nil
+}
+
+// relayAPI wires the relay API client (edge/relayapi) when relay_api.url
+// is set: the node's certificate from the transport (renewals included),
+// or SigV4 credentials from the default chain; the store and this
+// daemon's Takedown.
+func (d *Daemon) relayAPI() (*relayapi.Agent, error) {
+	c := d.cfg.RelayAPI
+	if !c.Enabled() {
+		return nil, nil
+	}
+	hc, err := relayapi.NewHTTPClient(c, func() *tls.Certificate { return &d.tr.Material().Cert })
+	if err != nil {
+		return nil, err
+	}
+	var sign relayapi.Signer
+	if c.Auth == config.AuthSigV4 {
+		var source string
+		if sign, source, err = relayapi.NewSigV4(c.Region); err != nil {
+			return nil, err
+		}
+		d.log.Info("relay_api: SigV4 credentials", "from", source, "region", c.Region)
+	}
+	return relayapi.New(relayapi.Options{
+		Node: d.cfg.NodeID, Config: c, HTTP: hc, Sign: sign, DB: d.db, Store: d.store,
+		Evict: func(seg, request string) (bool, error) {
+			t, err := d.Takedown(seg, request)
+			return t.Evicted, err
+		},
+		Registerer: d.met.reg, Log: d.log, Now: d.opt.Now, UserAgent: "edged/" + d.opt.Version,
+	})
 }
 
 // idleTimeout bounds each read and write on a relay connection, including
@@ -357,6 +395,9 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		defer wg.Done()
 		d.acceptLoop(runCtx)
 	}()
+	if d.api != nil {
+		wg.Go(func() { d.api.Run(runCtx) })
+	}
 	go func() {
 		defer wg.Done()
 		d.refetchLoop(runCtx)
@@ -375,7 +416,8 @@ func (d *Daemon) Serve(ctx context.Context) error {
 	}()
 	d.serving.Store(true)
 	d.log.Info("edged serving", "listen", d.relayLn.Addr().String(), "rpc", d.rpcLn.Addr().String(),
-		"peers", d.ex.PeerIDs(), "accept_from", d.cfg.AcceptFrom, "condition", d.cfg.Relay.SuccessCondition, "evict_on_relay", d.cfg.Relay.EvictOnRelay)
+		"peers", d.ex.PeerIDs(), "accept_from", d.cfg.AcceptFrom, "condition", d.cfg.Relay.SuccessCondition, "evict_on_relay", d.cfg.Relay.EvictOnRelay,
+		"relay_api", d.cfg.RelayAPI.URL)
 
 	var first error
 	select {

@@ -24,8 +24,8 @@ type Takedown struct {
 }
 
 // Takedown evicts a stored segment for takedown request, the one entry
-// point for every caller: the operator's RPC (edgectl takedown evict) now,
-// the relay's order puller later. In one database transaction it removes
+// point for every caller: the operator's RPC (edgectl takedown evict) and
+// the relay's order puller (edge/relayapi). In one database transaction it removes
 // the segment's index entry, cancels its delivery records to every peer
 // (ledger.CancelSegmentIn: not failed, not retried), records its tombstone
 // (every later offer of the id is refused with NACK evicted, every ingest
@@ -49,6 +49,9 @@ type Takedown struct {
 // picks up new files at the next handshake, or on SIGHUP) and ask again.
 func (d *Daemon) Takedown(segmentID, request string) (Takedown, error) {
 	out, err := d.takedown(segmentID, request)
+	if err == nil && d.api != nil {
+		d.api.Changed() // post the receipt, report the eviction
+	}
 	switch {
 	case err != nil:
 		d.met.takedowns.WithLabelValues("refused").Inc()

@@ -144,6 +144,7 @@ type node struct {
 	faults   string            // fault control file: run bin.edgedFaults with RELAY_SEGSTORE_FAULTS set to it
 	relay    string            // YAML of the relay section, inner lines
 	storage  string            // YAML of the storage section, extra lines
+	relayAPI string            // YAML of the relay_api section, inner lines; "" leaves it out
 	cfgPath  string
 	logPath  string
 	client   *rpc.Client
@@ -230,6 +231,9 @@ func (n *node) writeConfig() {
 	fmt.Fprintf(&b, "relay:\n%s", n.relay)
 	fmt.Fprintf(&b, "storage:\n  dir: data-%s\n%s", n.id, n.storage)
 	fmt.Fprintf(&b, "rpc:\n  listen: %q\n", n.rpc)
+	if n.relayAPI != "" {
+		fmt.Fprintf(&b, "relay_api:\n%s", n.relayAPI)
+	}
 	n.cfgPath = filepath.Join(n.c.dir, n.id+".yaml")
 	if err := os.WriteFile(n.cfgPath, []byte(b.String()), 0o600); err != nil {
 		t.Fatal(err)

@@ -55,6 +55,42 @@ type Status struct {
 	Segments   int            `json:"segments"`
 	Relayed    int            `json:"relayed"`
 	Usage      Usage          `json:"usage"`
+	// RelayAPI is the relay API client's state (relay_api); absent when
+	// it is off.
+	RelayAPI *RelayAPI `json:"relay_api,omitempty"`
+}
+
+// RelayAPI is what edged's client of the relay's takedown API has done
+// (docs/takedown.md): its three jobs.
+type RelayAPI struct {
+	URL      string      `json:"url"`
+	Auth     string      `json:"auth"`
+	Holdings RelayAPIJob `json:"holdings"`
+	Orders   RelayAPIJob `json:"orders"`
+	Receipts RelayAPIJob `json:"receipts"`
+	// Cursor is the last order handled for good (the orders job).
+	Cursor string `json:"cursor,omitempty"`
+}
+
+// RelayAPIJob is one job of the relay API client. Counts are since the
+// start, by result: for holdings "sent" (reports the relay accepted), for
+// orders evicted, receipt, not_held and invalid, for receipts accepted,
+// replayed and refused. Pending is what the last pass found still owed:
+// holdings reports, or receipts without the relay's verdict.
+type RelayAPIJob struct {
+	Counts      map[string]int64 `json:"counts"`
+	Pending     int              `json:"pending"`
+	LastSuccess *time.Time       `json:"last_success,omitempty"`
+	LastError   string           `json:"last_error,omitempty"`
+	LastErrorAt *time.Time       `json:"last_error_at,omitempty"`
+	// LastRefusal is the last request the relay refused for good (a 4xx)
+	// without failing the pass: a receipt it refused, with its reason.
+	LastRefusal   string     `json:"last_refusal,omitempty"`
+	LastRefusalAt *time.Time `json:"last_refusal_at,omitempty"`
+	// Failures counts the passes failed in a row; NextAttempt is when the
+	// job runs again after one (its back-off).
+	Failures    int        `json:"failures,omitempty"`
+	NextAttempt *time.Time `json:"next_attempt,omitempty"`
 }
 
 // Peer is a configured peer and its dial circuit (docs/edge.md): closed

@@ -1,0 +1,380 @@
+package relayapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"maps"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/relay-dev/relay/edge/config"
+	"github.com/relay-dev/relay/edge/rpc"
+	"github.com/relay-dev/relay/edge/segstore"
+)
+
+// Store is what the agent reads of the segment store (*segstore.Store).
+type Store interface {
+	// ListAfter pages through the index in id order.
+	ListAfter(after string, limit int) ([]segstore.Entry, error)
+	// TombstoneOf returns a taken-down segment's tombstone, or
+	// segstore.ErrNotFound.
+	TombstoneOf(id string) (segstore.Tombstone, error)
+	// Receipts lists the stored receipts ("" = every segment's).
+	Receipts(id string) ([]segstore.StoredReceipt, error)
+}
+
+// Evict takes a segment down for a request (daemon.Daemon.Takedown): it
+// reports whether this call removed it. segstore.ErrNotFound means the
+// node neither holds nor took down the segment (nothing signed); any
+// other error leaves the order to be asked again. It must be idempotent.
+type Evict func(segment, request string) (evicted bool, err error)
+
+// Options are the agent's dependencies.
+type Options struct {
+	Node   string          // this node's id
+	Config config.RelayAPI // Enabled
+	// HTTP is the client (NewHTTPClient); Sign, if set, signs each
+	// request (NewSigV4).
+	HTTP *http.Client
+	Sign Signer
+	DB   *bolt.DB // edged.db: the agent's buckets live beside the store's
+	// Store and Evict are the segment store and the daemon's Takedown.
+	Store Store
+	Evict Evict
+	// Registerer receives the agent's Prometheus metrics; nil: none.
+	Registerer prometheus.Registerer
+	Log        *slog.Logger
+	Now        func() time.Time // default time.Now
+	UserAgent  string           // default "edged"
+}
+
+// Agent runs the three jobs (see the package doc).
+type Agent struct {
+	cfg   config.RelayAPI
+	node  string
+	db    *bolt.DB
+	store Store
+	evict Evict
+	api   *client
+	log   *slog.Logger
+	now   func() time.Time
+	met   *metrics
+	// spread scales every wait of this node (see the package doc).
+	spread float64
+	// batch is the holdings batch size: relay_api.batch, halved after
+	// each 413 (the relay's bound on one request is lower). The holdings
+	// job's alone.
+	batch int
+
+	holdings, orders, receipts             *jobState
+	holdingsKick, ordersKick, receiptsKick chan struct{}
+}
+
+// Job names (the label of edged_relayapi_requests_total).
+const (
+	jobHoldings = "holdings"
+	jobOrders   = "orders"
+	jobReceipts = "receipts"
+)
+
+// New creates the agent's buckets in DB (and, in a database new to them,
+// its idempotency key epoch). It sends nothing before Run.
+func New(o Options) (*Agent, error) {
+	if !o.Config.Enabled() {
+		return nil, errors.New("relayapi: relay_api.url is not set")
+	}
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.UserAgent == "" {
+		o.UserAgent = "edged"
+	}
+	if err := initState(o.DB); err != nil {
+		return nil, fmt.Errorf("relayapi: %w", err)
+	}
+	h := fnv.New64a()
+	h.Write([]byte(o.Node))
+	a := &Agent{
+		cfg: o.Config, node: o.Node, db: o.DB, store: o.Store, evict: o.Evict,
+		api: &client{base: strings.TrimRight(o.Config.URL, "/"), http: o.HTTP, sign: o.Sign, userAgent: o.UserAgent},
+		log: o.Log.With("component", "relay_api"), now: o.Now, met: newMetrics(o.Registerer),
+		spread: 1 - float64(h.Sum64()%1000)/4000, batch: o.Config.Batch,
+		holdings: newJobState(), orders: newJobState(), receipts: newJobState(),
+		holdingsKick: make(chan struct{}, 1), ordersKick: make(chan struct{}, 1), receiptsKick: make(chan struct{}, 1),
+	}
+	c, err := a.cursor()
+	if err != nil {
+		return nil, fmt.Errorf("relayapi: %w", err)
+	}
+	a.orders.setCursor(c)
+	return a, nil
+}
+
+// Run runs the jobs until ctx ends. Each starts at once: a node back from
+// a long time offline reports, pulls and posts in its first seconds.
+func (a *Agent) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, j := range []struct {
+		name     string
+		st       *jobState
+		kick     chan struct{}
+		interval time.Duration
+		pass     func(context.Context) error
+	}{
+		{jobHoldings, a.holdings, a.holdingsKick, a.cfg.ReportInterval, a.reportPass},
+		{jobOrders, a.orders, a.ordersKick, a.cfg.OrderInterval, a.orderPass},
+		// Receipts are posted as orders are applied (kicked), and swept at
+		// the report interval for those signed otherwise (edgectl
+		// takedown evict) or refused by a restart.
+		{jobReceipts, a.receipts, a.receiptsKick, a.cfg.ReportInterval, a.receiptPass},
+	} {
+		wg.Go(func() { a.loop(ctx, j.name, j.st, j.kick, j.interval, j.pass) })
+	}
+	wg.Wait()
+}
+
+// Changed says the store changed (a takedown, an eviction): the holdings
+// and receipt jobs run soon, unless they are backing off.
+func (a *Agent) Changed() {
+	a.kick(a.holdingsKick)
+	a.kick(a.receiptsKick)
+}
+
+func (a *Agent) kick(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// loop runs pass, then waits: the interval after a success, or after a
+// refusal (a 4xx: asking again at once would get the same answer), the
+// back-off after a retryable failure. A kick ends an interval early, never
+// a back-off.
+func (a *Agent) loop(ctx context.Context, name string, st *jobState, kick chan struct{}, interval time.Duration, pass func(context.Context) error) {
+	failures := 0
+	for ctx.Err() == nil {
+		err := pass(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		wait := a.scaled(interval)
+		switch {
+		case err == nil:
+			failures = 0
+			st.succeeded(a.now())
+			a.met.lastSuccess.WithLabelValues(name).Set(float64(a.now().UnixMilli()) / 1000)
+		case retryable(err):
+			failures++
+			wait = a.backoff(failures)
+			a.log.Warn("relay API request failed; retrying", "job", name, "attempt", failures, "retry_in", wait, "err", err)
+			st.failed(a.now(), err, failures, a.now().Add(wait))
+		default:
+			failures = 0
+			a.log.Error("relay API refused a request", "job", name, "err", err)
+			st.failed(a.now(), err, 0, a.now().Add(wait))
+		}
+		t := time.NewTimer(wait)
+		var kicked <-chan struct{}
+		if failures == 0 {
+			kicked = kick
+		}
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-kicked:
+			t.Stop()
+		case <-t.C:
+		}
+	}
+}
+
+// backoff is the wait after the n-th failure in a row.
+func (a *Agent) backoff(n int) time.Duration {
+	d := a.cfg.Backoff.Initial
+	for i := 1; i < n && d < a.cfg.Backoff.Max; i++ {
+		d *= 2
+	}
+	return a.scaled(min(d, a.cfg.Backoff.Max))
+}
+
+func (a *Agent) scaled(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * a.spread)
+}
+
+// call is client.do bounded by relay_api.timeout.
+func (a *Agent) call(ctx context.Context, method, path string, h http.Header, body []byte, out any) error {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
+	defer cancel()
+	return a.api.do(ctx, method, path, h, body, out)
+}
+
+// outcome labels a request's result.
+func outcome(err error) string {
+	switch {
+	case err == nil:
+		return "ok"
+	case retryable(err):
+		return "failed"
+	}
+	return "refused"
+}
+
+// Status is the agent's part of the status RPC.
+func (a *Agent) Status() rpc.RelayAPI {
+	return rpc.RelayAPI{
+		URL: a.cfg.URL, Auth: a.cfg.Auth,
+		Holdings: a.holdings.status(), Orders: a.orders.status(), Receipts: a.receipts.status(),
+		Cursor: a.orders.cursorNow(),
+	}
+}
+
+func (a *Agent) setReceiptsPending(n int) {
+	a.receipts.setPending(n)
+	a.met.receiptsPending.Set(float64(n))
+}
+
+// jobState is one job's figures for the status RPC.
+type jobState struct {
+	mu          sync.Mutex
+	counts      map[string]int64
+	pending     int
+	lastSuccess time.Time
+	lastError   string
+	lastErrorAt time.Time
+	failures    int
+	next        time.Time
+	cursor      string
+
+	lastRefusal   string
+	lastRefusalAt time.Time
+}
+
+func newJobState() *jobState { return &jobState{counts: map[string]int64{}} }
+
+func (s *jobState) note(result string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.counts[result]++
+}
+
+// refused counts a request the relay refused for good (a 4xx) that did
+// not fail the pass: a receipt.
+func (s *jobState) refused(at time.Time, what string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.counts["refused"]++
+	s.lastRefusal, s.lastRefusalAt = what, at
+}
+
+func (s *jobState) sent(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.counts["sent"] += int64(n)
+}
+
+func (s *jobState) setPending(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pending = n
+}
+
+func (s *jobState) setCursor(c string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cursor = c
+}
+
+func (s *jobState) cursorNow() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cursor
+}
+
+func (s *jobState) succeeded(at time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lastSuccess, s.failures, s.next = at, 0, time.Time{}
+}
+
+func (s *jobState) failed(at time.Time, err error, failures int, next time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lastError, s.lastErrorAt, s.failures, s.next = err.Error(), at, failures, next
+}
+
+func (s *jobState) status() rpc.RelayAPIJob {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	j := rpc.RelayAPIJob{Counts: maps.Clone(s.counts), Pending: s.pending, LastError: s.lastError, Failures: s.failures}
+	if !s.lastSuccess.IsZero() {
+		t := s.lastSuccess
+		j.LastSuccess = &t
+	}
+	if !s.lastErrorAt.IsZero() {
+		t := s.lastErrorAt
+		j.LastErrorAt = &t
+	}
+	if !s.lastRefusalAt.IsZero() {
+		t := s.lastRefusalAt
+		j.LastRefusal, j.LastRefusalAt = s.lastRefusal, &t
+	}
+	if s.failures > 0 {
+		t := s.next
+		j.NextAttempt = &t
+	}
+	return j
+}
+
+// metrics are the agent's Prometheus series.
+type metrics struct {
+	requests        *prometheus.CounterVec
+	reported        *prometheus.CounterVec
+	orders          *prometheus.CounterVec
+	receipts        *prometheus.CounterVec
+	holdingsPending prometheus.Gauge
+	receiptsPending prometheus.Gauge
+	lastSuccess     *prometheus.GaugeVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edged_relayapi_requests_total", Help: "Requests to the relay API (relay_api), by job (holdings, orders, receipts) and result (ok; failed: no answer or a 5xx, retried with back-off; refused: a 4xx, not retried as is).",
+		}, []string{"job", "result"}),
+		reported: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edged_relayapi_holdings_reported_total", Help: "Holdings reports the relay accepted, by state (held, evicted).",
+		}, []string{"state"}),
+		orders: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edged_relayapi_orders_total", Help: "Takedown orders handled, by result (evicted; receipt: taken down before; not_held: this node neither holds nor took down the segment, nothing signed; invalid: malformed, nothing done).",
+		}, []string{"result"}),
+		receipts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edged_relayapi_receipts_total", Help: "Takedown receipts posted, by the relay's verdict (accepted, replayed: accepted before, refused: a 4xx, not posted again).",
+		}, []string{"result"}),
+		holdingsPending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "edged_relayapi_holdings_pending", Help: "Holdings reports owed to the relay at the last pass (0 once it knows what this node holds).",
+		}),
+		receiptsPending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "edged_relayapi_receipts_pending", Help: "Stored takedown receipts without the relay's verdict at the last pass.",
+		}),
+		lastSuccess: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "edged_relayapi_last_success_timestamp_seconds", Help: "When each job (holdings, orders, receipts) last finished a pass without an error, in Unix seconds.",
+		}, []string{"job"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.requests, m.reported, m.orders, m.receipts, m.holdingsPending, m.receiptsPending, m.lastSuccess)
+	}
+	return m
+}
