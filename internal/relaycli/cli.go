@@ -56,7 +56,7 @@ func newRoot(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return &usageError{singleDashHint(cmd, err)} })
 	root.AddCommand(demoCmd(stdout, stderr), statusCmd(stdout), enqueueCmd(stdinOr(stdin), stdout), fireCmd(stdout))
-	root.AddCommand(targetsCmd(stdout), targetCmd(stdout), archiveCmd(stdout), serveCmd(stdout, stderr), backupCmd(stdout))
+	root.AddCommand(targetsCmd(stdout), targetCmd(stdout), archiveCmd(stdout), serveCmd(stdout, stderr), backupCmd(stdout), takedownCmd(stdout))
 	root.AddCommand(&cobra.Command{
 		Use:   "version",
 		Short: "Print relay's version: module version, commit, Go version and platform",

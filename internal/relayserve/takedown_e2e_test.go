@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -191,6 +192,27 @@ func TestTakedownOverHTTPS(t *testing.T) {
 		t.Fatalf("receipt file: %s %v %+v", r.header.Get("Content-Type"), err, res)
 	}
 	waitMetrics(t, f.client(t, p, ""), base, f.tokens["reader"], "relay_takedowns_open 1", "relay_takedown_holders_pending 0")
+
+	// The CLI, as the takedown role's principal.
+	cli := func(args ...string) string {
+		t.Helper()
+		args = append(args, "--url", base, "--ca", filepath.Join(f.pki, "ca.crt"),
+			"--cert", filepath.Join(f.pki, "td-op.crt"), "--key", filepath.Join(f.pki, "td-op.key"))
+		out, err := exec.Command(relayBin, args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("relay %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	if out := cli("takedown", "status", td.ID); !strings.Contains(out, "complete, 2 of 2 receipts verified") || !strings.Contains(out, "edge-b") {
+		t.Fatalf("relay takedown status:\n%s", out)
+	}
+	if out := cli("takedown", "receipts", td.ID); out != string(r.body) {
+		t.Fatalf("relay takedown receipts:\n%s\nwant\n%s", out, r.body)
+	}
+	if out := cli("takedown", "holders", "seg-9f2c"); !strings.Contains(out, "edge-a") || !strings.Contains(out, "held") {
+		t.Fatalf("relay takedown holders:\n%s", out)
+	}
 }
 
 type clientT struct {
