@@ -271,9 +271,10 @@ func TestCancelledContextCancelsQuery(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	var timeout string
-	if err := pool.QueryRow(t.Context(), `SHOW statement_timeout`).Scan(&timeout); err != nil || timeout != "1min" {
-		t.Fatalf("statement_timeout %q, %v; want 1min", timeout, err)
+	var timeout, app string
+	if err := pool.QueryRow(t.Context(), `SELECT current_setting('statement_timeout'), current_setting('application_name')`).Scan(&timeout, &app); err != nil ||
+		timeout != "1min" || app != "relay serve" {
+		t.Fatalf("statement_timeout %q, application_name %q, %v; want 1min, relay serve", timeout, app, err)
 	}
 	admin := pgtest.Pool(t, dsn, 1)
 	ctx, cancel := context.WithCancel(t.Context())
