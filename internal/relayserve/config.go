@@ -14,6 +14,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
 
@@ -237,8 +239,20 @@ type Alarms struct {
 	// long. Shorter than the engine's 30s default because the server runs
 	// alone on its file (bbolt's lock) and never runs two alarms for a
 	// source at once, so a claim only has to outlast one local fire.
+	// Replicas on one database share claims, so it must outlast one fire
+	// on any of them; it bounds how long a replica's death holds back
+	// the sources it was firing (docs/serve.md, Replicas and failover).
 	ClaimTTL time.Duration `yaml:"claim_ttl"`
+	// Replica (alarms.replica, default <hostname>-<pid>) names this
+	// process among the replicas sharing one database: it seeds the
+	// order in which the sweep fires what it found (so replicas sweeping
+	// together start at different sources), and it is in the logs and
+	// the relay_replica_info metric.
+	Replica string `yaml:"replica"`
 }
+
+// maxReplicaLen bounds alarms.replica: a name for logs and a label.
+const maxReplicaLen = 128
 
 // Default returns the configuration with every default filled in (db is
 // still required).
@@ -443,6 +457,9 @@ func (c *Config) validate() []error {
 	}
 	if c.Alarms.ClaimTTL < time.Second || c.Alarms.ClaimTTL > 5*time.Minute {
 		bad(at("alarms", "claim_ttl"), "alarms.claim_ttl %v: want 1s..5m", c.Alarms.ClaimTTL)
+	}
+	if r := c.Alarms.Replica; len(r) > maxReplicaLen || !utf8.ValidString(r) || strings.ContainsFunc(r, func(c rune) bool { return unicode.IsSpace(c) || unicode.IsControl(c) }) {
+		bad(at("alarms", "replica"), "alarms.replica %q: want at most %d bytes of UTF-8 without spaces or control characters", r, maxReplicaLen)
 	}
 	if _, err := c.Level(); err != nil {
 		errs = append(errs, err)

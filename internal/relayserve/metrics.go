@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/relay-dev/relay/infra/alarmclock"
 	"github.com/relay-dev/relay/relaycore"
 )
 
@@ -39,6 +40,8 @@ type metrics struct {
 	sweepOverdue    prometheus.Counter
 
 	age *ageCollector
+	// clock is set to the alarm clock's stats once it exists.
+	clock *clockCollector
 }
 
 func newMetrics(source relaycore.Store) *metrics {
@@ -90,9 +93,10 @@ func newMetrics(source relaycore.Store) *metrics {
 		"relay_oldest_undelivered_age_seconds",
 		"Now minus the commit time of the source's oldest undelivered row, held rows included; 0 when its outbox is empty. Read after each alarm, aged at scrape time.",
 		[]string{"source"}, nil)}
+	m.clock = &clockCollector{}
 	for _, c := range []prometheus.Collector{
 		m.requests, m.duration, m.inFlight, m.idleClosed, m.handshakeErrors, m.alarms, m.rowsDelivered, m.autoQuarantined,
-		m.blocked, m.quarantined, m.paused, m.held, m.sweeps, m.sweepErrors, m.sweepOverdue, m.age,
+		m.blocked, m.quarantined, m.paused, m.held, m.sweeps, m.sweepErrors, m.sweepOverdue, m.age, m.clock,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	} {
 		f(c)
@@ -114,6 +118,10 @@ func (m *metrics) alarm(ctx context.Context, src relaycore.Partition, r relaycor
 		return
 	case r.Busy:
 		m.alarms.WithLabelValues("busy").Inc()
+		// Another fire holds the source: with replicas, another process
+		// fires it now, and its series are there. Ours would only go
+		// stale (an age growing for rows delivered elsewhere).
+		m.forget(src)
 		return
 	case r.RowsDelivered == 0 && r.RowsCleaned == 0:
 		m.alarms.WithLabelValues("idle").Inc()
@@ -127,6 +135,17 @@ func (m *metrics) alarm(ctx context.Context, src relaycore.Partition, r relaycor
 	m.paused.WithLabelValues(s).Set(float64(r.Hold.Paused))
 	m.held.WithLabelValues(s).Set(float64(r.Hold.HeldRows))
 	m.age.update(ctx, src, r.Cleared)
+}
+
+// forget drops src's per-source gauges (counters stay: they are this
+// process's own work).
+func (m *metrics) forget(src relaycore.Partition) {
+	for _, g := range []*prometheus.GaugeVec{m.blocked, m.quarantined, m.paused, m.held} {
+		g.DeleteLabelValues(string(src))
+	}
+	m.age.mu.Lock()
+	delete(m.age.lowerMS, src)
+	m.age.mu.Unlock()
 }
 
 func (m *metrics) sweep(found int, err error) {
@@ -177,4 +196,41 @@ func (a *ageCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(a.desc, prometheus.GaugeValue, age, string(src))
 	}
+}
+
+// clockCollector exports the alarm clock's checks (infra/alarmclock): a
+// wake-up the clock was not kicked for (the sweep's, or a retry after a
+// claim) is checked before it fires, and with replicas on one database
+// the checks that leave a source to another replica are the work sharing
+// costs, one read each. relay_replica_info names the replica, so a
+// dashboard can tell the replicas' series apart beyond their instance.
+type clockCollector struct {
+	stats   func() alarmclock.Stats // nil: all zero
+	replica string
+}
+
+var (
+	checksDesc = prometheus.NewDesc("relay_alarm_checks_total",
+		"Wake-ups checked before firing (found by the sweep, or retried after a claim), by outcome: fired, done (no alarm due: fired or re-armed elsewhere), claimed (a live claim held the source), failed (the read failed).",
+		[]string{"outcome"}, nil)
+	replicaDesc = prometheus.NewDesc("relay_replica_info", "1, labelled with this process's alarms.replica name.", []string{"replica"}, nil)
+)
+
+func (c *clockCollector) Describe(ch chan<- *prometheus.Desc) { ch <- checksDesc; ch <- replicaDesc }
+
+func (c *clockCollector) Collect(ch chan<- prometheus.Metric) {
+	var st alarmclock.Stats
+	if c.stats != nil {
+		st = c.stats()
+	}
+	for _, o := range []struct {
+		outcome string
+		n       int64
+	}{
+		{"fired", st.Checks - st.SkippedDone - st.SkippedClaimed - st.CheckErrors},
+		{"done", st.SkippedDone}, {"claimed", st.SkippedClaimed}, {"failed", st.CheckErrors},
+	} {
+		ch <- prometheus.MustNewConstMetric(checksDesc, prometheus.CounterValue, float64(o.n), o.outcome)
+	}
+	ch <- prometheus.MustNewConstMetric(replicaDesc, prometheus.GaugeValue, 1, c.replica)
 }

@@ -64,3 +64,49 @@ func TestAPIDocListsServerErrors(t *testing.T) {
 		}
 	}
 }
+
+// An alarm that meets another fire's claim drops the source's gauges: with
+// replicas on one database another process fires the source now and
+// reports it, and this one's last reading would only go stale (an
+// undelivered age growing for rows delivered elsewhere, a quarantine
+// released elsewhere). Counters stay: they are this process's own work.
+func TestBusyAlarmDropsSourceGauges(t *testing.T) {
+	m := newMetrics(nil)
+	ctx := context.Background()
+	series := func() map[string]bool {
+		t.Helper()
+		families, err := m.reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]bool{}
+		for _, f := range families {
+			for _, mt := range f.GetMetric() {
+				for _, l := range mt.GetLabel() {
+					if l.GetName() == "source" && l.GetValue() == "s" {
+						out[f.GetName()] = true
+					}
+				}
+			}
+		}
+		return out
+	}
+	m.alarm(ctx, "s", relaycore.AlarmResult{Cleared: true, RowsDelivered: 3, Hold: relaycore.HoldSummary{Quarantined: 1}}, nil)
+	gauges := []string{"relay_targets_blocked", "relay_targets_quarantined", "relay_targets_paused", "relay_rows_held", "relay_oldest_undelivered_age_seconds"}
+	before := series()
+	for _, g := range gauges {
+		if !before[g] {
+			t.Fatalf("no %s series for s after its alarm: %v", g, before)
+		}
+	}
+	m.alarm(ctx, "s", relaycore.AlarmResult{Busy: true}, nil)
+	after := series()
+	for _, g := range gauges {
+		if after[g] {
+			t.Errorf("%s{source=s} still exported after a busy alarm", g)
+		}
+	}
+	if !after["relay_rows_delivered_total"] {
+		t.Error("relay_rows_delivered_total{source=s} dropped: counters stay")
+	}
+}

@@ -1,6 +1,7 @@
 package relayserve
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -155,9 +156,16 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 	}
 	owner := &takedowns.Owner{Relay: relay, Roots: roots, Logger: log}
 	ownerKick := make(chan struct{}, 1)
+	replica := cfg.Alarms.Replica
+	if replica == "" {
+		host, _ := os.Hostname()
+		replica = fmt.Sprintf("%s-%d", cmp.Or(host, "relay"), os.Getpid())
+	}
+	// Source: replicas on one database all sweep it; the clock checks an
+	// alarm it was not kicked for before firing it (infra/alarmclock).
 	clock := alarmclock.New(alarmclock.Config{
-		Handler: detachedAlarmer{relay, fireCtx, &firesRunning}, Index: st.index, Workers: cfg.Alarms.Workers,
-		SweepInterval: cfg.Alarms.SweepInterval, Logger: log,
+		Handler: detachedAlarmer{relay, fireCtx, &firesRunning}, Index: st.index, Source: src, Replica: replica,
+		Workers: cfg.Alarms.Workers, SweepInterval: cfg.Alarms.SweepInterval, Logger: log,
 		Observe: func(s relaycore.Partition, r relaycore.AlarmResult, err error) {
 			m.alarm(fireCtx, s, r, err)
 			if takedowns.Reserved(string(s)) {
@@ -171,6 +179,7 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 		ObserveSweep: m.sweep,
 	})
 	relay.Kicker = clock
+	m.clock.stats, m.clock.replica = clock.Stats, replica
 	h := &api.Handler{
 		Source: src, Relay: relay, Routes: api.RoutesAll, Logger: log, MaxBodyBytes: cfg.Limits.MaxBodyBytes,
 		Takedowns: owner,
@@ -273,7 +282,7 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 		}
 	}
 	attrs := append([]any{"addr", addr, "url", info.URL}, st.logAttrs...)
-	log.Info("relay serve: listening", append(attrs,
+	log.Info("relay serve: listening", append(attrs, "replica", replica,
 		"budget", cfg.Budget.Plan, "tls", tc != nil, "client_certs", cfg.TLS.ClientCA != "",
 		"tokens", cfg.Auth.TokensFile != "", "anonymous", cfg.Auth.Anonymous != nil)...)
 
