@@ -1,0 +1,294 @@
+package relayserve_test
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/relay-dev/relay/infra/postgres/pgtest"
+	"github.com/relay-dev/relay/internal/relayserve/servetest"
+	"github.com/relay-dev/relay/lambda/api"
+	"github.com/relay-dev/relay/relaycore"
+)
+
+// replicaSet is three `relay serve` processes on one PostgreSQL database,
+// each restartable; writers find the current URL and client of each.
+type replicaSet struct {
+	f    *fixture
+	cfgs []string
+
+	mu      sync.Mutex
+	procs   []*servetest.Proc
+	clients []*http.Client
+}
+
+func (s *replicaSet) start(t *testing.T, i int) {
+	t.Helper()
+	p := servetest.Start(t, relayBin, s.cfgs[i])
+	c := s.f.client(t, p, "")
+	s.mu.Lock()
+	s.procs[i], s.clients[i] = p, c
+	s.mu.Unlock()
+}
+
+func (s *replicaSet) get(i int) (*servetest.Proc, *http.Client) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.procs[i], s.clients[i]
+}
+
+// newReplicaSet writes n configurations sharing the fixture's credentials
+// and one database (dsn), with short claims and sweeps so failover takes
+// seconds, and starts them.
+func newReplicaSet(t *testing.T, n int, dsn string) *replicaSet {
+	t.Helper()
+	f := newFixture(t, "")
+	s := &replicaSet{f: f, procs: make([]*servetest.Proc, n), clients: make([]*http.Client, n)}
+	for i := range n {
+		cfg := fmt.Sprintf(`listen: 127.0.0.1:0
+store:
+  type: postgres
+  postgres: {dsn: %q, max_conns: 4}
+tls:
+  cert: %s
+  key: %s
+  client_ca: %s
+auth:
+  tokens_file: %s
+alarms:
+  sweep_interval: 1s
+  claim_ttl: 2s
+  replica: r%d
+limits:
+  max_body_bytes: 65536
+drain_timeout: 20s
+log_level: info
+`, dsn, filepath.Join(f.pki, "server.crt"), filepath.Join(f.pki, "server.key"), filepath.Join(f.pki, "ca.crt"), filepath.Join(f.dir, "tokens"), i)
+		s.cfgs = append(s.cfgs, servetest.WriteConfig(t, cfg+principalsYAML))
+	}
+	for i := range n {
+		s.start(t, i)
+	}
+	return s
+}
+
+// Three replicas on one PostgreSQL database, four writers with idempotency
+// keys sending each batch to the replicas in turn (the next one when a
+// request fails, as a load balancer would), and under that load: kill -9
+// of each replica in turn (restarted at once), and one crash of the
+// database. Afterwards, read through the API: every acknowledged row is
+// at its target, once in effect and in seq order per (source, target)
+// (its last/<source> key holds the row of the highest acknowledged seq),
+// and each target's watermark of each source equals the highest seq
+// acknowledged for it.
+func TestReplicasKilledInTurn(t *testing.T) {
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 0))
+	db := pgtest.Private(t)
+	set := newReplicaSet(t, 3, db.NewDatabase(t))
+	token := set.f.tokens["producer"]
+
+	const (
+		writers      = 4
+		rowsPerBatch = 10
+		targets      = 6
+		perWriter    = 45 // batches
+	)
+	sources := []string{"orders", "tenant/42"}
+	// Chaos after this many acknowledged batches: kill -9 and restart
+	// replica 0, 1, crash the database, kill replica 2.
+	steps := []int{25, 60, 95, 130}
+	var (
+		mu       sync.Mutex
+		acked    []*batch
+		refused  int
+		progress = make(chan int, 1024)
+	)
+	offsets := make([]uint64, writers)
+	for i := range offsets {
+		offsets[i] = rng.Uint64N(targets)
+	}
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			src := sources[w%len(sources)]
+			for n := range perWriter {
+				b := &batch{source: src, key: fmt.Sprintf("w%d-b%d", w, n)}
+				for i := range rowsPerBatch {
+					tgt := fmt.Sprintf("t%d", (offsets[w]+uint64(n*rowsPerBatch+i))%targets)
+					b.rows = append(b.rows, loadRow(src, tgt, fmt.Sprintf("w%d-%d-%d", w, n, i)))
+				}
+				for attempt := 0; ; attempt++ {
+					p, c := set.get((w + n + attempt) % len(set.procs))
+					status, seqs, ok := post(c, p.URL, token, b)
+					if ok && status == 200 {
+						b.seqs = seqs
+						break
+					}
+					if ok && status != 503 && status != 500 {
+						t.Errorf("enqueue %s: status %d", b.key, status)
+						return
+					}
+					mu.Lock()
+					refused++
+					mu.Unlock()
+					if attempt%len(set.procs) == len(set.procs)-1 {
+						time.Sleep(50 * time.Millisecond) // a producer's back-off once every replica refused
+					}
+				}
+				mu.Lock()
+				acked = append(acked, b)
+				progress <- len(acked)
+				mu.Unlock()
+			}
+		})
+	}
+	var chaos []string
+	for step, at := range steps {
+		for n := range progress {
+			if n >= at {
+				break
+			}
+		}
+		start := time.Now()
+		if step == 2 {
+			db.Restart(t)
+			chaos = append(chaos, fmt.Sprintf("database crashed and back in %v", time.Since(start).Round(time.Millisecond)))
+			continue
+		}
+		i := min(step, 2) // replicas 0, 1, then (step 3) 2
+		p, _ := set.get(i)
+		p.Kill(t)
+		set.start(t, i)
+		chaos = append(chaos, fmt.Sprintf("r%d killed and ready again in %v", i, time.Since(start).Round(time.Millisecond)))
+	}
+	go func() {
+		for range progress {
+		}
+	}()
+	wg.Wait()
+	close(progress)
+	if t.Failed() {
+		return
+	}
+	t.Logf("%d batches acknowledged, %d attempts refused or cut; %v", len(acked), refused, chaos)
+
+	maxSeq := map[string]uint64{}
+	for _, b := range acked {
+		if len(b.seqs) != len(b.rows) {
+			t.Fatalf("batch %s: %d seqs for %d rows", b.key, len(b.seqs), len(b.rows))
+		}
+		for _, s := range b.seqs {
+			maxSeq[b.source] = max(maxSeq[b.source], s)
+		}
+	}
+	p, c := set.get(0)
+	for _, src := range sources {
+		waitDelivered(t, c, p.URL+"/v1/sources/"+url.PathEscape(src), set.f.tokens["reader"], maxSeq[src])
+	}
+
+	// What each target holds, through the API (read role).
+	reader := set.f.tokens["reader"]
+	items := map[string]map[string]string{} // target -> key -> value
+	for i := range targets {
+		tgt := fmt.Sprintf("t%d", i)
+		items[tgt] = map[string]string{}
+		for after := ""; ; {
+			r := do(t, c, "GET", fmt.Sprintf("%s/v1/targets/%s/items?limit=1000&after=%s", p.URL, tgt, url.QueryEscape(after)), reader, nil)
+			if r.status != 200 {
+				t.Fatalf("items of %s: %d %s", tgt, r.status, r.body)
+			}
+			var page api.TargetItemsResponse
+			if err := json.Unmarshal(r.body, &page); err != nil {
+				t.Fatal(err)
+			}
+			for _, it := range page.Items {
+				v, _ := base64.StdEncoding.DecodeString(it.Value)
+				items[tgt][it.Key] = string(v)
+			}
+			if after = page.Next; after == "" {
+				break
+			}
+		}
+	}
+	type key struct{ source, target string }
+	type seqID struct {
+		seq uint64
+		id  string
+	}
+	last := map[key]seqID{}
+	seen := map[string]bool{}
+	for _, b := range acked {
+		for i, r := range b.rows {
+			sk := fmt.Sprintf("%s/%d", b.source, b.seqs[i])
+			if seen[sk] {
+				t.Fatalf("seq %s acknowledged twice", sk)
+			}
+			seen[sk] = true
+			id, _ := base64.StdEncoding.DecodeString(*r.Puts[0].Value)
+			if got := items[r.Target]["row/"+string(id)]; got != string(id) {
+				t.Fatalf("acknowledged row %s (seq %s) missing at target %s: %q (seed %d)", id, sk, r.Target, got, seed)
+			}
+			k := key{b.source, r.Target}
+			if cur, ok := last[k]; !ok || b.seqs[i] > cur.seq {
+				last[k] = seqID{b.seqs[i], string(id)}
+			}
+		}
+	}
+	keys := make([]key, 0, len(last))
+	for k := range last {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b key) int { return strings.Compare(a.source+"\x00"+a.target, b.source+"\x00"+b.target) })
+	for _, k := range keys {
+		if got := items[k.target]["last/"+k.source]; got != last[k].id {
+			t.Fatalf("target %s last/%s = %q; want %q, the row of seq %d: applied twice or out of order (seed %d)", k.target, k.source, got, last[k].id, last[k].seq, seed)
+		}
+		r := do(t, c, "GET", fmt.Sprintf("%s/v1/targets/%s/watermarks", p.URL, k.target), reader, nil)
+		var wm api.TargetWatermarksResponse
+		if r.status != 200 || json.Unmarshal(r.body, &wm) != nil {
+			t.Fatalf("watermarks of %s: %d %s", k.target, r.status, r.body)
+		}
+		i := slices.IndexFunc(wm.Watermarks, func(w relaycore.SourceWatermark) bool { return string(w.Source) == k.source })
+		if i < 0 || wm.Watermarks[i].Through != last[k].seq {
+			t.Fatalf("target %s: watermarks %+v; want %s through %d, its highest acknowledged seq there", k.target, wm.Watermarks, k.source, last[k].seq)
+		}
+	}
+
+	for i := range set.procs {
+		p, c := set.get(i)
+		r := do(t, c, "GET", p.URL+"/metrics", reader, nil)
+		t.Logf("r%d since its last start: %s", i, metricLines(string(r.body), "relay_alarms_total{", "relay_alarm_checks_total{"))
+	}
+	for i := range set.procs {
+		p, _ := set.get(i)
+		if code := p.Stop(t); code != 0 {
+			t.Errorf("r%d exit code %d", i, code)
+		}
+	}
+	t.Logf("%d acknowledged rows checked at %d (source, target) pairs", len(seen), len(keys))
+}
+
+// metricLines are the lines of a Prometheus text body that start with one
+// of prefixes, joined.
+func metricLines(body string, prefixes ...string) string {
+	var out []string
+	for line := range strings.Lines(body) {
+		for _, p := range prefixes {
+			if strings.HasPrefix(line, p) {
+				out = append(out, strings.TrimSpace(line))
+			}
+		}
+	}
+	return strings.Join(out, "; ")
+}
