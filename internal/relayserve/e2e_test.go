@@ -57,7 +57,7 @@ principals:
   roleless: {}
 `
 
-func newFixture(t *testing.T, extra string) *fixture {
+func newFixture(t testing.TB, extra string) *fixture {
 	t.Helper()
 	f := &fixture{dir: t.TempDir(), tokens: map[string]string{}}
 	f.pki = pkitest.New(t)
@@ -116,7 +116,7 @@ func (f *fixture) start(t *testing.T) *servetest.Proc {
 
 // client trusts the fixture's CA and presents cert (a certificate in f.pki) if
 // not "".
-func (f *fixture) client(t *testing.T, p *servetest.Proc, cert string) *http.Client {
+func (f *fixture) client(t testing.TB, p *servetest.Proc, cert string) *http.Client {
 	t.Helper()
 	if cert == "" {
 		return p.Client(servetest.ClientTLS(t, filepath.Join(f.pki, "ca.crt"), "", ""))
@@ -140,7 +140,7 @@ func (r result) errCode(t *testing.T) string {
 }
 
 // do sends one request; token "" sends none.
-func do(t *testing.T, c *http.Client, method, url, token string, body []byte, hdr ...string) result {
+func do(t testing.TB, c *http.Client, method, url, token string, body []byte, hdr ...string) result {
 	t.Helper()
 	req, err := http.NewRequest(method, url, bytes.NewReader(body))
 	if err != nil {
@@ -182,7 +182,7 @@ func rowsBody(target string, kvs ...string) []byte {
 
 // waitDelivered polls delivered-through until seq is delivered; the
 // deadline guards against a hang.
-func waitDelivered(t *testing.T, c *http.Client, url, token string, seq uint64) {
+func waitDelivered(t testing.TB, c *http.Client, url, token string, seq uint64) {
 	t.Helper()
 	deadline := time.Now().Add(servetest.StartTimeout)
 	for {

@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -31,7 +32,7 @@ type replicaSet struct {
 	clients []*http.Client
 }
 
-func (s *replicaSet) start(t *testing.T, i int) {
+func (s *replicaSet) start(t testing.TB, i int) {
 	t.Helper()
 	p := servetest.Start(t, relayBin, s.cfgs[i])
 	c := s.f.client(t, p, "")
@@ -47,9 +48,9 @@ func (s *replicaSet) get(i int) (*servetest.Proc, *http.Client) {
 }
 
 // newReplicaSet writes n configurations sharing the fixture's credentials
-// and one database (dsn), with short claims and sweeps so failover takes
-// seconds, and starts them.
-func newReplicaSet(t *testing.T, n int, dsn string) *replicaSet {
+// and one database (dsn), alarms being their alarms settings ("key: value,"
+// each), and starts them.
+func newReplicaSet(t testing.TB, n int, dsn, alarms string) *replicaSet {
 	t.Helper()
 	f := newFixture(t, "")
 	s := &replicaSet{f: f, procs: make([]*servetest.Proc, n), clients: make([]*http.Client, n)}
@@ -64,15 +65,12 @@ tls:
   client_ca: %s
 auth:
   tokens_file: %s
-alarms:
-  sweep_interval: 1s
-  claim_ttl: 2s
-  replica: r%d
+alarms: {%s replica: r%d}
 limits:
   max_body_bytes: 65536
 drain_timeout: 20s
 log_level: info
-`, dsn, filepath.Join(f.pki, "server.crt"), filepath.Join(f.pki, "server.key"), filepath.Join(f.pki, "ca.crt"), filepath.Join(f.dir, "tokens"), i)
+`, dsn, filepath.Join(f.pki, "server.crt"), filepath.Join(f.pki, "server.key"), filepath.Join(f.pki, "ca.crt"), filepath.Join(f.dir, "tokens"), alarms, i)
 		s.cfgs = append(s.cfgs, servetest.WriteConfig(t, cfg+principalsYAML))
 	}
 	for i := range n {
@@ -95,7 +93,7 @@ func TestReplicasKilledInTurn(t *testing.T) {
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 0))
 	db := pgtest.Private(t)
-	set := newReplicaSet(t, 3, db.NewDatabase(t))
+	set := newReplicaSet(t, 3, db.NewDatabase(t), "sweep_interval: 1s, claim_ttl: 2s,") // failover in seconds
 	token := set.f.tokens["producer"]
 
 	const (
@@ -291,4 +289,101 @@ func metricLines(body string, prefixes ...string) string {
 		}
 	}
 	return strings.Join(out, "; ")
+}
+
+// BenchmarkReplicaFailover: how long a replica's sources wait after it is
+// killed. Three `relay serve` processes on one PostgreSQL database
+// (pgtest, a cluster of its own), alarms.claim_ttl 5s and sweep_interval
+// 5s; four producers enqueue 10-row batches to the two sources (two
+// producers each) through replica 0 only, so its clock fires them; after
+// 40 batches it gets SIGKILL while its fires run, and the producers go on
+// through the other two. Measured: from the kill until every source is
+// delivered through the last seq replica 0 acknowledged. The other
+// replicas' enqueues send no kick while the dead claims look live, so
+// what brings the sources back is a sweep finding them and, for a claimed
+// one, its retry when the claim lapses: at most claim_ttl + sweep_interval
+// (10 s). Each round restarts replica 0. Reported:
+// the mean and the longest wait over the rounds, and the bound.
+func BenchmarkReplicaFailover(b *testing.B) {
+	const (
+		producers, rowsPerBatch, killAfter = 4, 10, 40
+		claimTTL, sweep                    = 5 * time.Second, 5 * time.Second
+	)
+	db := pgtest.Private(b)
+	set := newReplicaSet(b, 3, db.NewDatabase(b), fmt.Sprintf("sweep_interval: %v, claim_ttl: %v,", sweep, claimTTL))
+	token, reader := set.f.tokens["producer"], set.f.tokens["reader"]
+	var total, longest time.Duration
+	for round := range b.N {
+		var (
+			mu     sync.Mutex
+			acked  int
+			before = map[string]uint64{} // source -> last seq replica 0 acknowledged
+			killed bool
+			kill   = make(chan struct{})
+			stop   = make(chan struct{})
+		)
+		var wg sync.WaitGroup
+		for p := range producers {
+			wg.Go(func() {
+				for n := 0; ; n++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					b := &batch{source: []string{"orders", "tenant/42"}[p%2], key: fmt.Sprintf("r%d-p%d-b%d", round, p, n)}
+					for i := range rowsPerBatch {
+						b.rows = append(b.rows, loadRow(b.source, fmt.Sprintf("t%d", i%4), fmt.Sprintf("%s-%d", b.key, i)))
+					}
+					for attempt := 0; ; attempt++ {
+						mu.Lock()
+						i := 0
+						if killed {
+							i = 1 + (p+n+attempt)%2
+						}
+						mu.Unlock()
+						pr, c := set.get(i)
+						status, seqs, ok := post(c, pr.URL, token, b)
+						if ok && status == 200 {
+							mu.Lock()
+							if i == 0 && !killed {
+								before[b.source] = max(before[b.source], slices.Max(seqs))
+								if acked++; acked == killAfter {
+									close(kill)
+								}
+							}
+							mu.Unlock()
+							break
+						}
+						select {
+						case <-stop:
+							return
+						default:
+						}
+					}
+				}
+			})
+		}
+		<-kill
+		p0, _ := set.get(0)
+		mu.Lock()
+		p0.Kill(b)
+		killed = true
+		want := maps.Clone(before)
+		mu.Unlock()
+		start := time.Now()
+		p1, c1 := set.get(1)
+		for src, seq := range want {
+			waitDelivered(b, c1, p1.URL+"/v1/sources/"+url.PathEscape(src), reader, seq)
+		}
+		d := time.Since(start)
+		close(stop)
+		wg.Wait()
+		total += d
+		longest = max(longest, d)
+		set.start(b, 0)
+	}
+	b.ReportMetric(total.Seconds()/float64(b.N), "failover-s")
+	b.ReportMetric(longest.Seconds(), "longest-s")
+	b.ReportMetric((claimTTL + sweep).Seconds(), "bound-s")
 }
