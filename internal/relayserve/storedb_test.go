@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/relay-dev/relay/infra/dynamo"
 	"github.com/relay-dev/relay/infra/dynamotest"
 	"github.com/relay-dev/relay/infra/mem"
 	"github.com/relay-dev/relay/infra/postgres"
@@ -359,6 +360,30 @@ func TestDynamoDBRefusedAtStart(t *testing.T) {
 	})
 	t.Run("nothing listening", func(t *testing.T) {
 		startRefused(t, dbConfig(t, dynStore("http://127.0.0.1:1", ", create_tables: true")))
+	})
+	t.Run("tables without the due index", func(t *testing.T) {
+		client := ep.Client(nil)
+		for _, table := range []string{"plain-source", "plain-target"} {
+			in := dynamo.TableInput(table)
+			in.GlobalSecondaryIndexes = nil
+			in.AttributeDefinitions = in.AttributeDefinitions[:2]
+			if _, err := client.CreateTable(t.Context(), in); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cfg := dbConfig(t, strings.Replace(dynStore(ep.URL, ""), "due_index: scan", "due_index: gsi", 1))
+		cfg.Store.DynamoDB.SourceTable, cfg.Store.DynamoDB.TargetTable = "plain-source", "plain-target"
+		start, check := startRefused(t, cfg)
+		for _, err := range []error{start, check} {
+			if !strings.Contains(err.Error(), `table plain-source: no global secondary index "due"`) {
+				t.Errorf("error %v: want the missing due index named", err)
+			}
+		}
+		// The scan needs no index: the same tables are fine then.
+		cfg.Store.DynamoDB.DueIndex = "scan"
+		if err := CheckStore(t.Context(), cfg); err != nil {
+			t.Fatal(err)
+		}
 	})
 	t.Run("no region", func(t *testing.T) {
 		cfg := dbConfig(t, dynStore(ep.URL, ""))
