@@ -19,8 +19,13 @@ import (
 // idempotency key, as producers do; nothing is restarted but the database.
 // Afterwards every acknowledged row is at its target once, in seq order
 // per (source, target) (each target's last/<source> key holds the row of
-// the highest seq), and every replica fired successfully after the
-// restart: each recovered by itself.
+// the highest seq), and the clocks fired successfully after the restart:
+// they recovered by themselves. Not "every replica fired": the three
+// clocks share one pool here, so that would prove nothing more, and which
+// clock wins the claims after the restart is up to the scheduler (under
+// load one of them may win none: seen in make test). Each process
+// recovering on its own pool is TestReplicasKilledInTurn's (relay serve
+// processes, internal/relayserve).
 func TestReplicasSurviveDatabaseRestart(t *testing.T) {
 	const (
 		nSources, writers, perBatch, targets = 6, 4, 5, 3
@@ -150,14 +155,14 @@ func TestReplicasSurviveDatabaseRestart(t *testing.T) {
 			drained = drained && err == nil && st.Empty
 		}
 		mu.Lock()
-		all := len(firedAfter) == len(rs)
+		all := len(firedAfter) > 0
 		mu.Unlock()
 		if !drained || !all {
 			drained = false
 			select {
 			case <-observed:
 			case <-guard.Done():
-				t.Fatalf("not drained, or not every replica fired after the restart (%v; seed %d)", firedAfter, seed)
+				t.Fatalf("not drained, or no clock fired after the restart (%v; seed %d)", firedAfter, seed)
 			}
 		}
 	}
