@@ -113,6 +113,10 @@ type RelayEnqueueSnapshot struct {
 	// targets holds the enqueue-side record of every target the rows name
 	// (ReadTargets), read after os, so the os guard also covers them.
 	targets map[Partition]targetEnq
+	// backingOff: the alarm is due later because the source backs off and
+	// every target the rows name is one the back-off is for (readBackoff),
+	// so the plan keeps the alarm instead of moving it to now.
+	backingOff bool
 }
 
 // ReadTargets reads the enqueue-side record (t/<hex>/e) of every target
@@ -129,6 +133,9 @@ func (s *RelayEnqueueSnapshot) ReadTargets(ctx context.Context, st Store, rows [
 		if _, ok := s.targets[r.Target]; !ok && !slices.Contains(todo, r.Target) {
 			todo = append(todo, r.Target)
 		}
+	}
+	if err := s.readBackoff(ctx, st, rows); err != nil {
+		return err
 	}
 	if len(todo) == 0 {
 		return nil
@@ -150,6 +157,45 @@ func (s *RelayEnqueueSnapshot) ReadTargets(ctx context.Context, st Store, rows [
 		}
 		s.targets[t] = e
 	}
+	return nil
+}
+
+// readBackoff decides whether the enqueue of rows keeps a backed-off
+// alarm (docs/engine.md, Enqueue step 3): when the alarm is due later than
+// now, it reads rs once, and the alarm is kept when the last fire made no
+// progress (rs.Idle > 0) and every target the rows name failed in the
+// current cycle (rs.Blocked). Such rows could only be retried against the
+// failing targets, so moving the alarm to now (and, with the fast kick,
+// starting a fire at once) would retry a down target at the pace of its
+// enqueues and quarantine it within seconds; kept, it is retried at the
+// back-off the fire chose. A row for any other target moves the alarm to
+// now, as before: a healthy target never waits for another's back-off.
+// Any doubt (rs absent or unreadable) moves it. The alarm guard in the
+// batch covers the decision: a fire that re-arms meanwhile fails the
+// guard and the rows are re-planned on a fresh snapshot.
+func (s *RelayEnqueueSnapshot) readBackoff(ctx context.Context, st Store, rows []Row) error {
+	s.backingOff = false
+	a, err := decodeAlarm(s.alarmRaw)
+	if s.alarmRaw == nil || err != nil || a.DueMS <= s.NowMS {
+		return nil
+	}
+	raw, found, err := st.Get(ctx, s.Source, KeyRS)
+	if err != nil {
+		return fmt.Errorf("read rs %s: %w", s.Source, err)
+	}
+	if !found {
+		return nil
+	}
+	rs, err := decodeRS(raw)
+	if err != nil || rs.Idle == 0 {
+		return nil
+	}
+	for _, r := range rows {
+		if _, ok := slices.BinarySearch(rs.Blocked, r.Target); !ok {
+			return nil
+		}
+	}
+	s.backingOff = true
 	return nil
 }
 
@@ -258,6 +304,9 @@ type SourceBatch struct {
 	// armsAlarm: the batch writes the alarm (it was absent or due later),
 	// rather than guarding a wake-up already due; the enqueue must kick.
 	armsAlarm bool
+	// backingOff: the batch guards a backed-off alarm it kept
+	// (readBackoff); the enqueue does not kick.
+	backingOff bool
 
 	// idemKey and idemValue: the idempotency record this batch writes
 	// (idempotent enqueue only), also evidence that an ambiguous commit
@@ -364,9 +413,11 @@ func planEnqueue(snap RelayEnqueueSnapshot, rows []Row, caps Capabilities, cfg E
 		// due-index churn, and a pending wake-up is never postponed (by a
 		// writer whose clock runs ahead, say). If it changes meanwhile the
 		// guard fails and the rows are re-planned.
-		if a, err := decodeAlarm(alarm); alarm != nil && err == nil && a.DueMS <= dueMS {
+		// A backed-off alarm whose back-off concerns every target of the
+		// rows is kept and guarded the same way (readBackoff).
+		if a, err := decodeAlarm(alarm); alarm != nil && err == nil && (a.DueMS <= dueMS || snap.backingOff) {
 			sb.Batch.Preconditions = append(sb.Batch.Preconditions, Precondition{Key: KeyAlarm, Value: alarm})
-			sb.AlarmDueMS = a.DueMS
+			sb.AlarmDueMS, sb.backingOff = a.DueMS, a.DueMS > dueMS
 		} else {
 			aw := alarmWrite(dueMS)
 			sb.Batch.Writes = append(sb.Batch.Writes, aw)
@@ -676,7 +727,8 @@ type CommitResult struct {
 	// nothing committed.
 	Kick KickDecision
 
-	armed bool // a committed batch wrote the alarm
+	armed      bool // a committed batch wrote the alarm
+	backingOff bool // the last committed batch kept a backed-off alarm
 }
 
 // KickDecision is what an enqueue did about waking its source's fire after
@@ -690,7 +742,7 @@ const (
 	// committed).
 	KickNone KickDecision = iota
 	// KickSent: the commit armed the alarm (it was absent, or due later:
-	// a back-off or a held row's retry), or found it overdue by more than
+	// a back-off for other targets or a held row's retry), or found it overdue by more than
 	// kickGrace with no fire holding the source's claim (the wake-up asked
 	// for is late or lost), and kicked.
 	KickSent
@@ -702,6 +754,12 @@ const (
 	// claim; that fire re-arms the alarm and kicks when it ends, and the
 	// guard on the alarm record made sure it sees these rows.
 	KickClaimed
+	// KickBackoff: the alarm is due later, a back-off after a fire that
+	// made no progress, and every row went to a target that failed in the
+	// current cycle: the commit kept the alarm (a down target is retried
+	// at the back-off's pace, not at its enqueues'), and the fire that
+	// armed it kicked for that time.
+	KickBackoff
 )
 
 // String names the decision as the api function's logs do.
@@ -713,6 +771,8 @@ func (d KickDecision) String() string {
 		return "pending"
 	case KickClaimed:
 		return "claimed"
+	case KickBackoff:
+		return "backoff"
 	default:
 		return "none"
 	}
@@ -732,6 +792,9 @@ const kickGrace = 2 * time.Second
 func kickDecision(ctx context.Context, st Store, clock Clock, source Partition, res CommitResult) KickDecision {
 	if res.armed {
 		return KickSent
+	}
+	if res.backingOff {
+		return KickBackoff
 	}
 	now := unixMS(clock.Now())
 	if now-res.AlarmDueMS < kickGrace.Milliseconds() {
@@ -839,6 +902,7 @@ func commitRelayRows(ctx context.Context, st Store, clock Clock, source Partitio
 			res.Batches++
 			res.AlarmDueMS = b.AlarmDueMS
 			res.armed = res.armed || b.armsAlarm
+			res.backingOff = b.backingOff
 		}
 		if !lost {
 			return res, nil

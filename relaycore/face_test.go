@@ -24,6 +24,7 @@ var faceExceptions = map[string]string{
 	"ErrorClassRead":     "a value of LastError.Class, documented with ErrorClassApply",
 	"ErrorClassTooLarge": "a value of LastError.Class, documented with ErrorClassApply",
 	"KickNone":           "the zero CommitResult.Kick, documented with KickSent, KickPending and KickClaimed",
+	"KickBackoff":        "a value of CommitResult.Kick (the api log's \"backoff\"), documented with KickSent, KickPending and KickClaimed",
 }
 
 // TestPublicFace keeps relaycore's API to what is used: every exported

@@ -162,6 +162,7 @@ func commitIdempotent(ctx context.Context, st Store, clock Clock, source Partiti
 		switch {
 		case err == nil && landed:
 			res.Seqs, res.Batches, res.AlarmDueMS, res.armed = rec.Seqs, 1, b.AlarmDueMS, b.armsAlarm
+			res.backingOff = b.backingOff
 			return nil
 		case errors.Is(err, errIdemTaken):
 			raw, found, gerr := st.Get(ctx, source, key)
