@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/relay-dev/relay/infra/dynamotest"
 	"github.com/relay-dev/relay/infra/postgres/pgtest"
 	"github.com/relay-dev/relay/internal/relayserve/servetest"
 	"github.com/relay-dev/relay/lambda/api"
@@ -48,17 +50,15 @@ func (s *replicaSet) get(i int) (*servetest.Proc, *http.Client) {
 }
 
 // newReplicaSet writes n configurations sharing the fixture's credentials
-// and one database (dsn), alarms being their alarms settings ("key: value,"
+// and one database (store, a YAML flow mapping), alarms being their alarms settings ("key: value,"
 // each), and starts them.
-func newReplicaSet(t testing.TB, n int, dsn, alarms string) *replicaSet {
+func newReplicaSet(t testing.TB, n int, store, alarms string) *replicaSet {
 	t.Helper()
 	f := newFixture(t, "")
 	s := &replicaSet{f: f, procs: make([]*servetest.Proc, n), clients: make([]*http.Client, n)}
 	for i := range n {
 		cfg := fmt.Sprintf(`listen: 127.0.0.1:0
-store:
-  type: postgres
-  postgres: {dsn: %q, max_conns: 4}
+store: %s
 tls:
   cert: %s
   key: %s
@@ -70,7 +70,7 @@ limits:
   max_body_bytes: 65536
 drain_timeout: 20s
 log_level: info
-`, dsn, filepath.Join(f.pki, "server.crt"), filepath.Join(f.pki, "server.key"), filepath.Join(f.pki, "ca.crt"), filepath.Join(f.dir, "tokens"), alarms, i)
+`, store, filepath.Join(f.pki, "server.crt"), filepath.Join(f.pki, "server.key"), filepath.Join(f.pki, "ca.crt"), filepath.Join(f.dir, "tokens"), alarms, i)
 		s.cfgs = append(s.cfgs, servetest.WriteConfig(t, cfg+principalsYAML))
 	}
 	for i := range n {
@@ -89,11 +89,33 @@ log_level: info
 // and each target's watermark of each source equals the highest seq
 // acknowledged for it.
 func TestReplicasKilledInTurn(t *testing.T) {
+	db := pgtest.Private(t)
+	replicasKilledInTurn(t, pgStore(db.NewDatabase(t)), func() { db.Restart(t) })
+}
+
+// The same on DynamoDB (the in-process endpoint, reached through the SDK),
+// without the database crash: the endpoint keeps its tables in memory.
+func TestReplicasKilledInTurnDynamoDB(t *testing.T) {
+	ep := dynamotest.Start(t)
+	for k, v := range map[string]string{"AWS_ACCESS_KEY_ID": "relay", "AWS_SECRET_ACCESS_KEY": "relay",
+		"AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": os.DevNull, "AWS_SHARED_CREDENTIALS_FILE": os.DevNull} {
+		t.Setenv(k, v)
+	}
+	// One replica creates the tables first; the others find them.
+	replicasKilledInTurn(t, fmt.Sprintf("{type: dynamodb, dynamodb: {source_table: src, target_table: dst, region: us-east-1, endpoint: %q, create_tables: true, due_index: scan}}", ep.URL), nil)
+}
+
+func pgStore(dsn string) string {
+	return fmt.Sprintf("{type: postgres, postgres: {dsn: %q, max_conns: 4}}", dsn)
+}
+
+// replicasKilledInTurn runs the load and the kills on three replicas of
+// store; restartDB, when set, crashes and restarts the database halfway.
+func replicasKilledInTurn(t *testing.T, store string, restartDB func()) {
 	seed := rand.Uint64()
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 0))
-	db := pgtest.Private(t)
-	set := newReplicaSet(t, 3, db.NewDatabase(t), "sweep_interval: 1s, claim_ttl: 2s,") // failover in seconds
+	set := newReplicaSet(t, 3, store, "sweep_interval: 1s, claim_ttl: 2s,") // failover in seconds
 	token := set.f.tokens["producer"]
 
 	const (
@@ -160,7 +182,10 @@ func TestReplicasKilledInTurn(t *testing.T) {
 		}
 		start := time.Now()
 		if step == 2 {
-			db.Restart(t)
+			if restartDB == nil {
+				continue
+			}
+			restartDB()
 			chaos = append(chaos, fmt.Sprintf("database crashed and back in %v", time.Since(start).Round(time.Millisecond)))
 			continue
 		}
@@ -310,7 +335,7 @@ func BenchmarkReplicaFailover(b *testing.B) {
 		claimTTL, sweep                    = 5 * time.Second, 5 * time.Second
 	)
 	db := pgtest.Private(b)
-	set := newReplicaSet(b, 3, db.NewDatabase(b), fmt.Sprintf("sweep_interval: %v, claim_ttl: %v,", sweep, claimTTL))
+	set := newReplicaSet(b, 3, pgStore(db.NewDatabase(b)), fmt.Sprintf("sweep_interval: %v, claim_ttl: %v,", sweep, claimTTL))
 	token, reader := set.f.tokens["producer"], set.f.tokens["reader"]
 	var total, longest time.Duration
 	for round := range b.N {
