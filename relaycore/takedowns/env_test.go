@@ -45,7 +45,17 @@ func (c *clock) add(d time.Duration) {
 // changed nothing and is not counted.
 type counting struct {
 	relaycore.Store
-	applies atomic.Int64
+	applies, reads atomic.Int64
+}
+
+func (c *counting) Get(ctx context.Context, p relaycore.Partition, key string) ([]byte, bool, error) {
+	c.reads.Add(1)
+	return c.Store.Get(ctx, p, key)
+}
+
+func (c *counting) Scan(ctx context.Context, p relaycore.Partition, req relaycore.ScanRequest) (relaycore.ScanPage, error) {
+	c.reads.Add(1)
+	return c.Store.Scan(ctx, p, req)
 }
 
 func (c *counting) Apply(ctx context.Context, p relaycore.Partition, b relaycore.Batch) error {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/relay-dev/relay/edge/takedown"
+	"github.com/relay-dev/relay/infra/mem"
 	"github.com/relay-dev/relay/relaycore"
 	"github.com/relay-dev/relay/relaycore/takedowns"
 )
@@ -379,4 +380,34 @@ func TestOverdueAndWaive(t *testing.T) {
 			t.Fatalf("status after the waiver: %+v", st)
 		}
 	})
+}
+
+// What an owner pass costs while nothing happens: per open takedown, one
+// read of the control source's target record, one scan of its partition
+// and one of its holder shard, plus one scan of the open list; no write.
+// (The figure docs/takedown.md states.)
+func TestRunCost(t *testing.T) {
+	e := newEnv(t, mem.New(relaycore.Capabilities{}), mem.New(relaycore.Capabilities{}))
+	e.report("edge-a", "seg-9f2c", "held", e.clock.Now())
+	e.deliver()
+	const n = 10
+	for range n {
+		if _, _, err := e.o.Request(e.ctx, "seg-9f2c", "dmca 2026-118", "operator-1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.deliver()
+	e.run()
+	e.deliver()
+	s0, d0, a0 := e.src.reads.Load(), e.dst.reads.Load(), e.src.applies.Load()+e.dst.applies.Load()
+	if r := e.run(); r.Open != n || r.Ordered != 0 || r.Pending != n {
+		t.Fatalf("run: %+v", r)
+	}
+	src, dst := e.src.reads.Load()-s0, e.dst.reads.Load()-d0
+	if a := e.src.applies.Load() + e.dst.applies.Load() - a0; a != 0 {
+		t.Errorf("an idle pass applied %d batches", a)
+	}
+	if src != n || dst != 2*n+1 {
+		t.Errorf("an idle pass over %d takedowns read %d source and %d target items/pages, want %d and %d", n, src, dst, n, 2*n+1)
+	}
 }
