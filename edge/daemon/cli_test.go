@@ -51,3 +51,36 @@ func TestCheckConfigNamesTLSKeys(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckConfigRelayAPI: -check-config reads relay_api.ca as it reads
+// the TLS files (a missing or empty file is a problem under its key, exit
+// 2) and prints the effective relay_api settings, or that it is off.
+func TestCheckConfigRelayAPI(t *testing.T) {
+	pkiDir := pkitest.New(t, "a")
+	base := "node_id: a\ntls:\n  cert: " + filepath.Join(pkiDir, "a.crt") + "\n  key: " + filepath.Join(pkiDir, "a.key") +
+		"\n  ca: " + filepath.Join(pkiDir, "ca.crt") + "\nstorage: {dir: data}\n"
+	for _, tc := range []struct {
+		name, extra string
+		code        int
+		out         string
+	}{
+		{"off", "", 0, "relay_api: off"},
+		{"on", "relay_api: {url: 'https://relay:8443', ca: " + filepath.Join(pkiDir, "ca.crt") + "}\n", 0,
+			"relay_api: url=https://relay:8443 auth=mtls ca=" + filepath.Join(pkiDir, "ca.crt") + " region= report_interval=30s order_interval=30s batch=500"},
+		{"system roots", "relay_api: {url: 'https://x.lambda-url.eu-west-1.on.aws/', auth: sigv4, region: eu-west-1}\n", 0, "ca=system roots region=eu-west-1"},
+		{"ca missing", "relay_api: {url: 'https://relay:8443', ca: missing.crt}\n", 2, "relay_api.ca: open "},
+		{"ca holds a key", "relay_api: {url: 'https://relay:8443', ca: " + filepath.Join(pkiDir, "a.key") + "}\n", 2, "relay_api.ca: " + filepath.Join(pkiDir, "a.key") + ": no PEM certificate"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "edged.yaml")
+			if err := os.WriteFile(path, []byte(base+tc.extra), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			var stdout, stderr bytes.Buffer
+			code := Main(context.Background(), []string{"-check-config", "-config", path}, &stdout, &stderr, nil, "test")
+			if code != tc.code || !strings.Contains(stdout.String()+stderr.String(), tc.out) {
+				t.Fatalf("exit %d, want %d with %q:\n%s%s", code, tc.code, tc.out, stdout.String(), stderr.String())
+			}
+		})
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sync"
 	"testing"
 	"time"
@@ -122,6 +123,10 @@ func TestRelayAPIKilledBeforeReceipt(t *testing.T) {
 		return err == nil && st.RelayAPI != nil && st.RelayAPI.Receipts.Counts["replayed"] == 1 && st.RelayAPI.Receipts.Pending == 0 &&
 			st.RelayAPI.Cursor == orderA.Cursor
 	})
+	if out := edgectl(t, a.rpc, "status"); !regexp.MustCompile(`(?m)^relay api\s+`+regexp.QuoteMeta(srv.URL())+` \(mtls\)$`).MatchString(out) ||
+		!regexp.MustCompile(`(?m)^\s+receipts\s+accepted 0, replayed 1, refused 0, 0 pending`).MatchString(out) {
+		t.Errorf("edgectl status of a:\n%s", out)
+	}
 	st, err := b.client.Status(context.Background())
 	if err != nil || st.RelayAPI == nil || st.RelayAPI.Orders.Counts["receipt"] != 1 {
 		t.Fatalf("b's status %+v %v: want the order applied again after the restart, answered from the stored receipt", st.RelayAPI, err)

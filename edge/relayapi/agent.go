@@ -27,8 +27,10 @@ type Store interface {
 	// TombstoneOf returns a taken-down segment's tombstone, or
 	// segstore.ErrNotFound.
 	TombstoneOf(id string) (segstore.Tombstone, error)
-	// Receipts lists the stored receipts ("" = every segment's).
-	Receipts(id string) ([]segstore.StoredReceipt, error)
+	// EachReceiptKey walks the stored receipts' (segment, request) keys;
+	// Receipt reads one (segstore.ErrNotFound if absent).
+	EachReceiptKey(fn func(id, request string) error) error
+	Receipt(id, request string) ([]byte, error)
 }
 
 // Evict takes a segment down for a request (daemon.Daemon.Takedown): it

@@ -71,22 +71,38 @@ func (a *Agent) post(ctx context.Context, r segstore.StoredReceipt) (verdict, er
 }
 
 // unposted lists the stored receipts the relay has given no verdict on.
+// Only their keys are walked (in one read transaction, then the verdicts
+// in another: bbolt read transactions must not nest), and only the
+// receipts without a verdict are read: a node keeps every receipt it ever
+// signed, and a pass that finds nothing new copies none of them.
 func (a *Agent) unposted() ([]segstore.StoredReceipt, error) {
-	all, err := a.store.Receipts("")
+	var keys []segstore.StoredReceipt
+	err := a.store.EachReceiptKey(func(id, request string) error {
+		keys = append(keys, segstore.StoredReceipt{ID: id, Request: request})
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	out := all[:0]
+	todo := keys[:0]
 	err = a.db.View(func(tx *bolt.Tx) error {
 		b := tx.Bucket(postedBucket)
-		for _, r := range all {
-			if b.Get(receiptKey(r.ID, r.Request)) == nil {
-				out = append(out, r)
+		for _, k := range keys {
+			if b.Get(receiptKey(k.ID, k.Request)) == nil {
+				todo = append(todo, k)
 			}
 		}
 		return nil
 	})
-	return out, err
+	if err != nil {
+		return nil, err
+	}
+	for i := range todo {
+		if todo[i].Receipt, err = a.store.Receipt(todo[i].ID, todo[i].Request); err != nil {
+			return nil, err
+		}
+	}
+	return todo, nil
 }
 
 // receiptKey is edge.receipts' key: id NUL request.

@@ -259,6 +259,41 @@ func (s *Store) Receipts(id string) ([]StoredReceipt, error) {
 	return out, err
 }
 
+// EachReceiptKey calls fn with the (id, request) of every stored receipt,
+// in order, without reading the receipts (a caller looking for the few it
+// has not handled yet need not copy them all). fn runs inside a read
+// transaction: it must not call the Store.
+func (s *Store) EachReceiptKey(fn func(id, request string) error) error {
+	return s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(receiptBucket)
+		if b == nil {
+			return nil
+		}
+		return b.ForEach(func(k, _ []byte) error {
+			seg, req, ok := strings.Cut(string(k), "\x00")
+			if !ok {
+				return fmt.Errorf("receipt key %q: no separator", k)
+			}
+			return fn(seg, req)
+		})
+	})
+}
+
+// Receipt returns the receipt stored for (id, request), or ErrNotFound.
+func (s *Store) Receipt(id, request string) ([]byte, error) {
+	var out []byte
+	err := s.db.View(func(tx *bolt.Tx) error {
+		if b := tx.Bucket(receiptBucket); b != nil {
+			out = slices.Clone(b.Get(receiptKey(id, request)))
+		}
+		if out == nil {
+			return fmt.Errorf("receipt %s for %s: %w", request, id, ErrNotFound)
+		}
+		return nil
+	})
+	return out, err
+}
+
 // loadTombs reads the tombstoned ids at Open. Only the keys: a value
 // that no longer decodes still keeps its id out.
 func (s *Store) loadTombs() error {
