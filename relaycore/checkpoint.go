@@ -12,7 +12,12 @@ import (
 
 // rsMaxBytes bounds an encoded rs: a full blocked set of longest names, each
 // at its worst encoding (blockedNameMaxJSON), plus the scalar fields.
+// The folded progress entries come on top (rsBound).
 const rsMaxBytes = 512 + (MaxBlockedTargets+1)*blockedNameMaxJSON
+
+// rsBound is rs's largest encoding on a store with caps: rsMaxBytes and
+// the room for folded entries.
+func rsBound(caps Capabilities) int { return rsMaxBytes + foldBytes(caps) }
 
 // targetRecMaxBytes bounds an encoded target record: bounded strings
 // (error message, reason, actor) written by encodeJSON, at most two bytes
@@ -30,7 +35,7 @@ const holdMaxBytes = 400
 // enqueue plans pages within MaxBatchBytes − CheckpointReserve.
 func CheckpointReserve(source Partition, caps Capabilities) int {
 	long := Partition(strings.Repeat("x", MaxPartitionLen))
-	return caps.ItemSize(source, KeyRS, rsMaxBytes) + caps.ItemSize(source, layout.KeyHold, holdMaxBytes) +
+	return caps.ItemSize(source, KeyRS, rsBound(caps)) + caps.ItemSize(source, layout.KeyHold, holdMaxBytes) +
 		caps.ItemSize(source, targetStateKey(long), targetRecMaxBytes) + 2*caps.ItemSize(source, retryKey(0, long), 0) +
 		caps.ItemSize(source, heldPageKey(long, 0), 0) + caps.ItemSize(source, layout.PageKey(0), 0)
 }
@@ -253,14 +258,29 @@ func (c *checkpointBatch) records() {
 			}
 		}
 		if raw := encodeTargetRec(*r); !bytes.Equal(raw, encodeTargetRec(slot.before)) {
-			c.writes = append(c.writes, Write{Key: targetStateKey(t), Value: raw})
-			c.q.account(slot.before, *r)
+			c.putRec(slot, raw)
 		}
 	}
 	if c.q != qBefore {
 		c.q.Version++
 		c.writes = append(c.writes, Write{Key: layout.KeyHold, Value: encodeJSON(c.q)})
 	}
+}
+
+// putRec records slot's changed record: in rs when only its delivery
+// progress changed and rs has room for it (fold.go), else as the whole
+// t/<hex>/s record, which then holds the progress too.
+func (c *checkpointBatch) putRec(slot *recSlot, raw []byte) {
+	r := slot.rec
+	if onlyProgress(slot.before, r) {
+		if entries, ok := foldDone(c.next.Targets, r, c.f.caps); ok {
+			c.next.Targets = entries
+			return
+		}
+	}
+	c.next.Targets = unfoldDone(c.next.Targets, r.Target)
+	c.writes = append(c.writes, Write{Key: targetStateKey(r.Target), Value: raw})
+	c.q.account(slot.before, r)
 }
 
 // nextRS finishes the new rs (blocked set, cursor, idle count, the claim

@@ -172,7 +172,7 @@ func (f *fireRun) claim() (busy bool, err error) {
 		f.itemsRoom = f.caps.MaxBatchItems - 2 // rs and q
 	}
 	if f.caps.MaxBatchBytes > 0 {
-		f.bytesRoom = f.caps.MaxBatchBytes - f.caps.ItemSize(f.source, KeyRS, rsMaxBytes) - f.caps.ItemSize(f.source, layout.KeyHold, holdMaxBytes)
+		f.bytesRoom = f.caps.MaxBatchBytes - f.caps.ItemSize(f.source, KeyRS, rsBound(f.caps)) - f.caps.ItemSize(f.source, layout.KeyHold, holdMaxBytes)
 	}
 	f.cur.Claim = start.rs.Claim
 	return false, nil

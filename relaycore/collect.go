@@ -82,6 +82,7 @@ func (f *fireRun) rec(t Partition) (*recSlot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fire %s: %w", f.source, err)
 	}
+	f.cur.overlayDone(&r)
 	s := &recSlot{before: r, rec: r, found: found}
 	f.recs[t] = s
 	return s, nil
@@ -112,6 +113,7 @@ func (f *fireRun) prefetch(targets []Partition) error {
 		if err != nil {
 			return fmt.Errorf("fire %s: %w", f.source, err)
 		}
+		f.cur.overlayDone(&r)
 		f.recs[t] = &recSlot{before: r, rec: r, found: found}
 	}
 	return nil

@@ -130,9 +130,14 @@ func (s *RelayEnqueueSnapshot) ReadTargets(ctx context.Context, st Store, rows [
 	}
 	var todo []Partition
 	for _, r := range rows {
-		if _, ok := s.targets[r.Target]; !ok && !slices.Contains(todo, r.Target) {
-			todo = append(todo, r.Target)
+		if _, ok := s.targets[r.Target]; ok || slices.Contains(todo, r.Target) {
+			continue
 		}
+		if e, ok := s.OS.enqOf(r.Target); ok {
+			s.targets[r.Target] = e // folded into os: no record to read
+			continue
+		}
+		todo = append(todo, r.Target)
 	}
 	if err := s.readBackoff(ctx, st, rows); err != nil {
 		return err
@@ -399,13 +404,12 @@ func planEnqueue(snap RelayEnqueueSnapshot, rows []Row, caps Capabilities, cfg E
 		if len(next.Recent) > recentTags {
 			next.Recent = next.Recent[len(next.Recent)-recentTags:]
 		}
-		sb.OSAfter = encodeJSON(next)
 		sb.LastSeq = next.NextSeq - 1
 		sb.Batch.Preconditions = append(sb.Batch.Preconditions, prevGuard)
 		if leasePre != nil {
 			sb.Batch.Preconditions = append(sb.Batch.Preconditions, *leasePre)
 		}
-		sb.Batch.Writes = append(sb.Batch.Writes, Write{Key: KeyOS, Value: sb.OSAfter})
+		sb.Batch.Writes = append(sb.Batch.Writes, Write{Key: KeyOS}) // its value once addPages folded the counters
 		// The relay kick: the durable alarm due now. When the alarm is
 		// already due by then (later links of a chain, an enqueue in the
 		// same millisecond, a wake-up still pending), the batch guards it
@@ -423,7 +427,9 @@ func planEnqueue(snap RelayEnqueueSnapshot, rows []Row, caps Capabilities, cfg E
 			sb.Batch.Writes = append(sb.Batch.Writes, aw)
 			alarm, sb.AlarmDueMS, sb.armsAlarm = aw.Value, aw.Due, true
 		}
-		sb.addPages(pages[i:j], enq)
+		sb.addPages(pages[i:j], enq, &next, caps)
+		sb.OSAfter = encodeJSON(next)
+		sb.Batch.Writes[0].Value = sb.OSAfter
 		if err := caps.Check(snap.Source, sb.Batch); err != nil {
 			return nil, fmt.Errorf("plan enqueue %s: %w", snap.Source, err)
 		}
@@ -454,7 +460,7 @@ func batchFixed(snap RelayEnqueueSnapshot, caps Capabilities) (*Precondition, in
 	for range recentTags {
 		osMax.Recent = append(osMax.Recent, strings.Repeat("x", maxTagLen))
 	}
-	fixedBytes := caps.ItemSize(snap.Source, KeyOS, len(encodeJSON(osMax))) +
+	fixedBytes := caps.ItemSize(snap.Source, KeyOS, len(encodeJSON(osMax))+osFoldBytes(caps)) +
 		caps.ItemSize(snap.Source, KeyAlarm, len(alarmWrite(math.MaxInt64).Value))
 	return leasePre, fixedItems, fixedBytes
 }
@@ -482,9 +488,10 @@ func batchEnd(source Partition, pages []plannedPage, i, fixedItems, fixedBytes i
 	return j
 }
 
-// addPages adds pages' writes and rows to sb, and the enqueue-side record
-// of each of their targets, updated in enq.
-func (sb *SourceBatch) addPages(pages []plannedPage, enq map[Partition]targetEnq) {
+// addPages adds pages' writes and rows to sb, and the enqueue-side
+// counters of each of their targets, updated in enq: folded into next (the
+// os the batch writes) when there is room, else as its t/<hex>/e record.
+func (sb *SourceBatch) addPages(pages []plannedPage, enq map[Partition]targetEnq, next *OutboxState, caps Capabilities) {
 	var batchTargets []Partition
 	runs := map[Partition][2]uint64{}
 	for _, pg := range pages {
@@ -502,6 +509,10 @@ func (sb *SourceBatch) addPages(pages []plannedPage, enq map[Partition]targetEnq
 	for _, t := range batchTargets {
 		run := runs[t]
 		enq[t] = enq[t].add(run[0], run[1], sb.CommitMS)
+		if entries, ok := withEnq(next.Targets, t, enq[t], caps); ok {
+			next.Targets = entries
+			continue
+		}
 		sb.Batch.Writes = append(sb.Batch.Writes, Write{Key: targetEnqKey(t), Value: encodeJSON(enq[t])})
 	}
 }

@@ -26,6 +26,10 @@ func PageRewriteBound(p Page) int { return pageRewriteBound(p) }
 // functions, the row key bound.
 const MaxKeyLen = maxKeyLen
 
+// RSBound is rs's largest encoding on a store with caps, folded progress
+// included.
+func RSBound(caps Capabilities) int { return rsBound(caps) }
+
 var (
 	DecodePage         = decodePage
 	EncodeTakedown     = encodeTakedown

@@ -162,7 +162,11 @@ func (in *SourceInspector) Inspect(ctx context.Context, st Store, source Partiti
 		v.OS = emptyOS()
 	}
 	var err error
-	if v.Targets, err = in.targetStatuses(recs); err != nil {
+	fs := folds{os: v.OS}
+	if v.RS != nil {
+		fs.rs = *v.RS
+	}
+	if v.Targets, err = in.targetStatuses(mergeItems(recs, foldItems(fs, "")), fs); err != nil {
 		return v, fmt.Errorf("inspect %s: %w", source, err)
 	}
 	if v.Archive, err = archiveEntries(dead); err != nil {

@@ -56,6 +56,9 @@ type OutboxState struct {
 	LeaseRequired bool `json:"lease_required,omitempty"`
 	// Recent holds the tags of the latest enqueue batches, newest last.
 	Recent []string `json:"recent,omitempty"`
+	// Targets holds the enqueue-side counters of up to 32 targets, sorted
+	// by hex name, in place of their t/<hex>/e records (fold.go).
+	Targets []foldedEnq `json:"targets,omitempty"`
 }
 
 func emptyOS() OutboxState { return OutboxState{NextSeq: 1} }
@@ -111,6 +114,10 @@ type RelayState struct {
 	HeldFirst bool `json:"held_first,omitempty"`
 	// Claim is the active fire's hold, if any.
 	Claim *Claim `json:"claim,omitempty"`
+	// Targets holds the delivery progress of up to 32 targets, sorted by
+	// hex name, overriding those fields of their t/<hex>/s records
+	// (fold.go).
+	Targets []foldedDone `json:"targets,omitempty"`
 }
 
 // Completed reports whether rs is the completed marker (or no cycle ran yet).

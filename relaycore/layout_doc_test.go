@@ -313,6 +313,40 @@ func TestLayoutDocExamples(t *testing.T) {
 			t.Fatalf("an old record with zero fields decodes as %+v (%v)", old, err)
 		}
 	})
+	t.Run("folded figures", func(t *testing.T) {
+		// The os and rs examples decode, their folded entries read as the
+		// doc says, and the engine writes them back field for field.
+		roundTrip := func(info string, v any) {
+			t.Helper()
+			example := layoutDoc(t, info)
+			if err := json.Unmarshal([]byte(example), v); err != nil {
+				t.Fatal(err)
+			}
+			var byDoc, byEngine map[string]any
+			if err := json.Unmarshal([]byte(example), &byDoc); err != nil {
+				t.Fatal(err)
+			}
+			if err := json.Unmarshal(encodeJSON(v), &byEngine); err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(byEngine, byDoc) {
+				t.Fatalf("the engine writes the doc's %s example as\n%s\nthe doc says\n%s", info, encodeJSON(v), example)
+			}
+		}
+		var o OutboxState
+		roundTrip("json os", &o)
+		e, ok := o.enqOf("orders-eu")
+		if want := (targetEnq{N: 1200, Last: 5011, LastMS: 1800000000123, Runs: [][3]int64{{4990, 5000, 1800000000001}, {5001, 5011, 1800000000123}}, Dropped: true}); !ok || !reflect.DeepEqual(e, want) {
+			t.Fatalf("os folds orders-eu as %+v (%v), want %+v", e, ok, want)
+		}
+		var rs RelayState
+		roundTrip("json rs", &rs)
+		r := targetRec{Target: "orders-eu", State: StateActive, Done: 1, Held: 3}
+		rs.overlayDone(&r)
+		if want := (targetRec{Target: "orders-eu", State: StateActive, Done: 1150, Through: 4989, Next: 4990, NextMS: 1800000000001, Held: 3}); r != want {
+			t.Fatalf("rs folds orders-eu over its record as %+v, want %+v", r, want)
+		}
+	})
 	t.Run("blocked name", func(t *testing.T) {
 		// "\u0000dP8" for t\xff: U+0000 then unpadded base64url.
 		b, err := base64.RawURLEncoding.DecodeString("dP8")

@@ -56,3 +56,41 @@ func TestRSMaxBytesBoundsWorstRS(t *testing.T) {
 		}
 	}
 }
+
+// os and rs keep room for their folded entries at foldBytes' worst-case
+// sizes: entries added until the room refuses, each number at its widest,
+// encode within it, for names short and long, on every step of the room.
+func TestFoldedEntriesFitTheirRoom(t *testing.T) {
+	for _, batch := range []int{0, 24 << 10, 64 << 10, 256 << 10, 4 << 20} {
+		caps := Capabilities{MaxBatchBytes: batch}
+		for _, nameLen := range []int{1, 9, MaxPartitionLen} {
+			var done []foldedDone
+			var enq []foldedEnq
+			wide := targetEnq{N: ^uint64(0), Dropped: true}
+			for range maxEnqRuns {
+				wide.Runs = append(wide.Runs, [3]int64{-1 << 63, -1 << 63, -1 << 63})
+			}
+			for i := 0; ; i++ {
+				name := make([]byte, nameLen)
+				name[0] = byte(i)
+				r := targetRec{Target: Partition(name), State: StateActive, Done: ^uint64(0), Through: ^uint64(0), Next: ^uint64(0), NextMS: -1 << 63}
+				d, okD := foldDone(done, r, caps)
+				e, okE := withEnq(enq, Partition(name), wide, caps)
+				done, enq = d, e
+				if !okD && !okE {
+					break
+				}
+				if i > 2*maxFolded {
+					t.Fatal("the room never refuses")
+				}
+			}
+			hexLen := 2 * nameLen
+			if n := len(encodeJSON(done)); n > foldBytes(caps) || len(done) > maxFolded || (len(done) == 0) != (hexLen+foldedDoneOverhead > foldBytes(caps)) {
+				t.Fatalf("batch %d, names of %d: %d rs entries encode to %d bytes, room %d", batch, nameLen, len(done), n, foldBytes(caps))
+			}
+			if n := len(encodeJSON(enq)); n > osFoldBytes(caps) || len(enq) > maxFolded || (len(enq) == 0) != (hexLen+foldedEnqOverhead > osFoldBytes(caps)) {
+				t.Fatalf("batch %d, names of %d: %d os entries encode to %d bytes, room %d", batch, nameLen, len(enq), n, osFoldBytes(caps))
+			}
+		}
+	}
+}

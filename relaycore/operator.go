@@ -114,6 +114,9 @@ type opRun struct {
 	pre    []Precondition
 	q      holdSummary
 	kick   bool
+	// unfold: targets whose whole record the action writes, so rs drops
+	// their folded progress.
+	unfold []Partition
 }
 
 // operate takes the claim, runs fn, and commits fn's writes with the claim
@@ -172,6 +175,13 @@ func (h *RelayHandler) operateOnce(ctx context.Context, source Partition, start 
 	nextRaw := encodeJSON(next)
 	writes := []Write{{Key: KeyRS, Value: nextRaw}}
 	pre := []Precondition{{Key: KeyRS, Value: start.rsRaw}}
+	if ferr == nil && len(o.unfold) > 0 {
+		for _, t := range o.unfold {
+			next.Targets = unfoldDone(next.Targets, t)
+		}
+		nextRaw = encodeJSON(next)
+		writes[0].Value = nextRaw
+	}
 	if ferr == nil {
 		writes = append(writes, o.writes...)
 		pre = append(pre, o.pre...)
@@ -192,10 +202,11 @@ func (h *RelayHandler) operateOnce(ctx context.Context, source Partition, start 
 
 // loadTarget reads target's records; ErrUnknownTarget when it has none.
 func (o *opRun) loadTarget(t Partition) (targetEnq, targetRec, bool, error) {
-	return loadTarget(o.ctx, o.h.Source, o.source, t)
+	return loadTarget(o.ctx, o.h.Source, o.source, t, folds{os: o.start.os, rs: o.start.rs.RelayState})
 }
 
-func loadTarget(ctx context.Context, st Store, source, t Partition) (targetEnq, targetRec, bool, error) {
+// loadTarget reads target's records, with the figures fs folds over them.
+func loadTarget(ctx context.Context, st Store, source, t Partition, fs folds) (targetEnq, targetRec, bool, error) {
 	prefix := layout.TargetPrefix + targetHex(t) + "/"
 	items, err := scanItems(ctx, st, source, prefix, prefixEnd(prefix))
 	if err != nil {
@@ -217,9 +228,14 @@ func loadTarget(ctx context.Context, st Store, source, t Partition) (targetEnq, 
 			found = true
 		}
 	}
-	if len(items) == 0 {
+	fe, inOS := fs.os.enqOf(t)
+	if len(items) == 0 && !inOS && !fs.rs.hasDone(t) {
 		return e, r, false, fmt.Errorf("%s/%q: %w", source, t, ErrUnknownTarget)
 	}
+	if inOS {
+		e = fe
+	}
+	fs.rs.overlayDone(&r)
 	return e, r, found, nil
 }
 
@@ -246,6 +262,7 @@ func (o *opRun) putRec(before, r targetRec) {
 		}
 	}
 	o.writes = append(o.writes, Write{Key: targetStateKey(r.Target), Value: encodeTargetRec(r)})
+	o.unfold = append(o.unfold, r.Target) // the record now holds its progress
 	o.q.account(before, r)
 }
 
@@ -582,7 +599,11 @@ func (h *RelayHandler) Skip(ctx context.Context, source Partition, req SkipReque
 // first undelivered held row) or ends past the last. The claimed skip
 // checks all of it again.
 func (h *RelayHandler) skipPrecheck(ctx context.Context, source Partition, req SkipRequest) error {
-	_, r, _, err := loadTarget(ctx, h.Source, source, req.Target)
+	fs, err := readFolds(ctx, h.Source, source)
+	if err != nil {
+		return err
+	}
+	_, r, _, err := loadTarget(ctx, h.Source, source, req.Target, fs)
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -85,13 +86,38 @@ func statusOf(t Partition, e targetEnq, s targetRec) TargetStatus {
 	return st
 }
 
-// targetStatuses groups t/ items (e then s per target, in key order).
-func targetStatuses(items []Item) ([]TargetStatus, error) {
-	return (*SourceInspector)(nil).targetStatuses(items)
+// targetStatuses groups t/ items (e then s per target, in key order) and
+// the virtual items of folded targets (foldItems), with fs's figures over
+// the records'.
+func targetStatuses(items []Item, fs folds) ([]TargetStatus, error) {
+	return (*SourceInspector)(nil).targetStatuses(items, fs)
+}
+
+// foldedKind is the kind of a virtual item that stands for a target whose
+// figures os or rs fold: it sorts between e and s, and has no value.
+const foldedKind = "f"
+
+// foldItems are the virtual items of fs's folded targets with keys above
+// after, in key order.
+func foldItems(fs folds, after string) []Item {
+	var out []Item
+	for _, h := range fs.names() {
+		if k := layout.TargetPrefix + h + "/" + foldedKind; k > after {
+			out = append(out, Item{Key: k})
+		}
+	}
+	return out
+}
+
+// mergeItems merges b into a, both in key order.
+func mergeItems(a, b []Item) []Item {
+	out := append(slices.Clone(a), b...)
+	slices.SortStableFunc(out, func(x, y Item) int { return strings.Compare(x.Key, y.Key) })
+	return out
 }
 
 // targetStatuses decodes the records through in (nil: decode them all).
-func (in *SourceInspector) targetStatuses(items []Item) ([]TargetStatus, error) {
+func (in *SourceInspector) targetStatuses(items []Item, fs folds) ([]TargetStatus, error) {
 	var out []TargetStatus
 	for i := 0; i < len(items); {
 		th, _, ok := cutTargetKey(items[i].Key)
@@ -115,6 +141,7 @@ func (in *SourceInspector) targetStatuses(items []Item) ([]TargetStatus, error) 
 				eItem, eFound = items[i], true
 			case "s":
 				sItem, sFound = items[i], true
+			case foldedKind:
 			default:
 				return nil, fmt.Errorf("%w: target record key %q", ErrCorruptRecord, items[i].Key)
 			}
@@ -125,6 +152,9 @@ func (in *SourceInspector) targetStatuses(items []Item) ([]TargetStatus, error) 
 				return nil, err
 			}
 		}
+		if fe, ok := fs.os.enqOf(t); ok {
+			e = fe
+		}
 		s, err := decodeTargetRec(t, nil, false)
 		if sFound {
 			s, err = memo(in, sItem, func(b []byte) (targetRec, error) { return decodeTargetRec(t, b, true) })
@@ -132,6 +162,7 @@ func (in *SourceInspector) targetStatuses(items []Item) ([]TargetStatus, error) 
 		if err != nil {
 			return nil, err
 		}
+		fs.rs.overlayDone(&s)
 		out = append(out, statusOf(t, e, s))
 	}
 	return out, nil
@@ -196,6 +227,11 @@ func ListTargets(ctx context.Context, st Store, source Partition, f TargetFilter
 	if f.After != "" {
 		after = layout.TargetPrefix + targetHex(f.After) + "/~" // past both of its records
 	}
+	fs, err := readFolds(ctx, st, source)
+	if err != nil {
+		return nil, "", fmt.Errorf("list targets %s: %w", source, err)
+	}
+	virt := foldItems(fs, after)
 	var pending []Item
 	read := 0
 	for {
@@ -204,7 +240,13 @@ func ListTargets(ctx context.Context, st Store, source Partition, f TargetFilter
 			return nil, "", fmt.Errorf("list targets %s: %w", source, err)
 		}
 		read += len(pg.Items)
-		pending = append(pending, pg.Items...)
+		// The folded targets up to this page's end join it.
+		n := len(virt)
+		if pg.Next != "" {
+			n, _ = slices.BinarySearchFunc(virt, pg.Next, func(it Item, k string) int { return strings.Compare(it.Key, k) })
+		}
+		pending = mergeItems(append(pending, pg.Items...), virt[:n])
+		virt = virt[n:]
 		// Decode complete groups only: the last target may continue on the
 		// next page.
 		cut := len(pending)
@@ -218,7 +260,7 @@ func ListTargets(ctx context.Context, st Store, source Partition, f TargetFilter
 				cut--
 			}
 		}
-		sts, err := targetStatuses(pending[:cut])
+		sts, err := targetStatuses(pending[:cut], fs)
 		if err != nil {
 			return nil, "", fmt.Errorf("list targets %s: %w", source, err)
 		}
@@ -246,14 +288,21 @@ func ListTargets(ctx context.Context, st Store, source Partition, f TargetFilter
 // no record of it (it never relayed to it).
 func GetTarget(ctx context.Context, st Store, source, target Partition) (TargetStatus, error) {
 	prefix := layout.TargetPrefix + targetHex(target) + "/"
+	fs, err := readFolds(ctx, st, source)
+	if err != nil {
+		return TargetStatus{}, fmt.Errorf("target %s/%q: %w", source, target, err)
+	}
 	items, err := scanItems(ctx, st, source, prefix, prefixEnd(prefix))
 	if err != nil {
 		return TargetStatus{}, fmt.Errorf("target %s/%q: %w", source, target, err)
 	}
+	if _, ok := fs.os.enqOf(target); ok || fs.rs.hasDone(target) {
+		items = mergeItems(items, []Item{{Key: prefix + foldedKind}})
+	}
 	if len(items) == 0 {
 		return TargetStatus{}, fmt.Errorf("target %s/%q: %w", source, target, ErrUnknownTarget)
 	}
-	sts, err := targetStatuses(items)
+	sts, err := targetStatuses(items, fs)
 	if err != nil || len(sts) != 1 {
 		return TargetStatus{}, fmt.Errorf("target %s/%q: %w", source, target, err)
 	}

@@ -30,8 +30,10 @@ func rsReserve(caps relaycore.Capabilities, source relaycore.Partition) int {
 }
 
 // sizing is the item accounting bulk scenarios are sized with: the
-// largest overhead of the stores the sim runs on.
-var sizing = relaycore.Capabilities{ItemOverhead: maxItemOverhead}
+// largest overhead of the stores the sim runs on, and a batch limit in the
+// step of the engine's room for folded figures in rs and os that bulk
+// source batches (the reserve and 12 or 16 KB, under 64 KB) fall in.
+var sizing = relaycore.Capabilities{ItemOverhead: maxItemOverhead, MaxBatchBytes: 32 << 10}
 
 // maxItemOverhead bounds the stores' Capabilities.ItemOverhead (mem and
 // bolt 32, DynamoDB 23), so bulk rows sized with it fit every store.
