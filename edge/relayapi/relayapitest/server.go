@@ -139,7 +139,6 @@ type Server struct {
 
 	mu         sync.Mutex
 	srv        *http.Server
-	down       bool
 	faults     map[string][]Fault
 	requests   []Request
 	violations []string
