@@ -546,3 +546,76 @@ func TestReplicasRunTogether(t *testing.T) {
 }
 
 func newRand(seed int64) *rand.Rand { return rand.New(rand.NewPCG(uint64(seed), 0)) }
+
+// A kick meeting another replica's live claim (an enqueue through r1 while
+// r0 fires the source) is one busy alarm, whose retry at the claim's lapse
+// is checked: r0 holding the source again by then means it is alive, so
+// r1 drops the wake-up instead of meeting a claim every claim_ttl.
+func TestBusyKickRetriedOnceChecked(t *testing.T) {
+	for _, st := range stores {
+		t.Run(st.name, func(t *testing.T) {
+			s := st.open(t)
+			ctx := t.Context()
+			t0 := time.Date(2026, 12, 2, 3, 0, 0, 0, time.UTC)
+			now := &manualClock{t: t0}
+			g := newGate()
+			rs := newReplicas(s, 2, now, time.Hour, func(i int, st relaycore.Store) relaycore.Store {
+				if i == 0 {
+					g.Store = st
+					return g
+				}
+				return st
+			}, nil)
+			src := sourceName(0)
+			hold := func() chan struct{} { // r0 fires src and holds it at the gate
+				held := make(chan struct{})
+				go func() {
+					defer close(held)
+					rs[0].clock.RunNext(ctx)
+				}()
+				<-g.entered
+				return held
+			}
+			if _, err := rs[0].h.Enqueue(ctx, src, rowsFor(src, 4), relaycore.EnqueueOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			held := hold()
+			// An enqueue through r1 whose kick is sent: force one with a
+			// direct Kick (the engine sends none while it sees the claim).
+			if err := rs[1].clock.Kick(ctx, src, t0.UnixMilli()); err != nil {
+				t.Fatal(err)
+			}
+			rs[1].clock.RunNext(ctx)
+			if st := rs[1].clock.Stats(); st.Busy != 1 || st.Alarms != 1 {
+				t.Fatalf("r1 after its kick: %+v; want one busy alarm", st)
+			}
+			lapse := t0.Add(claimTTL).UnixMilli()
+			if due, ok := rs[1].clock.NextDue(); !ok || due != lapse {
+				t.Fatalf("r1's next wake-up %d, %v; want the claim's lapse %d", due, ok, lapse)
+			}
+			g.release <- nil
+			<-held
+			<-g.release
+			// r0 at work on the source again when r1's retry comes.
+			if _, err := rs[0].h.Enqueue(ctx, src, rowsFor(src, 8)[4:], relaycore.EnqueueOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			now.Set(t0.Add(claimTTL - time.Second))
+			g.entered, g.once = make(chan struct{}), &sync.Once{}
+			rs[0].h.Target = g
+			held = hold()
+			now.Set(t0.Add(claimTTL))
+			stepAll(ctx, rs[1])
+			if st := rs[1].clock.Stats(); st.Alarms != 1 || st.Busy != 1 || st.SkippedClaimed != 1 {
+				t.Fatalf("r1 after the retry: %+v; want the retry checked and left to r0 (no second alarm)", st)
+			}
+			if due, ok := rs[1].clock.NextDue(); ok {
+				t.Fatalf("r1 still has a wake-up at %d", due)
+			}
+			g.release <- nil
+			<-held
+			stepAll(ctx, rs[0])
+			checkDelivered(t, s, []relaycore.Partition{src}, 8)
+		})
+	}
+}
