@@ -37,7 +37,7 @@ func poll[T any](t *testing.T, what string, ask func() T, ok func(T) bool) T {
 	}
 }
 
-func keyPairOf(t *testing.T, dir, name string) tls.Certificate {
+func keyPairOf(t testing.TB, dir, name string) tls.Certificate {
 	t.Helper()
 	c, err := tls.LoadX509KeyPair(filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key"))
 	if err != nil {
@@ -49,7 +49,7 @@ func keyPairOf(t *testing.T, dir, name string) tls.Certificate {
 	return c
 }
 
-func signReceipt(t *testing.T, cert tls.Certificate, node string, o takedowns.Order) []byte {
+func signReceipt(t testing.TB, cert tls.Certificate, node string, o takedowns.Order) []byte {
 	t.Helper()
 	s, err := takedown.Sign(takedown.Receipt{Request: o.Request, ContentID: o.ContentID, SHA256: o.SHA256, Node: node,
 		EvictedAt: time.Now().UTC()}, cert)
