@@ -1,6 +1,13 @@
 package bench
 
-import "math"
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math"
+	"os"
+)
 
 // Prices is a published on-demand price list in US dollars per unit. The
 // bill of a benchmark workload is its counted usage at these prices, so the
@@ -88,16 +95,101 @@ func (p Prices) PerMillionRows(u Usage, rows float64) Bill {
 	return Bill{DynamoDB: b.DynamoDB * f, Lambda: b.Lambda * f, Scheduler: b.Scheduler * f, SQS: b.SQS * f, Total: b.Total * f}
 }
 
-// The duration assumption. Neither the cost benchmark nor the emulated
-// deployment (lambda/emudeploy) measures how long an invocation runs on
-// AWS, so an invocation is priced as lasting as long as its requests in
-// sequence, on lambda/bench's latency model: a DynamoDB request 8 ms, a
-// Scheduler request 30 ms. docs/benchmarks.md says how to replace it with
-// measured durations.
-const (
-	assumedDynamoMillis    = 8
-	assumedSchedulerMillis = 30
-)
+// FunctionDuration is a Lambda function's billed duration per invocation
+// as a line: FixedMS plus PerRequestMS for each DynamoDB request the
+// invocation makes (its other API calls, the runtime and its own CPU fold
+// into the two). The fields before them say what the line was fitted to.
+type FunctionDuration struct {
+	Invocations    int     `json:"invocations"`
+	DynamoRequests int     `json:"dynamo_requests"`
+	BilledMS       int64   `json:"billed_ms"`
+	FixedMS        float64 `json:"fixed_ms"`
+	PerRequestMS   float64 `json:"per_request_ms"`
+}
+
+// Millis is the billed duration of invocations making requests DynamoDB
+// requests in all.
+func (f FunctionDuration) Millis(invocations, requests float64) float64 {
+	return invocations*f.FixedMS + requests*f.PerRequestMS
+}
+
+// FitDuration fits a FunctionDuration to invocations, given as each one's
+// billed milliseconds and DynamoDB requests, by least squares. A line that
+// would start below zero, or invocations that all made the same number of
+// requests, give a line through the origin (the time scales with the
+// requests); one that would fall with more requests is flat at the mean.
+func FitDuration(billedMS []int64, requests []int) FunctionDuration {
+	f := FunctionDuration{Invocations: len(billedMS)}
+	n := float64(len(billedMS))
+	if n == 0 {
+		return f
+	}
+	var sx, sy, sxx, sxy float64
+	for i, y := range billedMS {
+		x := float64(requests[i])
+		f.BilledMS += y
+		f.DynamoRequests += requests[i]
+		sx, sy, sxx, sxy = sx+x, sy+float64(y), sxx+x*x, sxy+x*float64(y)
+	}
+	den := n*sxx - sx*sx
+	if den > 0 {
+		f.PerRequestMS = (n*sxy - sx*sy) / den
+		f.FixedMS = (sy - f.PerRequestMS*sx) / n
+	}
+	switch {
+	case (den <= 0 || f.FixedMS < 0) && sxx > 0:
+		f.FixedMS, f.PerRequestMS = 0, sxy/sxx
+	case den <= 0 || f.PerRequestMS < 0:
+		f.FixedMS, f.PerRequestMS = sy/n, 0
+	}
+	return f
+}
+
+// LambdaDurations are the api and fire functions' durations: measured in
+// the emulated deployment (lambda/bench's latency benchmark writes them
+// with -lambda-durations, from the invocations of its cases at the
+// template's settings), or assumed.
+type LambdaDurations struct {
+	MeasuredBy string           `json:"measured_by"`
+	API        FunctionDuration `json:"api"`
+	Fire       FunctionDuration `json:"fire"`
+}
+
+// DurationsFile is where the bill reads the measured durations, relative
+// to this package's directory.
+const DurationsFile = "testdata/lambda-durations.json"
+
+// AssumedDurations is the fallback when no measurement is recorded: an
+// invocation lasts as long as its requests in sequence, a DynamoDB
+// request 8 ms and the one Scheduler request of each invocation (the
+// enqueue's kick, the fire's re-arm) 30 ms. docs/benchmarks.md says which
+// one the bill used.
+var AssumedDurations = LambdaDurations{
+	MeasuredBy: "assumed: 30 ms per invocation (one Scheduler request) + 8 ms per DynamoDB request",
+	API:        FunctionDuration{FixedMS: 30, PerRequestMS: 8},
+	Fire:       FunctionDuration{FixedMS: 30, PerRequestMS: 8},
+}
+
+// ReadDurations reads the measured durations at path; a missing file is
+// the assumption, and a file that does not parse or fits nothing is an
+// error.
+func ReadDurations(path string) (LambdaDurations, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return AssumedDurations, nil
+	}
+	if err != nil {
+		return LambdaDurations{}, err
+	}
+	var d LambdaDurations
+	if err := json.Unmarshal(data, &d); err != nil {
+		return LambdaDurations{}, fmt.Errorf("%s: %w", path, err)
+	}
+	if d.API.Invocations == 0 || d.Fire.Invocations == 0 || d.MeasuredBy == "" {
+		return LambdaDurations{}, fmt.Errorf("%s: no api or fire invocations measured, or no measured_by", path)
+	}
+	return d, nil
+}
 
 // The alternatives, priced from request counts derived for the same rows
 // (docs/benchmarks.md, "The bill", states and explains each):
@@ -123,9 +215,14 @@ const (
 	batchWriteSize = 25
 )
 
+// consumerRequestMillis is a consumer's DynamoDB BatchWriteItem in the
+// alternatives: the fallback's 8 ms per request, whatever the relay's
+// durations were measured as (the consumers are not emulated).
+const consumerRequestMillis = 8
+
 func streamsUsage(rows, batch int) Usage {
 	inv := math.Ceil(float64(rows) / float64(batch))
-	perInv := math.Ceil(float64(batch)/batchWriteSize) * assumedDynamoMillis
+	perInv := math.Ceil(float64(batch)/batchWriteSize) * consumerRequestMillis
 	return Usage{
 		WriteUnits:     2 * float64(rows), // outbox put + target put
 		LambdaRequests: inv,
@@ -139,7 +236,7 @@ func sqsUsage(rows int) Usage {
 	return Usage{
 		WriteUnits:     float64(rows), // target put
 		LambdaRequests: batches,
-		LambdaMillis:   batches * math.Ceil(float64(sqsBatch)/batchWriteSize) * assumedDynamoMillis,
+		LambdaMillis:   batches * math.Ceil(float64(sqsBatch)/batchWriteSize) * consumerRequestMillis,
 		LambdaMemoryMB: lambdaMemoryMB,
 		SQSRequests:    3 * batches, // send, receive, delete
 	}

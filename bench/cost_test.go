@@ -97,6 +97,8 @@ func payload(kind string, seq uint64) []byte {
 // and for the naive per-row outbox baseline, through the real SDK against
 // the in-process DynamoDB-API endpoint. Units are priced by Meter.
 func BenchmarkCost(b *testing.B) {
+	durations := measuredDurations(b)
+	b.Logf("Lambda durations: %s", durations.MeasuredBy)
 	for _, w := range workloads {
 		b.Run("relay/"+w.name, func(b *testing.B) {
 			for range b.N {
@@ -108,7 +110,7 @@ func BenchmarkCost(b *testing.B) {
 				b.ReportMetric((r.enq+r.apply+r.cleanup)/r.delivered, "wcu/row")
 				b.ReportMetric(r.rcu/r.delivered, "rcu/row")
 				b.ReportMetric(float64(src.Calls+dst.Calls)/r.delivered, "calls/row")
-				bill := billFor(w, r)
+				bill := billFor(w, r, durations)
 				b.ReportMetric(bill.relay.Total, "usd/Mrows")
 				b.ReportMetric(bill.streams.Total, "usd/Mrows-streams")
 				b.ReportMetric(bill.sqs.Total, "usd/Mrows-sqsfifo")
@@ -376,6 +378,13 @@ func TestDocumentedCost(t *testing.T) {
 		return string(b)
 	}
 	bench := read("docs/benchmarks.md")
+	durations := measuredDurations(t)
+	for _, row := range durationRows(durations) {
+		t.Log(row)
+		if !strings.Contains(bench, row+"\n") {
+			t.Errorf("docs/benchmarks.md's Lambda duration table has no row\n%s\nfor the durations the bill prices (%s)", row, DurationsFile)
+		}
+	}
 	for _, d := range documentedCost {
 		w := workloadNamed(t, d.workload)
 		src, dst := dynamoStores(t)
@@ -387,7 +396,7 @@ func TestDocumentedCost(t *testing.T) {
 		if !strings.Contains(bench, want+"\n") {
 			t.Errorf("docs/benchmarks.md's cost table has no row\n%s\nfor what %s costs today", want, d.workload)
 		}
-		br := billFor(w, r)
+		br := billFor(w, r, durations)
 		usd := fmt.Sprintf("%.2f", br.relay.Total)
 		bill := "| " + d.tableRow + " " + br.markdown() + "\n"
 		t.Logf("%s: %s", d.workload, bill)
@@ -416,20 +425,42 @@ func workloadNamed(t *testing.T, name string) workload {
 	return workload{}
 }
 
+// durationRows are docs/benchmarks.md's Lambda duration table rows for d.
+func durationRows(d LambdaDurations) []string {
+	row := func(name string, f FunctionDuration) string {
+		n := float64(max(f.Invocations, 1))
+		return fmt.Sprintf("| %s | %.2f | %.2f | %d invocations, %.1f DynamoDB requests and %.1f ms billed each | %s |",
+			name, f.FixedMS, f.PerRequestMS, f.Invocations, float64(f.DynamoRequests)/n, float64(f.BilledMS)/n, d.MeasuredBy)
+	}
+	return []string{row("api", d.API), row("fire", d.Fire)}
+}
+
 // relayUsage is the serverless relay's usage for a cost run: every enqueue
-// call is an api invocation (its store calls, and one CreateSchedule kick),
-// every alarm a fire invocation (its store calls, and one CreateSchedule
-// re-arm) woken by one scheduled invocation.
-func relayUsage(r relayRun) Usage {
+// call is an api invocation, every alarm a fire invocation woken by one
+// scheduled invocation, each lasting as durations says for its DynamoDB
+// requests (the meter's calls).
+func relayUsage(r relayRun, durations LambdaDurations) Usage {
 	invocations := float64(r.enqueues + r.alarms)
 	return Usage{
-		WriteUnits:           r.enq + r.apply + r.cleanup,
-		ReadUnits:            r.rcu,
-		LambdaRequests:       invocations,
-		LambdaMillis:         float64(r.enqueueCalls+r.alarmCalls)*assumedDynamoMillis + invocations*assumedSchedulerMillis,
+		WriteUnits:     r.enq + r.apply + r.cleanup,
+		ReadUnits:      r.rcu,
+		LambdaRequests: invocations,
+		LambdaMillis: durations.API.Millis(float64(r.enqueues), float64(r.enqueueCalls)) +
+			durations.Fire.Millis(float64(r.alarms), float64(r.alarmCalls)),
 		LambdaMemoryMB:       lambdaMemoryMB,
 		SchedulerInvocations: float64(r.alarms),
 	}
+}
+
+// measuredDurations are the durations the bill prices: DurationsFile, or
+// the assumption without one.
+func measuredDurations(tb testing.TB) LambdaDurations {
+	tb.Helper()
+	d, err := ReadDurations(DurationsFile)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return d
 }
 
 // billRow is a workload's row of docs/benchmarks.md's bill table: dollars
@@ -439,13 +470,13 @@ type billRow struct {
 	relay, streams, sqs Bill
 }
 
-func billFor(w workload, r relayRun) billRow {
+func billFor(w workload, r relayRun, durations LambdaDurations) billRow {
 	batch := streamsBatch
 	if w.interleaved {
 		batch = min(w.batchRows, streamsBatch)
 	}
 	return billRow{
-		relay:   USEast1.PerMillionRows(relayUsage(r), r.delivered),
+		relay:   USEast1.PerMillionRows(relayUsage(r, durations), r.delivered),
 		streams: USEast1.PerMillionRows(streamsUsage(w.rows, batch), float64(w.rows)),
 		sqs:     USEast1.PerMillionRows(sqsUsage(w.rows), float64(w.rows)),
 	}
@@ -513,5 +544,37 @@ func TestTemplatePricedAs(t *testing.T) {
 	}
 	if strings.Count(tmpl, "MemorySize:") != 1 || strings.Count(tmpl, "Architectures:") != 1 {
 		t.Errorf("template.yaml sets MemorySize or Architectures per function: the bill prices every function at the Globals' %d MB arm64", lambdaMemoryMB)
+	}
+}
+
+// TestFitDuration: the line through invocations that lie on one, the
+// degenerate cases, and the fallback without a measurement.
+func TestFitDuration(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		ms         []int64
+		reqs       []int
+		fixed, per float64
+	}{
+		{"a line", []int64{40, 50, 70}, []int{2, 4, 8}, 30, 5},
+		{"same requests", []int64{20, 40}, []int{3, 3}, 0, 10},
+		{"below zero", []int64{1, 30}, []int{1, 10}, 0, 301.0 / 101},
+		{"falling", []int64{50, 10}, []int{0, 0}, 30, 0},
+	} {
+		f := FitDuration(c.ms, c.reqs)
+		if math.Abs(f.FixedMS-c.fixed) > 1e-9 || math.Abs(f.PerRequestMS-c.per) > 1e-9 || f.Invocations != len(c.ms) {
+			t.Errorf("%s: %+v, want %.3f ms + %.3f ms per request", c.name, f, c.fixed, c.per)
+		}
+	}
+	d, err := ReadDurations(filepath.Join(t.TempDir(), "none.json"))
+	if err != nil || d != AssumedDurations {
+		t.Errorf("no file: %+v %v, want the assumption", d, err)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.json")
+	if err := os.WriteFile(bad, []byte(`{"measured_by":"x","api":{},"fire":{}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadDurations(bad); err == nil {
+		t.Error("a file with no invocations was read")
 	}
 }

@@ -37,6 +37,8 @@ func TestLatencyModel(t *testing.T) {
 	}
 	tools := emuTools{inProcess: true}
 	only := os.Getenv("RELAY_LATENCY_ONLY")
+	var billed []outcome
+	defer func() { writeDurations(t, "TestLatencyModel -latency-model (in process on virtual time)", billed) }()
 	for _, c := range latencyCases(scale) {
 		if only != "" && only != c.name {
 			continue
@@ -51,6 +53,9 @@ func TestLatencyModel(t *testing.T) {
 					}
 				})
 				t.Log(describe(c, r))
+				if v.billed {
+					billed = append(billed, r)
+				}
 			})
 		}
 	}

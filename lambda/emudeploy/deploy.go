@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -86,6 +87,12 @@ type Config struct {
 	// whose figures do not depend on the machine (the handlers' own CPU
 	// time counts as zero). RIE and Bootstraps are not used.
 	InProcess bool
+	// PruneApplied deletes each row's item from the target table once its
+	// apply time is recorded (the relay reads only its rh records there),
+	// so the DynamoDB emulator, whose cost per request grows with the
+	// table, stays as cheap as a small table through a long run. Applied
+	// still reports every row; Target no longer holds them.
+	PruneApplied bool
 }
 
 // Deployment is the serverless relay on one machine: the api, fire and
@@ -114,6 +121,7 @@ type Deployment struct {
 	home      string
 
 	mu       sync.Mutex
+	keys     map[Environment]string // each environment's access key
 	fireBusy int
 	swept    int // rows the sweep delivered
 }
@@ -124,7 +132,7 @@ func Start(cfg Config) (d *Deployment, err error) {
 		return nil, errors.New("emudeploy: Config needs RIE and the api, fire and sweep bootstraps")
 	}
 	cfg = withDefaults(cfg)
-	d = &Deployment{invokes: map[string]*Invoke{}, stopSweep: make(chan struct{}), mem: memTransport{}, inProcess: cfg.InProcess}
+	d = &Deployment{invokes: map[string]*Invoke{}, keys: map[Environment]string{}, stopSweep: make(chan struct{}), mem: memTransport{}, inProcess: cfg.InProcess}
 	defer func() {
 		if err != nil {
 			d.Close()
@@ -159,6 +167,7 @@ func Start(cfg Config) (d *Deployment, err error) {
 	if d.front, err = newDynamoFront(upstream, TargetTable, cfg.DynamoLatency, cfg.Seed); err != nil {
 		return nil, err
 	}
+	d.front.prune = cfg.PruneApplied
 	ddbURL, err := d.serve("dynamodb", d.front)
 	if err != nil {
 		return nil, err
@@ -171,19 +180,20 @@ func Start(cfg Config) (d *Deployment, err error) {
 		return nil, err
 	}
 	d.fire = NewFunction("fire", clk, Async{QueueDelay: cfg.QueueDelay, MaxEventAge: time.Hour, MaxRetries: 2}, cfg.Seed+1, fireEnvs...)
-	d.fire.onResult = d.fireResult
+	d.fire.onResult, d.fire.requests = d.fireResult, d.envRequests
 	// The template's sweep: no retries, events older than 60 s dropped.
 	sweepEnvs, err := d.startEnvs("sweep", cfg, 1, 50*time.Second, ddbURL, apiLatency)
 	if err != nil {
 		return nil, err
 	}
 	d.sweep = NewFunction("sweep", clk, Async{QueueDelay: cfg.QueueDelay, MaxEventAge: time.Minute}, cfg.Seed+2, sweepEnvs...)
-	d.sweep.onResult = d.sweepResult
+	d.sweep.onResult, d.sweep.requests = d.sweepResult, d.envRequests
 	apiEnvs, err := d.startEnvs("api", cfg, cfg.APIConcurrency, 30*time.Second, ddbURL, apiLatency)
 	if err != nil {
 		return nil, err
 	}
 	d.api = NewFunction("api", clk, Async{}, cfg.Seed+3, apiEnvs...)
+	d.api.requests = d.envRequests
 	Sweep(clk, cfg.SweepPeriod, cfg.Seed+4, d.stopSweep, d.sweep.Queue)
 	return d, nil
 }
@@ -264,24 +274,42 @@ func (d *Deployment) startEnvs(name string, cfg Config, n int, timeout time.Dura
 	}
 	var out []Environment
 	for i := range n {
+		// Each environment signs with its own access key, so the DynamoDB
+		// front counts its requests (Invocation.DynamoRequests).
+		id := fmt.Sprintf("%s-%d", name, i)
+		env := maps.Clone(env)
+		env["AWS_ACCESS_KEY_ID"] = id
+		var e Environment
 		if d.inProcess {
-			e, err := newInProcEnv(name, env, &http.Client{Transport: d.mem}, timeout)
+			ie, err := newInProcEnv(name, env, &http.Client{Transport: d.mem}, timeout)
 			if err != nil {
 				return nil, err
 			}
-			out = append(out, e)
-			continue
-		}
-		e, err := startRIE(fmt.Sprintf("%s-%d", name, i), cfg.RIE, cfg.Bootstraps[name], d.home, env, timeout)
-		if err != nil {
-			return nil, err
+			e = ie
+		} else {
+			re, err := startRIE(id, cfg.RIE, cfg.Bootstraps[name], d.home, env, timeout)
+			if err != nil {
+				return nil, err
+			}
+			d.mu.Lock()
+			d.envs = append(d.envs, re)
+			d.mu.Unlock()
+			e = re
 		}
 		d.mu.Lock()
-		d.envs = append(d.envs, e)
+		d.keys[e] = id
 		d.mu.Unlock()
 		out = append(out, e)
 	}
 	return out, nil
+}
+
+// envRequests is the DynamoDB requests environment e has made so far.
+func (d *Deployment) envRequests(e Environment) int {
+	d.mu.Lock()
+	key := d.keys[e]
+	d.mu.Unlock()
+	return d.front.requestsBy(key)
 }
 
 // serve runs h on 127.0.0.1 until Close, or in process at the host
@@ -427,6 +455,21 @@ func (d *Deployment) Stats() Stats {
 	s.DynamoRequests = d.front.requests
 	d.front.mu.Unlock()
 	return s
+}
+
+// Invocations returns the invocations of the named function ("api",
+// "fire", "sweep") that ended, each with its duration and DynamoDB
+// requests: what its Lambda duration would be billed from.
+func (d *Deployment) Invocations(function string) []Invocation {
+	switch function {
+	case "api":
+		return d.api.Invocations()
+	case "fire":
+		return d.fire.Invocations()
+	case "sweep":
+		return d.sweep.Invocations()
+	}
+	return nil
 }
 
 // Violations lists requests to the emulated services that broke the

@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/relay-dev/relay/lambda/api"
@@ -87,5 +89,60 @@ func TestDeploymentDelivers(t *testing.T) {
 	if v := d.Violations(); len(v) != 0 {
 		t.Errorf("contract violations: %q", v)
 	}
+	// Every DynamoDB request is some invocation's, and every invocation
+	// was timed, once the functions are done (the fire's checkpoint may
+	// still run when the rows are applied).
+	for _, f := range []*Function{d.api, d.fire, d.sweep} {
+		f.Close()
+	}
+	st = d.Stats()
+	reqs := 0
+	for _, fn := range []string{"api", "fire", "sweep"} {
+		for _, inv := range d.Invocations(fn) {
+			reqs += inv.DynamoRequests
+			if inv.Duration <= 0 || inv.DynamoRequests == 0 {
+				t.Errorf("%s invocation %+v: want a duration and its requests", fn, inv)
+			}
+		}
+	}
+	if reqs != st.DynamoRequests || st.API.BilledMillis == 0 || st.Fire.BilledMillis == 0 {
+		t.Errorf("invocations made %d DynamoDB requests of the endpoint's %d; billed api %d ms, fire %d ms", reqs, st.DynamoRequests, st.API.BilledMillis, st.Fire.BilledMillis)
+	}
 	t.Logf("%+v", st)
+}
+
+// TestPruneApplied: in process, on virtual time, with PruneApplied the
+// rows still reach their targets (Applied has every key) and leave no
+// item behind in the target table but the engine's rh records.
+func TestPruneApplied(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d, err := Start(Config{InProcess: true, PruneApplied: true, Seed: seed, FireConcurrency: 1, APIConcurrency: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		v := base64.StdEncoding.EncodeToString([]byte("v"))
+		var rows []api.RowJSON
+		var keys []string
+		for i := range 6 {
+			k := fmt.Sprintf("prune/%d", i)
+			keys = append(keys, k)
+			rows = append(rows, api.RowJSON{Target: fmt.Sprintf("t%d", i%2), Puts: []api.PutJSON{{Key: k, Value: &v}}})
+		}
+		if status, body, err := d.Enqueue(t.Context(), "orders", rows, ""); err != nil || status != 200 {
+			t.Fatalf("enqueue: %d %s %v", status, body, err)
+		}
+		if err := d.WaitApplied(t.Context(), keys); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range []relaycore.Partition{"t0", "t1"} {
+			pg, err := d.Target.Scan(t.Context(), p, relaycore.ScanRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(pg.Items) != 1 || !strings.HasPrefix(pg.Items[0].Key, relaycore.ReservedPrefix) {
+				t.Errorf("target %s holds %d items (%v), want only its rh record", p, len(pg.Items), pg.Items)
+			}
+		}
+	})
 }

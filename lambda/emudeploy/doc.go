@@ -26,6 +26,13 @@
 //   - The sweep: a rate(1 minute) schedule from a seeded phase (Sweep).
 //   - The Scheduler and Lambda API calls themselves: DefaultAPILatency.
 //
+// Every invocation is timed (Invocation: its duration and the DynamoDB
+// requests it made, counted per execution environment by the access key
+// it signs with), which is what the bill (bench) prices Lambda duration
+// from. With Config.PruneApplied the DynamoDB front deletes each applied
+// row's target item, so the emulator, whose cost per request grows with
+// the table, stays fast through long runs.
+//
 // Every modelled delay is drawn from a seeded generator; the model is
 // tested on a manual clock (precision, queue delay, the concurrency limit,
 // retries), so a benchmark on it measures the relay, not the emulator.

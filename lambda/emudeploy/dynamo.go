@@ -6,11 +6,15 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/relay-dev/relay/infra/dynamo"
+	"github.com/relay-dev/relay/relaycore"
 )
 
 // DefaultDynamoLatency is the per-request latency added in front of the
@@ -32,10 +36,14 @@ type dynamoFront struct {
 	rp          http.Handler
 	latency     func(*rand.Rand) time.Duration
 	targetTable string
+	// prune deletes each row's target item once its apply is recorded
+	// (Config.PruneApplied).
+	prune bool
 
 	mu       sync.Mutex
 	rng      *rand.Rand
 	requests int
+	byKey    map[string]int       // requests by the signer's access key
 	applied  map[string]time.Time // target key -> first commit
 	changed  chan struct{}        // closed and replaced at each new key
 }
@@ -56,13 +64,14 @@ func newDynamoFront(upstream any, targetTable string, latency func(*rand.Rand) t
 	}
 	return &dynamoFront{
 		rp: h, latency: latency, targetTable: targetTable,
-		rng: rand.New(rand.NewPCG(seed, 0x64796e)), applied: map[string]time.Time{}, changed: make(chan struct{}),
+		rng: rand.New(rand.NewPCG(seed, 0x64796e)), byKey: map[string]int{}, applied: map[string]time.Time{}, changed: make(chan struct{}),
 	}, nil
 }
 
 func (d *dynamoFront) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	d.mu.Lock()
 	d.requests++
+	d.byKey[accessKey(r)]++
 	hold := time.Duration(0)
 	if d.latency != nil {
 		hold = d.latency(d.rng)
@@ -79,12 +88,52 @@ func (d *dynamoFront) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 	d.rp.ServeHTTP(rec, r)
 	if rec.status == http.StatusOK {
-		d.recordApplied(body)
+		if keys := d.recordApplied(body); d.prune {
+			d.deleteApplied(keys)
+		}
 	}
 }
 
-// recordApplied notes the target-table keys a committed transaction put.
-func (d *dynamoFront) recordApplied(body []byte) {
+// deleteApplied deletes the target items of applied rows from the
+// emulator, past the latency front: the relay never reads a row's target
+// item back (only its rh record, which stays), and minidyn's cost per
+// request grows with the table (it copies every table a transaction
+// touches and matches a query's key condition against every item), which
+// DynamoDB's does not. A benchmark that delivers thousands of rows would
+// otherwise mostly measure the emulator's CPU.
+func (d *dynamoFront) deleteApplied(keys [][2]string) {
+	for _, pk := range keys {
+		body, _ := json.Marshal(map[string]any{
+			"TableName": d.targetTable,
+			"Key":       map[string]map[string]string{dynamo.AttrPartition: {"S": pk[0]}, dynamo.AttrKey: {"S": pk[1]}},
+		})
+		req := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
+		req.Header.Set("X-Amz-Target", "DynamoDB_20120810.DeleteItem")
+		req.Header.Set("Content-Type", "application/x-amz-json-1.0")
+		d.rp.ServeHTTP(httptest.NewRecorder(), req)
+	}
+}
+
+// requestsBy is how many requests the signer with access key made.
+func (d *dynamoFront) requestsBy(key string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.byKey[key]
+}
+
+// accessKey is the access key of r's SigV4 signature
+// ("AWS4-HMAC-SHA256 Credential=<key>/<date>/..."): each execution
+// environment signs with its own, so its requests can be told apart.
+func accessKey(r *http.Request) string {
+	_, cred, _ := strings.Cut(r.Header.Get("Authorization"), "Credential=")
+	key, _, _ := strings.Cut(cred, "/")
+	return key
+}
+
+// recordApplied notes the target-table keys a committed transaction put,
+// and returns the (partition, key) of each row item among them (not the
+// engine's own records under relaycore.ReservedPrefix).
+func (d *dynamoFront) recordApplied(body []byte) (rows [][2]string) {
 	var tx struct {
 		TransactItems []struct {
 			Put *struct {
@@ -94,7 +143,7 @@ func (d *dynamoFront) recordApplied(body []byte) {
 		}
 	}
 	if json.Unmarshal(body, &tx) != nil {
-		return
+		return nil
 	}
 	now := time.Now()
 	d.mu.Lock()
@@ -104,7 +153,10 @@ func (d *dynamoFront) recordApplied(body []byte) {
 		if it.Put == nil || it.Put.TableName != d.targetTable {
 			continue
 		}
-		k := it.Put.Item["k"].S
+		k := it.Put.Item[dynamo.AttrKey].S
+		if k != "" && !strings.HasPrefix(k, relaycore.ReservedPrefix) {
+			rows = append(rows, [2]string{it.Put.Item[dynamo.AttrPartition].S, k})
+		}
 		if _, ok := d.applied[k]; !ok && k != "" {
 			d.applied[k] = now
 			fresh = true
@@ -114,6 +166,7 @@ func (d *dynamoFront) recordApplied(body []byte) {
 		close(d.changed)
 		d.changed = make(chan struct{})
 	}
+	return rows
 }
 
 type statusRecorder struct {

@@ -72,6 +72,25 @@ type FunctionStats struct {
 	Errors, Retried, Expired int
 	// MaxConcurrent is the most invocations that ran at once.
 	MaxConcurrent int
+	// BilledMillis sums the invocations' billed durations
+	// (Invocation.BilledMillis).
+	BilledMillis int64
+}
+
+// Invocation is one invocation as Lambda bills it: how long the
+// environment took to answer it, timed around its Invoke on the
+// function's clock (wall time for a bootstrap under the runtime emulator,
+// virtual time in process), and the DynamoDB requests it made (counted by
+// the DynamoDB endpoint under the environment's own access key).
+type Invocation struct {
+	Duration       time.Duration
+	DynamoRequests int
+}
+
+// BilledMillis is the invocation's duration rounded up to the millisecond,
+// as Lambda bills it.
+func (i Invocation) BilledMillis() int64 {
+	return int64((i.Duration + time.Millisecond - 1) / time.Millisecond)
 }
 
 // Function is an emulated Lambda function: a fixed pool of execution
@@ -85,10 +104,14 @@ type Function struct {
 	// onResult, when set, sees every invocation's result (not for
 	// environment failures).
 	onResult func(payload, result []byte)
+	// requests, when set, is the DynamoDB requests an environment has
+	// made so far (Invocation.DynamoRequests).
+	requests func(Environment) int
 
 	mu      sync.Mutex
 	rng     *rand.Rand
 	stats   FunctionStats
+	invs    []Invocation
 	running int
 	closed  bool
 	wg      sync.WaitGroup
@@ -115,6 +138,33 @@ func (f *Function) Stats() FunctionStats {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.stats
+}
+
+// Invocations returns every invocation that ended, in the order they
+// ended.
+func (f *Function) Invocations() []Invocation {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]Invocation(nil), f.invs...)
+}
+
+// run invokes env and records the invocation.
+func (f *Function) run(ctx context.Context, env Environment, payload []byte) ([]byte, error) {
+	before := 0
+	if f.requests != nil {
+		before = f.requests(env)
+	}
+	start := f.clk.Now()
+	res, err := env.Invoke(ctx, payload)
+	inv := Invocation{Duration: f.clk.Now().Sub(start)}
+	if f.requests != nil {
+		inv.DynamoRequests = f.requests(env) - before
+	}
+	f.mu.Lock()
+	f.invs = append(f.invs, inv)
+	f.stats.BilledMillis += inv.BilledMillis()
+	f.mu.Unlock()
+	return res, err
 }
 
 // Queue accepts an event for asynchronous invocation, as Invoke with
@@ -168,7 +218,7 @@ func (f *Function) take(ev *queued) {
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
-		res, err := env.Invoke(context.Background(), ev.payload)
+		res, err := f.run(context.Background(), env, ev.payload)
 		f.idle <- env
 		f.finish(ev, err != nil || functionError(res))
 		// Only after the bookkeeping: an observer told of the result must
@@ -214,7 +264,7 @@ func (f *Function) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
 	f.mu.Lock()
 	f.startLocked()
 	f.mu.Unlock()
-	res, err := env.Invoke(ctx, payload)
+	res, err := f.run(ctx, env, payload)
 	f.idle <- env
 	f.mu.Lock()
 	f.running--

@@ -388,3 +388,44 @@ func TestInvokeQueuesOrRefuses(t *testing.T) {
 		t.Errorf("stats %+v, violations %q", st, v.Violations())
 	}
 }
+
+// stepEnv is an environment whose invocation takes d on its clock and
+// makes n DynamoDB requests (counted in *made).
+type stepEnv struct {
+	clk  *manualClock
+	d    time.Duration
+	n    int
+	made *int
+}
+
+func (e *stepEnv) Invoke(context.Context, []byte) ([]byte, error) {
+	*e.made += e.n
+	e.clk.Advance(e.d)
+	return []byte(`{}`), nil
+}
+
+// TestInvocationsBilled: each invocation is timed on the function's clock
+// and billed rounded up to the millisecond, with the DynamoDB requests its
+// environment made meanwhile, for synchronous and asynchronous invokes.
+func TestInvocationsBilled(t *testing.T) {
+	clk := newManualClock()
+	made := 0
+	env := &stepEnv{clk: clk, d: 12300 * time.Microsecond, n: 3, made: &made}
+	f := NewFunction("fire", clk, Async{QueueDelay: func(*rand.Rand) time.Duration { return time.Millisecond }}, seed, env)
+	f.requests = func(Environment) int { return made }
+	if _, err := f.Invoke(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	env.d, env.n = 40*time.Millisecond, 5
+	f.Queue(nil)
+	clk.Advance(time.Millisecond)
+	f.Close()
+	got := f.Invocations()
+	want := []Invocation{{Duration: 12300 * time.Microsecond, DynamoRequests: 3}, {Duration: 40 * time.Millisecond, DynamoRequests: 5}}
+	if len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("invocations %+v, want %+v", got, want)
+	}
+	if st := f.Stats(); st.BilledMillis != 13+40 {
+		t.Errorf("billed %d ms, want 53 (12.3 ms billed as 13)", st.BilledMillis)
+	}
+}
