@@ -268,7 +268,7 @@ func Default() Config {
 			MaxConnections: DefaultMaxConnections,
 		},
 		Alarms:       Alarms{Workers: DefaultAlarmWorkers, SweepInterval: DefaultSweepInterval, ClaimTTL: DefaultClaimTTL},
-		Takedowns:    Takedowns{Overdue: takedowns.DefaultOverdue},
+		Takedowns:    Takedowns{Overdue: takedowns.DefaultOverdue, CloseAfter: takedowns.DefaultCloseAfter},
 		DrainTimeout: DefaultDrainTimeout,
 		LogLevel:     "info",
 	}
@@ -409,6 +409,9 @@ func (c *Config) validate() []error {
 	}
 	if c.Takedowns.Overdue < time.Minute || c.Takedowns.Overdue > 365*24*time.Hour {
 		bad(at("takedowns", "overdue"), "takedowns.overdue %v: want 1m..8760h", c.Takedowns.Overdue)
+	}
+	if c.Takedowns.CloseAfter < time.Hour || c.Takedowns.CloseAfter > 10*365*24*time.Hour {
+		bad(at("takedowns", "close_after"), "takedowns.close_after %v: want 1h..87600h", c.Takedowns.CloseAfter)
 	}
 	for _, name := range slices.Sorted(maps.Keys(c.Principals)) {
 		if err := checkPrincipalName(name); err != nil {

@@ -154,7 +154,7 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 	if err != nil {
 		return err
 	}
-	owner := &takedowns.Owner{Relay: relay, Roots: roots, Logger: log}
+	owner := &takedowns.Owner{Relay: relay, Roots: roots, Logger: log, CloseAfter: cfg.Takedowns.CloseAfter}
 	ownerKick := make(chan struct{}, 1)
 	replica := cfg.Alarms.Replica
 	if replica == "" {

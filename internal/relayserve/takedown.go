@@ -22,6 +22,10 @@ type Takedowns struct {
 	// Overdue (takedowns.overdue, default 24h) is how long after its
 	// request a holder's order is reported overdue.
 	Overdue time.Duration `yaml:"overdue"`
+	// CloseAfter (takedowns.close_after, default 720h) is how long a
+	// complete takedown stays watched after its last receipt or waiver
+	// (takedowns.Owner.CloseAfter).
+	CloseAfter time.Duration `yaml:"close_after"`
 }
 
 // takedownRoots loads the CA receipts are verified against (nil: none

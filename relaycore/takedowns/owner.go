@@ -29,7 +29,16 @@ type Owner struct {
 	// Logger receives the audit lines (requests, waivers, receipts,
 	// orders, overdue holders); nil discards.
 	Logger *slog.Logger
+	// CloseAfter is how long a complete takedown stays watched after its
+	// last receipt or waiver: for late holders (a node that reports the
+	// content again) and in every pass's cost. Then the owner takes it off
+	// the open list; its status and receipts stay readable. Zero:
+	// DefaultCloseAfter; negative: never.
+	CloseAfter time.Duration
 }
+
+// DefaultCloseAfter is Owner.CloseAfter's default.
+const DefaultCloseAfter = 30 * 24 * time.Hour
 
 // Errors of the Owner's calls. Each refusal changes nothing.
 var (

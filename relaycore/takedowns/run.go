@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/relay-dev/relay/relaycore"
 )
@@ -19,6 +20,8 @@ type RunResult struct {
 	// Ordered counts orders written, LateRequests requests for late
 	// holders.
 	Ordered, LateRequests int
+	// Closed counts complete takedowns taken off the open list.
+	Closed int
 	// Pending and Overdue count holders without a receipt or waiver, and
 	// those whose timer passed: reported, never dropped (their orders
 	// stay, and the next pass counts them again).
@@ -104,6 +107,15 @@ func (o *Owner) runOne(ctx context.Context, id string, res *RunResult) error {
 	st := v.status(now, o.Roots)
 	if st.Complete {
 		res.Complete++
+		if ready && o.closeAfter() > 0 && !v.lastProof().Add(o.closeAfter()).After(now) {
+			row := relaycore.Row{Target: OpenTarget, Deletes: []string{id}}
+			if _, err := o.enqueue(ctx, ControlSource, idemKey("c", id), []relaycore.Row{row}); err != nil {
+				return err
+			}
+			o.log().Info("takedown closed: complete, no longer watched", "takedown", id, "content_id", v.meta.ContentID,
+				"holders", st.HoldersExpected, "receipts", st.ReceiptsVerified, "waived", st.Waived)
+			res.Closed++
+		}
 	}
 	res.Pending += st.Pending
 	res.Overdue += st.Overdue
@@ -183,4 +195,28 @@ func (v *view) lateRequest(node string) (relaycore.ContentTakedownV1, bool) {
 	}
 	t.RequestedMS = max(h.ReportedMS, last.RequestedMS+1)
 	return t, true
+}
+
+func (o *Owner) closeAfter() time.Duration {
+	if o.CloseAfter == 0 {
+		return DefaultCloseAfter
+	}
+	return o.CloseAfter
+}
+
+// lastProof is when the takedown last changed towards complete: its latest
+// receipt's eviction or waiver, or its request.
+func (v *view) lastProof() time.Time {
+	last := time.UnixMilli(v.meta.RequestedMS)
+	for _, line := range v.receipts {
+		if at, err := verifyStoredForm(line); err == nil && at.After(last) {
+			last = at
+		}
+	}
+	for _, w := range v.waivers {
+		if at := time.UnixMilli(w.AtMS); at.After(last) {
+			last = at
+		}
+	}
+	return last
 }
