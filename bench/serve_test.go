@@ -11,8 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	bbolt "go.etcd.io/bbolt"
 
+	"github.com/relay-dev/relay/infra/postgres/pgtest"
 	"github.com/relay-dev/relay/internal/relayserve/servetest"
 	"github.com/relay-dev/relay/lambda/api"
 )
@@ -61,18 +63,113 @@ func BenchmarkServeThroughput(b *testing.B) {
 		b.Fatal(err)
 	}
 	for _, clients := range []int{1, 4} {
-		b.Run(fmt.Sprintf("producers=%d", clients), func(b *testing.B) { serveThroughput(b, bin, clients) })
+		b.Run(fmt.Sprintf("producers=%d", clients), func(b *testing.B) { serveThroughput(b, bin, clients, boltStore) })
 	}
 }
 
-func serveThroughput(b *testing.B, bin string, clients int) {
+// BenchmarkServeThroughputPostgres: the same load through one `relay serve`
+// on PostgreSQL (the pgtest cluster: Unix socket, fsync and
+// synchronous_commit off, so CPU and round trips, not the disk), against
+// the same rows inserted raw into a plain table of the same cluster in
+// transactions of 100 (BEGIN, 100 pipelined INSERTs, COMMIT), just before
+// each round, each round on a new database. Also reported, read from
+// pg_stat_database after relay serve stopped (its backends flush their
+// counts on exit): transactions and tuples written per delivered row.
+func BenchmarkServeThroughputPostgres(b *testing.B) {
+	pgtest.Get(b) // skips, with the install message, without PostgreSQL
+	bin, err := servetest.Build(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, clients := range []int{1, 4} {
+		b.Run(fmt.Sprintf("producers=%d", clients), func(b *testing.B) { serveThroughput(b, bin, clients, postgresStore) })
+	}
+}
+
+// A round's store: the raw baseline's time for rows in transactions of
+// batch, the config lines putting relay serve on the same store, and,
+// called after relay serve stopped, what the store counted (nil: nothing).
+type roundStore struct {
+	rawName string // the raw rate's metric
+	round   func(b *testing.B, dir string, rows, batch int) (raw time.Duration, cfg string, counts func() map[string]float64)
+}
+
+var (
+	boltStore     = roundStore{"raw-bbolt-puts/s", boltRound}
+	postgresStore = roundStore{"raw-pg-inserts/s", postgresRound}
+)
+
+func boltRound(b *testing.B, dir string, rows, batch int) (time.Duration, string, func() map[string]float64) {
+	return rawPutTime(b, dir, rows, batch), fmt.Sprintf("db: %s\n", filepath.Join(dir, "relay.db")), nil
+}
+
+func postgresRound(b *testing.B, _ string, rows, batch int) (time.Duration, string, func() map[string]float64) {
+	ctx := b.Context()
+	dsn := pgtest.NewDatabase(b)
+	pool := pgtest.Pool(b, dsn, 1)
+	if _, err := pool.Exec(ctx, `CREATE TABLE raw (k bytea PRIMARY KEY, v bytea NOT NULL)`); err != nil {
+		b.Fatal(err)
+	}
+	v := make([]byte, valueBytes)
+	start := time.Now()
+	for i := 0; i < rows; i += batch {
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			q := &pgx.Batch{}
+			for j := i; j < i+batch; j++ {
+				q.Queue(`INSERT INTO raw (k, v) VALUES ($1, $2)`, fmt.Appendf(nil, "user/%011d", j), v)
+			}
+			return tx.SendBatch(ctx, q).Close()
+		}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	raw := time.Since(start)
+	// The baseline's own counts, taken now (this pool's backend flushes
+	// them on demand) and subtracted from the round's.
+	stats := func() (commits, written float64) {
+		var c, w int64
+		if _, err := pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
+			b.Fatal(err)
+		}
+		// relay serve's backends flush their counts as they exit, which
+		// may be just after the process is gone: wait for them to go.
+		for {
+			var others int
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&others); err != nil {
+				b.Fatal(err)
+			}
+			if others == 0 {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err := pool.QueryRow(ctx, `SELECT xact_commit + xact_rollback, tup_inserted + tup_updated + tup_deleted FROM pg_stat_database WHERE datname = current_database()`).Scan(&c, &w); err != nil {
+			b.Fatal(err)
+		}
+		return float64(c), float64(w)
+	}
+	c0, w0 := stats()
+	cfg := fmt.Sprintf("store: {type: postgres, postgres: {dsn: %q}}\n", dsn)
+	return raw, cfg, func() map[string]float64 {
+		c1, w1 := stats()
+		return map[string]float64{
+			"xacts/row":        (c1 - c0 - 2) / float64(rows), // less the two stats queries
+			"raw-xacts/row":    float64(rows/batch) / float64(rows),
+			"tuple-writes/row": (w1 - w0) / float64(rows),
+		}
+	}
+}
+
+func serveThroughput(b *testing.B, bin string, clients int, store roundStore) {
 	const rows, batch, targets, rounds = 4000, 100, 8, 5
 	var serveDurs, rawDurs []time.Duration
+	counted := map[string][]float64{}
 	for range b.N * rounds {
 		dir := b.TempDir()
-		rawDurs = append(rawDurs, rawPutTime(b, dir, rows, batch))
+		raw, storeCfg, counts := store.round(b, dir, rows, batch)
+		rawDurs = append(rawDurs, raw)
 
-		cfg := fmt.Sprintf("listen: 127.0.0.1:0\ndb: %s\nbudget: {plan: paid}\nlog_level: error\nauth: {anonymous: {produce: [\"*\"], read: true}}\n", filepath.Join(dir, "relay.db"))
+		cfg := "listen: 127.0.0.1:0\n" + storeCfg + "budget: {plan: paid}\nlog_level: error\nauth: {anonymous: {produce: [\"*\"], read: true}}\n"
 		p := servetest.Start(b, bin, servetest.WriteConfig(b, cfg))
 		client := p.Client(nil)
 		w := workload{targets: targets}
@@ -144,6 +241,11 @@ func serveThroughput(b *testing.B, bin string, clients int) {
 		if code := p.Stop(b); code != 0 {
 			b.Fatalf("relay serve exited %d", code)
 		}
+		if counts != nil {
+			for k, v := range counts() {
+				counted[k] = append(counted[k], v)
+			}
+		}
 	}
 	// The ratio is taken per round, raw and served back to back, then the
 	// median: the disk's fsync time drifts with whatever else runs, and a
@@ -154,6 +256,10 @@ func serveThroughput(b *testing.B, bin string, clients int) {
 	}
 	slices.Sort(ratios)
 	b.ReportMetric(float64(rows)/median(serveDurs).Seconds(), "serve-rows/s")
-	b.ReportMetric(float64(rows)/median(rawDurs).Seconds(), "raw-bbolt-puts/s")
+	b.ReportMetric(float64(rows)/median(rawDurs).Seconds(), store.rawName)
 	b.ReportMetric(ratios[len(ratios)/2], "serve/raw")
+	for k, vs := range counted {
+		slices.Sort(vs)
+		b.ReportMetric(vs[len(vs)/2], k)
+	}
 }
