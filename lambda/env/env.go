@@ -105,7 +105,9 @@ type Config struct {
 	// owner (takedown.go).
 	TakedownRoots   *x509.CertPool
 	TakedownOverdue time.Duration
-	HoldNodes       map[string]string
+	// TakedownCloseAfter is takedowns.Owner.CloseAfter.
+	TakedownCloseAfter time.Duration
+	HoldNodes          map[string]string
 }
 
 // Parse reads the configuration through getenv (os.Getenv in mains) and

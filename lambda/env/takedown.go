@@ -18,6 +18,10 @@ const (
 	// VarTakedownOverdue is how long after its request a holder's order is
 	// overdue (a Go duration, 1m..8760h; default 24h).
 	VarTakedownOverdue = "TAKEDOWN_OVERDUE"
+	// VarTakedownCloseAfter is how long a complete takedown stays watched
+	// after its last receipt or waiver (takedowns.Owner.CloseAfter; a Go
+	// duration, 1h..87600h; default 720h).
+	VarTakedownCloseAfter = "TAKEDOWN_CLOSE_AFTER"
 	// VarHoldNodes maps IAM callers of the producer function URL to the
 	// node ids they are, for the hold routes: comma-separated
 	// <principal>=<node>, where principal is an IAM user ARN or a role ARN
@@ -35,6 +39,15 @@ func parseTakedowns(get func(string) string, bad func(string, ...any), c *Config
 			bad("%s=%q: want a duration 1m..8760h", VarTakedownOverdue, v)
 		} else {
 			c.TakedownOverdue = d
+		}
+	}
+	c.TakedownCloseAfter = takedowns.DefaultCloseAfter
+	if v := get(VarTakedownCloseAfter); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < time.Hour || d > 10*365*24*time.Hour {
+			bad("%s=%q: want a duration 1h..87600h", VarTakedownCloseAfter, v)
+		} else {
+			c.TakedownCloseAfter = d
 		}
 	}
 	if v := get(VarTakedownCA); v != "" {

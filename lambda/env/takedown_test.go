@@ -52,8 +52,9 @@ func TestTakedownVars(t *testing.T) {
 	vars[VarTakedownCA] = "-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----\n"
 	vars[VarTakedownOverdue] = "10s"
 	vars[VarHoldNodes] = "nope"
+	vars[VarTakedownCloseAfter] = "1m"
 	_, err := Parse(getenv(vars))
-	for _, want := range []string{VarTakedownCA, VarTakedownOverdue, VarHoldNodes} {
+	for _, want := range []string{VarTakedownCA, VarTakedownOverdue, VarHoldNodes, VarTakedownCloseAfter} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s not refused: %v", want, err)
 		}

@@ -160,7 +160,7 @@ func Wire(cfg Config, awsCfg aws.Config, logger *slog.Logger) (*Deps, error) {
 		DeliverConcurrency: cfg.DeliverConcurrency,
 		Hook:               takedowns.Hook{Delay: cfg.TakedownOverdue},
 	}
-	d.Takedowns = &takedowns.Owner{Relay: d.Relay, Roots: cfg.TakedownRoots, Logger: logger}
+	d.Takedowns = &takedowns.Owner{Relay: d.Relay, Roots: cfg.TakedownRoots, Logger: logger, CloseAfter: cfg.TakedownCloseAfter}
 	return d, nil
 }
 
