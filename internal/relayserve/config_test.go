@@ -67,6 +67,8 @@ func TestParseRefuses(t *testing.T) {
 		{"anonymous principal", minimal + "principals: {anonymous: {read: true}}\n", []string{"anonymous is reserved"}},
 		{"bad limits", minimal + "limits: {max_body_bytes: 10, read_timeout: -1s}\n", []string{"limits.max_body_bytes 10", "limits.read_timeout -1s"}},
 		{"claim ttl too short", minimal + "alarms: {claim_ttl: 100ms}\n", []string{"alarms.claim_ttl 100ms: want 1s..5m"}},
+		{"replica name with a space", minimal + "alarms: {replica: \"node a\"}\n", []string{`alarms.replica "node a": want at most 128 bytes`}},
+		{"replica name too long", minimal + "alarms: {replica: " + strings.Repeat("r", 129) + "}\n", []string{"alarms.replica", "at most 128 bytes"}},
 		{"bad log level", minimal + "log_level: loud\n", []string{`log_level "loud"`}},
 		{"same targets file", minimal + "targets: {db: relay.db}\n", []string{"targets.db is the same file"}},
 	} {

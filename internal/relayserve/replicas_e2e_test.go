@@ -291,6 +291,9 @@ func replicasKilledInTurn(t *testing.T, store string, restartDB func()) {
 	for i := range set.procs {
 		p, c := set.get(i)
 		r := do(t, c, "GET", p.URL+"/metrics", reader, nil)
+		if want := fmt.Sprintf("relay_replica_info{replica=\"r%d\"} 1\n", i); !strings.Contains(string(r.body), want) {
+			t.Errorf("r%d's metrics lack %q", i, want)
+		}
 		t.Logf("r%d since its last start: %s", i, metricLines(string(r.body), "relay_alarms_total{", "relay_alarm_checks_total{"))
 	}
 	for i := range set.procs {
