@@ -35,7 +35,9 @@ import (
 //
 // Compared with bare minidyn it adds:
 //   - table-level locking: minidyn's CreateTable/DeleteTable mutate its
-//     table map without its own mutex, so they run exclusively here;
+//     table map without its own mutex, and its DescribeTable counts a
+//     table's items without the table's (racing every write), so they run
+//     exclusively here;
 //   - ClientRequestToken idempotency for TransactWriteItems, which minidyn
 //     ignores but DynamoDB honours (a repeated token with the same request
 //     returns success without applying again; with a different request it
@@ -183,7 +185,7 @@ func (e *Endpoint) handle(w http.ResponseWriter, r *http.Request) {
 	op := r.Header.Get("X-Amz-Target")
 	op = op[strings.LastIndexByte(op, '.')+1:]
 	switch op {
-	case "CreateTable", "DeleteTable", "UpdateTable":
+	case "CreateTable", "DeleteTable", "UpdateTable", "DescribeTable":
 		e.tableMu.Lock()
 		defer e.tableMu.Unlock()
 	default:

@@ -2,6 +2,7 @@ package dynamoemu_test
 
 import (
 	"errors"
+	"strconv"
 	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -106,5 +107,48 @@ func TestBatchGetItemDuplicateKeys(t *testing.T) {
 	var api smithy.APIError
 	if _, err := get("a", "b", "a"); !errors.As(err, &api) || api.ErrorCode() != "ValidationException" {
 		t.Fatalf("batch get with a duplicate key = %v, want ValidationException", err)
+	}
+}
+
+// DescribeTable while items are written (a relay serve replica starting,
+// which checks its tables, while the others enqueue): minidyn's DescribeTable
+// reads a table's key list without the table's lock, so the endpoint runs
+// it exclusively. Under -race, this test fails without that.
+func TestDescribeTableDuringWrites(t *testing.T) {
+	ctx := t.Context()
+	e := dynamotest.Start(t)
+	c := e.Client(nil)
+	_, err := c.CreateTable(ctx, &dynamodb.CreateTableInput{
+		TableName:            aws.String("t"),
+		AttributeDefinitions: []types.AttributeDefinition{{AttributeName: aws.String("id"), AttributeType: types.ScalarAttributeTypeS}},
+		KeySchema:            []types.KeySchemaElement{{AttributeName: aws.String("id"), KeyType: types.KeyTypeHash}},
+		BillingMode:          types.BillingModePayPerRequest,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 50
+	done := make(chan error, 1)
+	go func() {
+		for i := range n {
+			if _, err := c.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String("t"),
+				Item: map[string]types.AttributeValue{"id": &types.AttributeValueMemberS{Value: strconv.Itoa(i)}}}); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	for range n {
+		if _, err := c.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String("t")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String("t")})
+	if err != nil || aws.ToInt64(out.Table.ItemCount) != n {
+		t.Fatalf("item count %v, %v; want %d", out, err, n)
 	}
 }
