@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/relay-dev/relay/infra/dynamo"
+	"github.com/relay-dev/relay/infra/dynamoemu"
 	"github.com/relay-dev/relay/lambda/api"
 	"github.com/relay-dev/relay/relaycore"
 )
@@ -145,4 +148,42 @@ func TestPruneApplied(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestPruneThroughProxy: the front in front of a listening emulator (the
+// real-process deployment's path: a reverse proxy on 127.0.0.1) records
+// an apply through the real SDK and store, then deletes the row's target
+// item and keeps the rh record.
+func TestPruneThroughProxy(t *testing.T) {
+	ep, err := dynamoemu.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	if err := dynamo.CreateTable(t.Context(), ep.Client(nil), TargetTable); err != nil {
+		t.Fatal(err)
+	}
+	front, err := newDynamoFront(ep.URL, TargetTable, nil, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	front.prune = true
+	srv := httptest.NewServer(front)
+	defer srv.Close()
+	st := dynamo.New(dynamoemu.NewClient(srv.URL, nil), TargetTable, dynamo.Options{})
+	rh := relaycore.ReservedPrefix + "rh/orders"
+	err = st.Apply(t.Context(), "t0", relaycore.Batch{Writes: []relaycore.Write{{Key: "row/1", Value: []byte("v")}, {Key: rh, Value: []byte("1")}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	direct := dynamo.New(ep.Client(nil), TargetTable, dynamo.Options{})
+	if _, ok, err := direct.Get(t.Context(), "t0", "row/1"); err != nil || ok {
+		t.Errorf("row/1 still in the table (%v %v)", ok, err)
+	}
+	if v, ok, err := direct.Get(t.Context(), "t0", rh); err != nil || !ok || string(v) != "1" {
+		t.Errorf("rh record %q %v %v, want kept", v, ok, err)
+	}
+	if _, ok := front.applied["row/1"]; !ok {
+		t.Error("the apply of row/1 was not recorded")
+	}
 }

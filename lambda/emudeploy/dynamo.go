@@ -88,9 +88,7 @@ func (d *dynamoFront) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 	d.rp.ServeHTTP(rec, r)
 	if rec.status == http.StatusOK {
-		if keys := d.recordApplied(body); d.prune {
-			d.deleteApplied(keys)
-		}
+		d.recordApplied(body)
 	}
 }
 
@@ -131,9 +129,11 @@ func accessKey(r *http.Request) string {
 }
 
 // recordApplied notes the target-table keys a committed transaction put,
-// and returns the (partition, key) of each row item among them (not the
-// engine's own records under relaycore.ReservedPrefix).
-func (d *dynamoFront) recordApplied(body []byte) (rows [][2]string) {
+// at the time it committed; with prune it first deletes the row items
+// among them (not the engine's own records under
+// relaycore.ReservedPrefix), so a waiter told of the apply finds them
+// gone.
+func (d *dynamoFront) recordApplied(body []byte) {
 	var tx struct {
 		TransactItems []struct {
 			Put *struct {
@@ -143,21 +143,32 @@ func (d *dynamoFront) recordApplied(body []byte) (rows [][2]string) {
 		}
 	}
 	if json.Unmarshal(body, &tx) != nil {
-		return nil
+		return
 	}
 	now := time.Now()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	fresh := false
+	var keys []string
+	var rows [][2]string
 	for _, it := range tx.TransactItems {
 		if it.Put == nil || it.Put.TableName != d.targetTable {
 			continue
 		}
 		k := it.Put.Item[dynamo.AttrKey].S
-		if k != "" && !strings.HasPrefix(k, relaycore.ReservedPrefix) {
+		if k == "" {
+			continue
+		}
+		keys = append(keys, k)
+		if !strings.HasPrefix(k, relaycore.ReservedPrefix) {
 			rows = append(rows, [2]string{it.Put.Item[dynamo.AttrPartition].S, k})
 		}
-		if _, ok := d.applied[k]; !ok && k != "" {
+	}
+	if d.prune {
+		d.deleteApplied(rows)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	fresh := false
+	for _, k := range keys {
+		if _, ok := d.applied[k]; !ok {
 			d.applied[k] = now
 			fresh = true
 		}
@@ -166,7 +177,6 @@ func (d *dynamoFront) recordApplied(body []byte) (rows [][2]string) {
 		close(d.changed)
 		d.changed = make(chan struct{})
 	}
-	return rows
 }
 
 type statusRecorder struct {
