@@ -32,7 +32,12 @@
 // real bootstraps under the runtime emulator on wall time, with the
 // Scheduler-only kick and the fast kick side by side; TestLatencyModel runs
 // the same cases in process on virtual time (testing/synctest), a
-// discrete-event model whose figures do not depend on the machine.
+// discrete-event model whose figures do not depend on the machine
+// (RELAY_LATENCY_FULL=1: issue 25's full sizes, which make bench runs in
+// the model). Both time every api and fire invocation and, with
+// -lambda-durations FILE, write the billed duration fitted to them
+// (bench.LambdaDurations), which the bill (bench) prices Lambda
+// GB-seconds from: bench/testdata/lambda-durations.json.
 //
 // `make bench` runs both; docs/benchmarks.md and docs/deploy.md hold the
 // figures. The package holds tests only.
