@@ -450,3 +450,22 @@ func TestCloseAfterComplete(t *testing.T) {
 		t.Fatalf("status after closing: %+v", st)
 	}
 }
+
+// An open entry whose record never came (a request whose commits were cut
+// short after it) is dropped once everything for it is delivered.
+func TestOpenWithoutRecord(t *testing.T) {
+	e := newEnv(t, mem.New(relaycore.Capabilities{}), mem.New(relaycore.Capabilities{}))
+	row := relaycore.Row{Target: takedowns.OpenTarget, Puts: []relaycore.KV{{Key: "1800000000123-00000000", Value: []byte("{}")}}}
+	if _, err := e.relay.Enqueue(e.ctx, takedowns.ControlSource, []relaycore.Row{row}, relaycore.EnqueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.deliver()
+	if r := e.run(); r.Open != 0 {
+		t.Fatalf("run: %+v", r)
+	}
+	e.deliver()
+	pg, err := relaycore.ReadTarget(e.ctx, e.dst, takedowns.OpenTarget, relaycore.TargetReadRequest{})
+	if err != nil || len(pg.Items) != 0 {
+		t.Fatalf("open list: %+v %v", pg.Items, err)
+	}
+}

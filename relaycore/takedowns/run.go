@@ -65,10 +65,23 @@ func (o *Owner) runOne(ctx context.Context, id string, res *RunResult) error {
 		return err
 	}
 	v, err := o.load(ctx, id)
-	if errors.Is(err, ErrNotFound) || errors.Is(err, ErrNotYet) {
+	if errors.Is(err, ErrNotYet) {
 		// The open entry commits before the record, in one batch or the
 		// one before it: the record is on its way.
 		res.Waiting++
+		return nil
+	}
+	if errors.Is(err, ErrNotFound) {
+		// Everything the control source took for the takedown is
+		// delivered and there is no record: the request's commits were
+		// cut short after the open entry (its answer was an error). Not a
+		// takedown: off the list.
+		row := relaycore.Row{Target: OpenTarget, Deletes: []string{id}}
+		if _, err := o.enqueue(ctx, ControlSource, idemKey("x", id), []relaycore.Row{row}); err != nil {
+			return err
+		}
+		o.log().Warn("takedown without a record dropped from the open list (its request failed part way)", "takedown", id)
+		res.Open--
 		return nil
 	}
 	if err != nil {
