@@ -201,7 +201,12 @@ func runWorkload(tools emuTools, v variant, w workload, seed uint64) (outcome, e
 	if bad := d.Violations(); len(bad) != 0 {
 		return outcome{}, fmt.Errorf("%s: contract violations: %q", v.name, bad)
 	}
-	r := outcome{start: start, rows: len(keys), st: d.Stats(), wall: time.Since(start), enqueueEnd: enqueueEnd, retried: retried,
+	wall := time.Since(start)
+	// Close waits for the invocations still running (the fire that
+	// applied the last rows has its checkpoint to write), so that every
+	// started invocation is timed; Stats and Applied stay readable.
+	d.Close()
+	r := outcome{start: start, rows: len(keys), st: d.Stats(), wall: wall, enqueueEnd: enqueueEnd, retried: retried,
 		invs: map[string][]emudeploy.Invocation{"api": d.Invocations("api"), "fire": d.Invocations("fire")}}
 	applied := d.Applied()
 	for _, k := range keys {

@@ -329,7 +329,9 @@ func (d *Deployment) serve(name string, h http.Handler) (string, error) {
 	return "http://" + srv.Addr, nil
 }
 
-// Close stops the sweep, the functions, the endpoints and the processes.
+// Close stops the sweep, the functions (waiting for the invocations that
+// run), the endpoints and the processes. It may be called again; Stats,
+// Invocations and Applied still answer after it.
 func (d *Deployment) Close() {
 	select {
 	case <-d.stopSweep:
