@@ -30,6 +30,16 @@ var (
 	// twice, an empty key). The batch was surely not applied.
 	ErrInvalidBatch = errors.New("invalid batch")
 
+	// ErrUnavailable marks a store error of the store being out of reach
+	// or overloaded for the moment (a connection refused or lost, a
+	// timeout, throttling beyond the store's retries, a server shutting
+	// down or in recovery), not of the request: the same call may succeed
+	// later. Any Store call may return it. From Apply it comes alone when
+	// the batch was surely not applied and together with ErrMaybeApplied
+	// when it may have been. Stores wrap it; a host answers it as "retry
+	// later" (the HTTP API: 503 unavailable) instead of an internal error.
+	ErrUnavailable = errors.New("store unavailable")
+
 	// ErrNoDueIndex means a wrapper (CountingStore) was asked for due
 	// entries but the store it wraps keeps no due index. Nothing was read.
 	ErrNoDueIndex = errors.New("store has no due index")

@@ -207,12 +207,12 @@ func (s *Store) Apply(ctx context.Context, p relaycore.Partition, b relaycore.Ba
 		}
 		if n >= s.opts.Retry.MaxAttempts || ctx.Err() != nil {
 			if firstAmbiguous != nil {
-				return fmt.Errorf("apply %s: %w: gave up after %d attempts: %w", p, relaycore.ErrMaybeApplied, n, err)
+				return fmt.Errorf("apply %s: %w (%w): gave up after %d attempts: %w", p, relaycore.ErrMaybeApplied, relaycore.ErrUnavailable, n, err)
 			}
 			if ctx.Err() != nil {
 				return fmt.Errorf("apply %s: %w (last error: %w)", p, ctx.Err(), err)
 			}
-			return fmt.Errorf("apply %s: %w after %d attempts: %w", p, ErrRetriesExhausted, n, err)
+			return fmt.Errorf("apply %s: %w (%w) after %d attempts: %w", p, ErrRetriesExhausted, relaycore.ErrUnavailable, n, err)
 		}
 		s.stats.retries.Add(1)
 		if serr := s.opts.Sleep(ctx, s.backoff(token, n)); serr != nil {

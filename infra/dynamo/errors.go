@@ -13,7 +13,10 @@ import (
 // ErrRetriesExhausted means a request was throttled or conflicted on every
 // attempt the RetryPolicy allowed. From Apply it means the batch was surely
 // not applied (it is never combined with relaycore.ErrMaybeApplied unless
-// an earlier attempt was ambiguous, in which case the error says so).
+// an earlier attempt was ambiguous, in which case the error says so). It
+// always comes with relaycore.ErrUnavailable (as does an Apply that gave up
+// after ambiguous attempts, with ErrMaybeApplied): a host answers it as
+// "retry later".
 var ErrRetriesExhausted = errors.New("dynamodb: retries exhausted")
 
 // failure classifies an error from one DynamoDB request.

@@ -109,7 +109,7 @@ func (s *Store) batchGet(ctx context.Context, p relaycore.Partition, keys []stri
 			stalls++
 		}
 		if stalls >= s.opts.Retry.MaxAttempts {
-			return fmt.Errorf("%w after %d attempts: %d keys unprocessed", ErrRetriesExhausted, stalls, len(left))
+			return fmt.Errorf("%w (%w) after %d attempts: %d keys unprocessed", ErrRetriesExhausted, relaycore.ErrUnavailable, stalls, len(left))
 		}
 		s.stats.retries.Add(1)
 		if err := s.opts.Sleep(ctx, s.backoff(seed, min(round, 30))); err != nil {

@@ -400,7 +400,7 @@ func (s *Store) retryRead(ctx context.Context, seed string, call func() error) e
 			return err
 		}
 		if n >= s.opts.Retry.MaxAttempts {
-			return fmt.Errorf("%w after %d attempts: %w", ErrRetriesExhausted, n, err)
+			return fmt.Errorf("%w (%w) after %d attempts: %w", ErrRetriesExhausted, relaycore.ErrUnavailable, n, err)
 		}
 		s.stats.retries.Add(1)
 		if serr := s.opts.Sleep(ctx, s.backoff(seed, n)); serr != nil {

@@ -69,7 +69,7 @@ SELECT i FROM failed`
 // batches; errors follow sendError.
 func (s *Store) Apply(ctx context.Context, p relaycore.Partition, b relaycore.Batch) error {
 	if err := s.ready(ctx); err != nil {
-		return fmt.Errorf("apply %s: %w", p, err)
+		return fmt.Errorf("apply %s: %w", p, unavailable(err))
 	}
 	if err := s.caps.Check(p, b); err != nil {
 		return fmt.Errorf("apply %s: %w", p, err)
@@ -79,14 +79,14 @@ func (s *Store) Apply(ctx context.Context, p relaycore.Partition, b relaycore.Ba
 	}
 	conn, err := s.db.pool.Acquire(ctx)
 	if err != nil {
-		return fmt.Errorf("apply %s: %w", p, err)
+		return fmt.Errorf("apply %s: %w", p, unavailable(err))
 	}
 	defer conn.Release()
 	// Prepared before the pipeline (once per connection), so the pipeline
 	// itself only executes: a failure to prepare is surely not applied.
 	for _, sql := range []string{lockSQL, applySQL} {
 		if _, err := conn.Conn().Prepare(ctx, sql, sql); err != nil {
-			return fmt.Errorf("apply %s: prepare: %w", p, err)
+			return fmt.Errorf("apply %s: prepare: %w", p, unavailable(err))
 		}
 	}
 	args := s.applyArgs(p, b)

@@ -24,5 +24,9 @@
 // and every error before the pipeline is sent or answered by the server
 // with an error mean surely not applied; a connection lost or a context
 // ended once the pipeline may have reached its commit means maybe applied
-// (relaycore.ErrMaybeApplied). See sendError.
+// (relaycore.ErrMaybeApplied). See sendError. Every call's error of the
+// database being out of reach or refusing for the moment (a connection
+// refused, cut or timed out; SQLSTATE classes 08 and 53, a shutdown, a
+// recovery, a statement or lock timeout, a standby) also wraps
+// relaycore.ErrUnavailable, alone or with ErrMaybeApplied. See unavailable.
 package postgres

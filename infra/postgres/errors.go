@@ -1,8 +1,13 @@
 package postgres
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"strings"
+	"syscall"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -56,11 +61,55 @@ func checkKeys(b relaycore.Batch) error {
 // told from one reported after it.
 func sendError(err error, committing bool) error {
 	if pgconn.SafeToRetry(err) {
-		return err
+		return unavailable(err)
 	}
 	var pe *pgconn.PgError
 	if !committing && errors.As(err, &pe) {
+		return unavailable(err)
+	}
+	return fmt.Errorf("%w: %w", relaycore.ErrMaybeApplied, unavailable(err))
+}
+
+// unavailable wraps err with relaycore.ErrUnavailable when it is the
+// database's being out of reach or overloaded rather than the request's
+// fault, so a host answers "retry later": the connection failed, was cut
+// or timed out, or the server refused for the moment (its SQLSTATE says
+// so: transient classes below). A caller that gave up (context.Canceled)
+// and every other server error (a constraint, a privilege, a bug) stay as
+// they are.
+func unavailable(err error) error {
+	if err == nil || errors.Is(err, relaycore.ErrUnavailable) || errors.Is(err, context.Canceled) {
 		return err
 	}
-	return fmt.Errorf("%w: %w", relaycore.ErrMaybeApplied, err)
+	if transient(err) {
+		return fmt.Errorf("%w: %w", relaycore.ErrUnavailable, err)
+	}
+	return err
+}
+
+// transientStates are the SQLSTATEs of a server that cannot do the work
+// now but may in a moment. Classes: 08 connection exception, 53
+// insufficient resources (too many connections, out of memory or disk).
+var transientStates = map[string]bool{
+	"57P01": true, // admin_shutdown: the server is stopping
+	"57P02": true, // crash_shutdown
+	"57P03": true, // cannot_connect_now: starting up or in recovery
+	"57014": true, // query_canceled: statement_timeout
+	"40001": true, // serialization_failure
+	"40P01": true, // deadlock_detected
+	"55P03": true, // lock_not_available: lock_timeout
+	"25006": true, // read_only_sql_transaction: a standby, as during a failover
+}
+
+func transient(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return strings.HasPrefix(pe.Code, "08") || strings.HasPrefix(pe.Code, "53") || transientStates[pe.Code]
+	}
+	var ce *pgconn.ConnectError
+	var ne net.Error
+	return errors.As(err, &ce) || errors.As(err, &ne) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, pgconn.ErrConnClosed)
 }

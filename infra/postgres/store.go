@@ -32,7 +32,7 @@ func (s *Store) Name() string { return s.name }
 // Get implements relaycore.Store with one statement on the primary key.
 func (s *Store) Get(ctx context.Context, p relaycore.Partition, key string) ([]byte, bool, error) {
 	if err := s.ready(ctx); err != nil {
-		return nil, false, fmt.Errorf("get %s: %w", p, err)
+		return nil, false, fmt.Errorf("get %s: %w", p, unavailable(err))
 	}
 	if !readable(p, key) {
 		return nil, false, nil
@@ -44,7 +44,7 @@ func (s *Store) Get(ctx context.Context, p relaycore.Partition, key string) ([]b
 		return nil, false, nil
 	}
 	if err != nil {
-		return nil, false, fmt.Errorf("get %s: %w", p, err)
+		return nil, false, fmt.Errorf("get %s: %w", p, unavailable(err))
 	}
 	if v == nil {
 		v = []byte{}
@@ -63,7 +63,7 @@ const getManySQL = `SELECT w.k, (SELECT it.value FROM relay_items it WHERE it.st
 // key is read from one snapshot (as infra/bolt, unlike infra/dynamo).
 func (s *Store) GetMany(ctx context.Context, p relaycore.Partition, keys []string) (map[string][]byte, error) {
 	if err := s.ready(ctx); err != nil {
-		return nil, fmt.Errorf("get many %s: %w", p, err)
+		return nil, fmt.Errorf("get many %s: %w", p, unavailable(err))
 	}
 	out := make(map[string][]byte, len(keys))
 	want := make([][]byte, 0, len(keys))
@@ -80,7 +80,7 @@ func (s *Store) GetMany(ctx context.Context, p relaycore.Partition, keys []strin
 	}
 	rows, err := s.db.pool.Query(ctx, getManySQL, s.name, []byte(p), want)
 	if err != nil {
-		return nil, fmt.Errorf("get many %s: %w", p, err)
+		return nil, fmt.Errorf("get many %s: %w", p, unavailable(err))
 	}
 	var k, v []byte
 	_, err = pgx.ForEachRow(rows, []any{&k, &v}, func() error {
@@ -90,7 +90,7 @@ func (s *Store) GetMany(ctx context.Context, p relaycore.Partition, keys []strin
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("get many %s: %w", p, err)
+		return nil, fmt.Errorf("get many %s: %w", p, unavailable(err))
 	}
 	return out, nil
 }
@@ -101,7 +101,7 @@ func (s *Store) GetMany(ctx context.Context, p relaycore.Partition, keys []strin
 // has an empty Next.
 func (s *Store) Scan(ctx context.Context, p relaycore.Partition, req relaycore.ScanRequest) (relaycore.ScanPage, error) {
 	if err := s.ready(ctx); err != nil {
-		return relaycore.ScanPage{}, fmt.Errorf("scan %s: %w", p, err)
+		return relaycore.ScanPage{}, fmt.Errorf("scan %s: %w", p, unavailable(err))
 	}
 	if p == "" || len(p) > relaycore.MaxPartitionLen {
 		return relaycore.ScanPage{}, nil
@@ -122,7 +122,7 @@ func (s *Store) Scan(ctx context.Context, p relaycore.Partition, req relaycore.S
 	}
 	rows, err := s.db.pool.Query(ctx, sql, args...)
 	if err != nil {
-		return relaycore.ScanPage{}, fmt.Errorf("scan %s: %w", p, err)
+		return relaycore.ScanPage{}, fmt.Errorf("scan %s: %w", p, unavailable(err))
 	}
 	var (
 		page relaycore.ScanPage
@@ -136,7 +136,7 @@ func (s *Store) Scan(ctx context.Context, p relaycore.Partition, req relaycore.S
 		return nil
 	})
 	if err != nil {
-		return relaycore.ScanPage{}, fmt.Errorf("scan %s: %w", p, err)
+		return relaycore.ScanPage{}, fmt.Errorf("scan %s: %w", p, unavailable(err))
 	}
 	if len(page.Items) > limit {
 		page.Items = page.Items[:limit]
@@ -152,7 +152,7 @@ func (s *Store) Scan(ctx context.Context, p relaycore.Partition, req relaycore.S
 // key) byte order, as DueEntry.Compare orders them.
 func (s *Store) Due(ctx context.Context, before int64, limit int) ([]relaycore.DueEntry, error) {
 	if err := s.ready(ctx); err != nil {
-		return nil, fmt.Errorf("due: %w", err)
+		return nil, fmt.Errorf("due: %w", unavailable(err))
 	}
 	var lim any // NULL: LIMIT ALL
 	if limit > 0 {
@@ -161,7 +161,7 @@ func (s *Store) Due(ctx context.Context, before int64, limit int) ([]relaycore.D
 	rows, err := s.db.pool.Query(ctx, `SELECT part, key, due FROM relay_items
 		WHERE store = $1 AND due IS NOT NULL AND due <= $2 ORDER BY due, part, key LIMIT $3`, s.name, before, lim)
 	if err != nil {
-		return nil, fmt.Errorf("due: %w", err)
+		return nil, fmt.Errorf("due: %w", unavailable(err))
 	}
 	var (
 		out     []relaycore.DueEntry
@@ -173,7 +173,7 @@ func (s *Store) Due(ctx context.Context, before int64, limit int) ([]relaycore.D
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("due: %w", err)
+		return nil, fmt.Errorf("due: %w", unavailable(err))
 	}
 	return out, nil
 }

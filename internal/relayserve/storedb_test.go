@@ -2,6 +2,7 @@ package relayserve
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -230,7 +231,7 @@ func unixSocket(t *testing.T, dsn string) string {
 
 // readyzFollows checks /readyz through a database that goes away (the
 // proxy cuts every connection and refuses new ones) and comes back.
-func readyzFollows(t *testing.T, url string, p *faultProxy, db string) {
+func readyzFollows(t *testing.T, url string, p *faultProxy, db string, whileDown func()) {
 	t.Helper()
 	if code, body := get(t, url+"/readyz"); code != 200 {
 		t.Fatalf("readyz %d %s", code, body)
@@ -239,6 +240,9 @@ func readyzFollows(t *testing.T, url string, p *faultProxy, db string) {
 	body := waitFor(t, url+"/readyz", "not ready", func(code int, _ string) bool { return code == http.StatusServiceUnavailable })
 	if !strings.Contains(body, db+" does not answer") {
 		t.Fatalf("readyz reason %s: want %q", body, db+" does not answer")
+	}
+	if whileDown != nil {
+		whileDown()
 	}
 	p.restore()
 	waitFor(t, url+"/readyz", "ready again", func(code int, _ string) bool { return code == 200 })
@@ -251,12 +255,59 @@ func TestReadyzFollowsPostgres(t *testing.T) {
 	p := newFaultProxy(t, "unix", unixSocket(t, dsn))
 	c, _ := pgconn.ParseConfig(dsn)
 	proxied := fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=%s sslmode=disable", p.addr().Port, c.User, c.Database)
-	cancel, done, url, _ := runServer(t, dbConfig(t, pgStore(proxied)), nil)
-	readyzFollows(t, url, p, "PostgreSQL")
+	cancel, done, url, logs := runServer(t, dbConfig(t, pgStore(proxied)), nil)
+	readyzFollows(t, url, p, "PostgreSQL", func() {
+		// The pool cannot connect: nothing was sent, surely not applied.
+		outageAnswers(t, url, logs, "unavailable", "were not committed")
+	})
 	waitWatermark(t, url, "t1")
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("Run: %v", err)
+	}
+}
+
+// outageAnswers checks what relay serve answers while its database is out
+// of reach: an enqueue (with an Idempotency-Key) is 503 enqueueCode with
+// Retry-After and a message saying what to do (hint), a read is 503
+// unavailable with Retry-After, not 500 internal; the log has a WARN line.
+func outageAnswers(t *testing.T, url string, logs *logLines, enqueueCode, hint string) {
+	t.Helper()
+	check := func(what string, resp *http.Response, code, hint string) {
+		t.Helper()
+		defer resp.Body.Close()
+		var body struct {
+			Error struct{ Code, Message string }
+			Seqs  []uint64
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if resp.StatusCode != 503 || body.Error.Code != code || resp.Header.Get("Retry-After") == "" || !strings.Contains(body.Error.Message, hint) {
+			t.Fatalf("%s while the database is out of reach: %d %s %q (Retry-After %q); want 503 %s with Retry-After, saying %q",
+				what, resp.StatusCode, body.Error.Code, body.Error.Message, resp.Header.Get("Retry-After"), code, hint)
+		}
+		for _, s := range body.Seqs {
+			if s != 0 {
+				t.Fatalf("%s: seqs %v while nothing could commit", what, body.Seqs)
+			}
+		}
+	}
+	req, _ := http.NewRequest("POST", url+"/v1/sources/orders/rows", strings.NewReader(`{"rows":[{"target":"t9","puts":[{"key":"k","value":"dg=="}]}]}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", "outage-1")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("enqueue", resp, enqueueCode, hint)
+	resp, err = http.Get(url + "/v1/sources/orders/delivered-through?seq=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("delivered-through", resp, "unavailable", "nothing was changed")
+	if m := logs.wait(t, "api: store unavailable"); m["level"] != "WARN" || m["code"] == nil {
+		t.Fatalf("log line %v: want WARN with the code", m)
 	}
 }
 
@@ -339,8 +390,12 @@ func TestServeOnDynamoDB(t *testing.T) {
 		t.Fatalf("check-config before the tables exist, with create_tables: %v", err)
 	}
 	serveAndDeliver(t, cfg, "point-in-time recovery")
-	cancel, done, url, _ := runServer(t, cfg, nil)
-	readyzFollows(t, url, p, "DynamoDB")
+	cancel, done, url, logs := runServer(t, cfg, nil)
+	readyzFollows(t, url, p, "DynamoDB", func() {
+		// The enqueue's first read fails (retries exhausted): nothing
+		// was sent.
+		outageAnswers(t, url, logs, "unavailable", "were not committed")
+	})
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("Run: %v", err)

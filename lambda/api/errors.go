@@ -34,6 +34,8 @@ var (
 		{relaycore.ErrInvalidOperatorInput, 400, "bad_request", "%v"},
 		{relaycore.ErrSourceBusy, 503, "source_busy", "%v; nothing was changed, retry in a moment"},
 		{relaycore.ErrContention, 503, "source_busy", "%v; nothing was changed, retry in a moment"},
+		{relaycore.ErrMaybeApplied, 503, "unavailable", maybeAppliedFormat},
+		{relaycore.ErrUnavailable, 503, "unavailable", unavailableFormat},
 	}
 	enqueueAnswers = []answer{
 		{relaycore.ErrInvalidRow, 400, "invalid_row", "%v"},
@@ -45,9 +47,29 @@ var (
 		{relaycore.ErrValueTooLarge, 413, "too_large", "%v"},
 		{relaycore.ErrContention, 503, "unavailable", "%v; rows with seq 0 in seqs were not committed and may be retried"},
 		{relaycore.ErrDeadlineExceeded, 503, "unavailable", "%v; rows with seq 0 in seqs were not committed and may be retried"},
-		{relaycore.ErrCommitUnknown, 500, "commit_unknown", "%v; rows with seq 0 in seqs may or may not have been committed (a retry with the same Idempotency-Key header commits them at most once)"},
+		{relaycore.ErrCommitUnknown, 503, "commit_unknown", commitUnknownFormat},
+		{relaycore.ErrMaybeApplied, 503, "commit_unknown", commitUnknownFormat},
+		{relaycore.ErrUnavailable, 503, "unavailable", "%v; rows with seq 0 in seqs were not committed: retry them after the retry-after seconds"},
 	}
 )
+
+// The answers to a store that is out of reach (relaycore.ErrUnavailable:
+// a database down, cut off or overloaded) or left a write's outcome
+// unknown: 503 with retry-after, not 500, since the same request succeeds
+// once the store is back. Any route's error the tables do not match gets
+// them too (Handler.serve), reads included.
+const (
+	unavailableFormat   = "%v; nothing was changed: retry after the retry-after seconds"
+	maybeAppliedFormat  = "%v; it may or may not have been applied: read the state again before retrying"
+	commitUnknownFormat = "%v; rows with seq 0 in seqs may or may not have been committed: retry them with the same Idempotency-Key header (it commits them at most once); without one a retry may commit them twice"
+)
+
+// storeAnswers answer what no route's table matched: a store out of reach
+// on a read, or a write left unknown.
+var storeAnswers = []answer{
+	{relaycore.ErrMaybeApplied, 503, "unavailable", maybeAppliedFormat},
+	{relaycore.ErrUnavailable, 503, "unavailable", unavailableFormat},
+}
 
 // answerFor is table's answer to err, with the details the typed errors
 // carry (a skip conflict's actual first held seq, a refused row's index)
@@ -58,6 +80,7 @@ func answerFor(table []answer, err error) *apiError {
 			continue
 		}
 		e := fail(a.status, a.code, a.format, err)
+		e.cause = err
 		if sc, ok := errors.AsType[*relaycore.SkipConflictError](err); ok && a.err == relaycore.ErrSkipConflict {
 			actual := sc.Actual
 			e.actualFirst = &actual
@@ -93,6 +116,7 @@ func enqueueError(err error, res relaycore.CommitResult) error {
 	e := answerFor(enqueueAnswers, err)
 	if e == nil {
 		e = fail(500, "internal", "%v", err)
+		e.cause = err
 	}
 	if e.code == "invalid_row" {
 		return e

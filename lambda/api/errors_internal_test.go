@@ -35,7 +35,7 @@ func TestAnswersDocumented(t *testing.T) {
 		}
 		return false
 	}
-	for name, table := range map[string][]answer{"operator": operatorAnswers, "enqueue": enqueueAnswers} {
+	for name, table := range map[string][]answer{"operator": operatorAnswers, "enqueue": enqueueAnswers, "store": storeAnswers} {
 		for _, a := range table {
 			if !documented(a.status, a.code) || !strings.Contains(string(oa), a.code) {
 				t.Errorf("%s: %d %s (for %v) is not in docs/api.md's error table or docs/openapi.yaml", name, a.status, a.code, a.err)

@@ -1,6 +1,7 @@
 package api_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"reflect"
@@ -116,5 +117,73 @@ func TestIdempotencyKeyTooLarge(t *testing.T) {
 	}
 	if resp := call(t, h, request("POST", rowsPath, "", body)); resp.StatusCode != 200 {
 		t.Fatalf("without the header: %d %s", resp.StatusCode, resp.Body)
+	}
+}
+
+// lostCommit is the fault around a real store of a database that goes
+// away around a commit: while armed, Apply commits the batch and then
+// answers "maybe applied, store unavailable", and every read after fails
+// as unavailable, so the engine cannot re-read its outcome.
+type lostCommit struct {
+	relaycore.Store
+	armed, cut bool
+}
+
+var errGone = fmt.Errorf("%w: connection reset by peer", relaycore.ErrUnavailable)
+
+func (s *lostCommit) Apply(ctx context.Context, p relaycore.Partition, b relaycore.Batch) error {
+	if s.cut {
+		return errGone
+	}
+	if err := s.Store.Apply(ctx, p, b); err != nil || !s.armed {
+		return err
+	}
+	s.cut = true
+	return fmt.Errorf("%w: %w", relaycore.ErrMaybeApplied, errGone)
+}
+
+func (s *lostCommit) Get(ctx context.Context, p relaycore.Partition, key string) ([]byte, bool, error) {
+	if s.cut {
+		return nil, false, errGone
+	}
+	return s.Store.Get(ctx, p, key)
+}
+
+func (s *lostCommit) Scan(ctx context.Context, p relaycore.Partition, req relaycore.ScanRequest) (relaycore.ScanPage, error) {
+	if s.cut {
+		return relaycore.ScanPage{}, errGone
+	}
+	return s.Store.Scan(ctx, p, req)
+}
+
+// A store out of reach is 503 with retry-after, not 500 internal: an
+// enqueue whose commit's outcome is lost is commit_unknown, saying to
+// retry with the same Idempotency-Key, and that retry, once the store is
+// back, answers the rows committed once (replayed); an enqueue or a read
+// while it is out of reach is unavailable, nothing written.
+func TestStoreUnavailableAnswers(t *testing.T) {
+	h, st, _ := newHandler()
+	f := &lostCommit{Store: st, armed: true}
+	h.Source = f
+	resp := call(t, h, keyed("order-9", goodBody))
+	body := errorOf(t, resp)
+	if resp.StatusCode != 503 || body.Error.Code != "commit_unknown" || resp.Headers["retry-after"] != "1" ||
+		!strings.Contains(body.Error.Message, "same Idempotency-Key") {
+		t.Fatalf("lost commit: %d %s (retry-after %q); want 503 commit_unknown with retry-after", resp.StatusCode, resp.Body, resp.Headers["retry-after"])
+	}
+	resp = call(t, h, keyed("order-10", goodBody))
+	if body := errorOf(t, resp); resp.StatusCode != 503 || body.Error.Code != "unavailable" || resp.Headers["retry-after"] != "1" ||
+		!strings.Contains(body.Error.Message, "were not committed") {
+		t.Fatalf("enqueue while out of reach: %d %s; want 503 unavailable", resp.StatusCode, resp.Body)
+	}
+	resp = call(t, h, request("GET", "/v1/sources/orders/delivered-through", "seq=1", ""))
+	if body := errorOf(t, resp); resp.StatusCode != 503 || body.Error.Code != "unavailable" || resp.Headers["retry-after"] != "1" {
+		t.Fatalf("read while out of reach: %d %s; want 503 unavailable", resp.StatusCode, resp.Body)
+	}
+	f.armed, f.cut = false, false
+	resp = call(t, h, keyed("order-9", goodBody))
+	var again api.EnqueueResponse
+	if err := json.Unmarshal([]byte(resp.Body), &again); err != nil || resp.StatusCode != 200 || !again.Replayed || !slices.Equal(again.Seqs, []uint64{1, 2}) {
+		t.Fatalf("retry with the same key: %d %s; want the first commit's seqs 1, 2 replayed", resp.StatusCode, resp.Body)
 	}
 }

@@ -63,6 +63,7 @@ type apiError struct {
 	actualFirst *uint64
 	allow       string
 	retryAfter  string
+	cause       error // the engine's or store's error answered, if any
 }
 
 func (e *apiError) Error() string { return e.code + ": " + e.message }
@@ -90,15 +91,32 @@ func (h *Handler) serve(ctx context.Context, req Request, log *slog.Logger) Resp
 	if err != nil {
 		var ae *apiError
 		if !errors.As(err, &ae) {
-			log.Error("api: storage error", "err", err)
-			ae = fail(500, "internal", "%v", err)
+			if ae = answerFor(storeAnswers, err); ae == nil {
+				ae = fail(500, "internal", "%v", err)
+				ae.cause = err
+			}
 		}
+		logAnswer(log, ae)
 		return errorResponse(ae)
 	}
 	if raw, ok := body.(rawBody); ok {
 		return Response{Status: 200, Headers: map[string]string{"content-type": raw.contentType}, Body: raw.data}
 	}
 	return jsonResponse(200, body)
+}
+
+// logAnswer logs the errors a person should see: a storage error (500
+// internal, at ERROR) and a store out of reach or a write left unknown
+// (503 unavailable or commit_unknown, at WARN: the client retries, but a
+// database outage must show in the log too). The rest are the caller's.
+func logAnswer(log *slog.Logger, ae *apiError) {
+	switch {
+	case ae.cause == nil:
+	case ae.status == 500:
+		log.Error("api: storage error", "code", ae.code, "err", ae.cause)
+	case errors.Is(ae.cause, relaycore.ErrUnavailable) || errors.Is(ae.cause, relaycore.ErrMaybeApplied) || errors.Is(ae.cause, relaycore.ErrCommitUnknown):
+		log.Warn("api: store unavailable", "code", ae.code, "err", ae.cause)
+	}
 }
 
 func jsonResponse(status int, body any) Response {

@@ -123,7 +123,7 @@ var takedownAnswers = []answer{
 	{relaycore.ErrIdempotentRequestTooLarge, 413, "too_large", "%v; send fewer reports per request"},
 	{relaycore.ErrContention, 503, "unavailable", "%v; nothing was committed, retry"},
 	{relaycore.ErrDeadlineExceeded, 503, "unavailable", "%v; nothing was committed, retry"},
-	{relaycore.ErrCommitUnknown, 500, "commit_unknown", "%v; retry: every write of these routes is idempotent"},
+	{relaycore.ErrCommitUnknown, 503, "commit_unknown", "%v; retry: every write of these routes is idempotent"},
 }
 
 func takedownError(err error) error {
