@@ -66,6 +66,13 @@ type Cluster struct {
 	// the server's crash (Private clusters, which Restart crashes; fsync
 	// stays off: only the machine's crash would need it).
 	commits bool
+	// port is the server's port (its socket's name, and its TCP port
+	// on 127.0.0.1 when tls is set).
+	port int
+	// tls: ssl=on with a certificate of tlsCA's, listening on 127.0.0.1
+	// too (TLS clusters).
+	tls     bool
+	caFile  string
 	exited  chan struct{}
 	log     *logBuffer
 	dbSeq   atomic.Int64
@@ -211,7 +218,7 @@ func SharedDatabase(tb testing.TB) *pgxpool.Pool {
 // DSN is the connection string of database db on the cluster, as the
 // superuser.
 func (c *Cluster) DSN(db string) string {
-	return fmt.Sprintf("host=%s port=5432 user=%s dbname=%s sslmode=disable", c.dir, superuser, db)
+	return fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=disable", c.dir, c.port, superuser, db)
 }
 
 // Version is the server's version line (postgres --version).
@@ -298,7 +305,11 @@ func runAs() (*syscall.Credential, error) {
 	return nil, errors.New("running as root, and there is neither a postgres nor a nobody user to run the server as (useradd postgres)")
 }
 
-func start(bin string, commits bool) (*Cluster, error) {
+func start(bin string, commits bool) (*Cluster, error) { return initCluster(bin, commits, true) }
+
+// initCluster makes a cluster's data directory and, when launch is set,
+// starts its server.
+func initCluster(bin string, commits, launch bool) (*Cluster, error) {
 	cred, err := runAs()
 	if err != nil {
 		return nil, err
@@ -309,7 +320,7 @@ func start(bin string, commits bool) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{dir: dir, exited: make(chan struct{}), log: &logBuffer{}, commits: commits}
+	c := &Cluster{dir: dir, exited: make(chan struct{}), log: &logBuffer{}, commits: commits, port: 5432}
 	fail := func(err error) (*Cluster, error) {
 		_ = os.RemoveAll(dir)
 		return nil, err
@@ -333,6 +344,9 @@ func start(bin string, commits bool) (*Cluster, error) {
 		return fail(fmt.Errorf("initdb (%s) as uid %d: %v\n%s", bin, uidOf(cred), err, out))
 	}
 	c.bin, c.cred, c.env = bin, cred, env
+	if !launch {
+		return c, nil
+	}
 	if err := c.launch(); err != nil {
 		return fail(err)
 	}
@@ -348,10 +362,16 @@ func (c *Cluster) launch() error {
 	if c.commits {
 		syncCommit = "on"
 	}
+	listen, tlsArgs := "", []string(nil)
+	if c.tls {
+		listen = "127.0.0.1"
+		tlsArgs = []string{"-c", "ssl=on", "-c", "ssl_cert_file=" + filepath.Join(dir, "server.crt"),
+			"-c", "ssl_key_file=" + filepath.Join(dir, "server.key")}
+	}
 	cmd := exec.Command(filepath.Join(c.bin, "postgres"), "-D", data,
-		"-c", "listen_addresses=",
+		"-c", "listen_addresses="+listen,
 		"-c", "unix_socket_directories="+dir,
-		"-c", "port=5432",
+		"-c", "port="+strconv.Itoa(c.port),
 		"-c", "fsync=off",
 		"-c", "full_page_writes=off",
 		"-c", "synchronous_commit="+syncCommit,
@@ -359,6 +379,7 @@ func (c *Cluster) launch() error {
 		"-c", "max_connections=200",
 		"-c", "log_min_error_statement=panic",
 	)
+	cmd.Args = append(cmd.Args, tlsArgs...)
 	cmd.Dir = dir
 	cmd.Env = env
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGQUIT, Setpgid: true}
