@@ -25,6 +25,16 @@ var prohibitedImports = map[string]string{
 // serial numbers with crypto/rand; edge/transport runs TLS.
 var exemptDirs = []string{"pki", "transport"}
 
+// exemptFiles may import crypto/rand, each for the reason given; nothing
+// else in their packages may.
+var exemptFiles = map[string]string{
+	// One draw per edged.db, when the database is created: the epoch of
+	// the holdings reporter's idempotency keys, which must differ from a
+	// rebuilt predecessor's so the relay never takes a new batch for a
+	// replay of an old one. Nothing scheduled or retried depends on it.
+	"relayapi/state.go": "the idempotency-key epoch of a new edged.db",
+}
+
 // clockFreeDirs must not read the wall clock: every ledger operation takes
 // now from its caller, which is what makes pending order and back-off a
 // function of the ledger's contents and the given time.
@@ -34,6 +44,7 @@ var clockFreeDirs = []string{"ledger"}
 func TestNoPRNGInRelayPath(t *testing.T) {
 	root := filepath.Join("..")
 	scanned := map[string]int{}
+	seen := map[string]bool{} // exempt files found
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -55,13 +66,23 @@ func TestNoPRNGInRelayPath(t *testing.T) {
 			return nil
 		}
 		scanned[top]++
+		_, exempt := exemptFiles[filepath.ToSlash(rel)]
+		seen[filepath.ToSlash(rel)] = exempt
 		for _, v := range violations(t, path, contains(clockFreeDirs, top)) {
+			if exempt && strings.Contains(v, ": imports crypto/rand: ") {
+				continue
+			}
 			t.Errorf("%s: %s", filepath.ToSlash(filepath.Join("edge", rel)), v)
 		}
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	for f := range exemptFiles {
+		if !seen[f] {
+			t.Errorf("edge/%s is exempt but no longer exists: remove it from exemptFiles", f)
+		}
 	}
 	// Guard against a scan that silently covers nothing.
 	for _, must := range []string{"ledger", "segstore"} {
