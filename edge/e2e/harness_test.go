@@ -69,7 +69,7 @@ func buildAndRun(m *testing.M) int {
 // time to "let things happen".
 const waitFor = 45 * time.Second
 
-func eventually(t *testing.T, what string, cond func() bool) {
+func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(waitFor)
 	for !cond() {
@@ -82,7 +82,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 
 // freePort returns a loopback address whose port is free now, for an
 // agent to bind (see fixedPortRange).
-func freePort(t *testing.T) string {
+func freePort(t testing.TB) string {
 	t.Helper()
 	lo, hi := fixedPortRange()
 	for range hi - lo {
@@ -127,7 +127,7 @@ func fixedPortRange() (lo, hi int) {
 
 // cluster is a set of node definitions sharing one dev PKI.
 type cluster struct {
-	t     *testing.T
+	t     testing.TB
 	dir   string
 	nodes map[string]*node
 }
@@ -155,7 +155,7 @@ type node struct {
 
 // newCluster issues certificates with the edgectl binary and assigns
 // ports; nodes are started separately.
-func newCluster(t *testing.T, ids ...string) *cluster {
+func newCluster(t testing.TB, ids ...string) *cluster {
 	t.Helper()
 	c := &cluster{t: t, dir: t.TempDir(), nodes: map[string]*node{}}
 	pkiDir := filepath.Join(c.dir, "pki")
@@ -329,7 +329,7 @@ func (n *node) log() string {
 
 // edgectl runs the edgectl binary; rpcAddr "" for commands without RPC.
 // It fails the test on a non-zero exit and returns stdout.
-func edgectl(t *testing.T, rpcAddr string, args ...string) string {
+func edgectl(t testing.TB, rpcAddr string, args ...string) string {
 	t.Helper()
 	out, code := edgectlCode(t, rpcAddr, args...)
 	if code != 0 {
@@ -338,7 +338,7 @@ func edgectl(t *testing.T, rpcAddr string, args ...string) string {
 	return out
 }
 
-func edgectlCode(t *testing.T, rpcAddr string, args ...string) (string, int) {
+func edgectlCode(t testing.TB, rpcAddr string, args ...string) (string, int) {
 	t.Helper()
 	if rpcAddr != "" {
 		args = append([]string{"--rpc", rpcAddr}, args...)
@@ -359,7 +359,7 @@ func edgectlCode(t *testing.T, rpcAddr string, args ...string) (string, int) {
 }
 
 // ctlJSON runs edgectl --json and decodes its output into T.
-func ctlJSON[T any](t *testing.T, n *node, args ...string) T {
+func ctlJSON[T any](t testing.TB, n *node, args ...string) T {
 	t.Helper()
 	var v T
 	out := edgectl(t, n.rpc, append([]string{"--json"}, args...)...)
@@ -370,7 +370,7 @@ func ctlJSON[T any](t *testing.T, n *node, args ...string) T {
 }
 
 // putFile writes content to a file and ingests it on n with edgectl.
-func putFile(t *testing.T, n *node, id string, content []byte) {
+func putFile(t testing.TB, n *node, id string, content []byte) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), id)
 	if err := os.WriteFile(path, content, 0o600); err != nil {

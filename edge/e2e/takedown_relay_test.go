@@ -23,7 +23,7 @@ var relayBin struct {
 	err  error
 }
 
-func relayBinary(t *testing.T) string {
+func relayBinary(t testing.TB) string {
 	t.Helper()
 	relayBin.once.Do(func() {
 		dir, err := os.MkdirTemp("", "edge-e2e-relay-")

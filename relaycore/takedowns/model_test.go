@@ -1,12 +1,14 @@
 package takedowns_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -109,6 +111,9 @@ func TestModel(t *testing.T) {
 		}
 		seeds = n
 	}
+	if v := os.Getenv("RELAY_TAKEDOWN_MODEL_OWNERS"); v != "" {
+		nOwners, _ = strconv.Atoi(v)
+	}
 	for seed := range uint64(seeds) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			defer func() {
@@ -121,12 +126,32 @@ func TestModel(t *testing.T) {
 	}
 }
 
+var nOwners = 3
+
 func runModel(t *testing.T, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, 0x7a4e))
-	src := &faulty{Store: mem.New(relaycore.Capabilities{}), rng: rand.New(rand.NewPCG(seed, 1)), on: true}
-	dst := &faulty{Store: mem.New(relaycore.Capabilities{}), rng: rand.New(rand.NewPCG(seed, 2)), on: true}
+	s := &sched{rng: rand.New(rand.NewPCG(seed, 3)), parked: make(chan *actor)}
+	src := &faulty{Store: &gated{Store: mem.New(relaycore.Capabilities{}), s: s}, rng: rand.New(rand.NewPCG(seed, 1)), on: true}
+	dst := &faulty{Store: &gated{Store: mem.New(relaycore.Capabilities{}), s: s}, rng: rand.New(rand.NewPCG(seed, 2)), on: true}
 	e := newEnv(t, src, dst)
 	e.relay.QuarantineAfter = -1
+	// Three owners on the same stores, each with a relay handler of its
+	// own (relay serve replicas; fire and sweep invocations at once): their
+	// passes run as actors, interleaved store call by store call.
+	var owners []*takedowns.Owner
+	for range nOwners {
+		r := *e.relay
+		owners = append(owners, &takedowns.Owner{Relay: &r, Roots: e.o.Roots})
+	}
+	ended := func(a *actor) {
+		if a != nil && a.done && a.err != nil && !transient(a.err) {
+			t.Fatalf("owner: %v", a.err)
+		}
+	}
+	// accepted: every receipt the relay accepted, by request: none may be
+	// lost, whatever the owners did meanwhile.
+	accepted := map[string][]byte{}
+	passes, overlapped := 0, 0
 	nodes := []*mnode{{name: "edge-a"}, {name: "edge-b"}, {name: "edge-c"}}
 	for _, n := range nodes {
 		e.nodes[n.name] = true
@@ -182,9 +207,10 @@ func runModel(t *testing.T, seed uint64) {
 		if len(n.outbox) == 0 {
 			return
 		}
-		_, err := e.o.Receipt(ctx, n.name, n.outbox[0])
+		res, err := e.o.Receipt(ctx, n.name, n.outbox[0])
 		switch {
 		case err == nil:
+			accepted[res.Request] = n.outbox[0]
 			n.outbox = n.outbox[1:]
 		case errors.Is(err, takedowns.ErrRefused):
 			t.Fatalf("%s's honest receipt refused: %v", n.name, err)
@@ -223,13 +249,24 @@ func runModel(t *testing.T, seed uint64) {
 		case k < 55:
 			fire(sources[rng.IntN(len(sources))])
 		case k < 68:
-			if _, err := e.o.Run(ctx); err != nil && !transient(err) {
-				t.Fatalf("owner: %v", err)
+			if len(s.actors) < len(owners) {
+				o := owners[rng.IntN(len(owners))]
+				if len(s.actors) > 0 {
+					overlapped++
+				}
+				passes++
+				s.start(ctx, func(ctx context.Context) error { _, err := o.Run(ctx); return err })
+			} else {
+				ended(s.step())
 			}
 		case k < 82:
 			pull(n)
 		default:
 			post(n)
+		}
+		// The passes under way move on by a few store calls.
+		for range rng.IntN(4) {
+			ended(s.step())
 		}
 		// At least a millisecond a step: a node's reports and evictions
 		// are ordered by its clock, as edged's are.
@@ -242,7 +279,12 @@ func runModel(t *testing.T, seed uint64) {
 		}
 	}
 
-	// Quiesce: no more faults, no more acquisitions; the system settles.
+	// Quiesce: the passes under way end (faults still on), then no more
+	// faults, no more acquisitions; the system settles.
+	for len(s.actors) > 0 {
+		ended(s.step())
+		checkSafety(t, e, -1)
+	}
 	src.mu.Lock()
 	src.on = false
 	src.mu.Unlock()
@@ -275,10 +317,49 @@ func runModel(t *testing.T, seed uint64) {
 	if err != nil || len(open.Items) == 0 {
 		t.Fatalf("open takedowns: %v %v", open.Items, err)
 	}
+	stored := map[string]bool{}
 	for _, it := range open.Items {
 		st := e.status(it.Key)
 		if !st.Complete {
 			t.Errorf("takedown %s not complete after quiescing: %+v", it.Key, st)
+		}
+		// A node is requested again in a takedown only once it proved the
+		// eviction its latest request asked for: two owners deriving one
+		// late holder's request from different views of the index must not
+		// make it two requests.
+		td := takedowns.TakedownTarget(it.Key)
+		items, err := relaycore.ReadTarget(ctx, dst, td, relaycore.TargetReadRequest{Limit: 1000})
+		if err != nil || items.Next != "" {
+			t.Fatalf("read %s: %v", td, err)
+		}
+		byNode := map[string][]relaycore.ContentTakedownV1{}
+		receipts := map[string]bool{}
+		for _, kv := range items.Items {
+			switch {
+			case strings.HasPrefix(kv.Key, relaycore.TakedownHandoffPrefix):
+			case strings.HasPrefix(kv.Key, relaycore.TakedownPrefix):
+				r, err := relaycore.DecodeTakedown(kv.Value)
+				if err != nil {
+					t.Fatal(err)
+				}
+				byNode[r.LateHolder] = append(byNode[r.LateHolder], r)
+			case strings.HasPrefix(kv.Key, "receipt/"):
+				receipts[strings.TrimPrefix(kv.Key, "receipt/")] = true
+				stored[strings.TrimPrefix(kv.Key, "receipt/")] = true
+			}
+		}
+		for node, rs := range byNode {
+			slices.SortFunc(rs, func(a, b relaycore.ContentTakedownV1) int { return cmp.Compare(a.RequestedMS, b.RequestedMS) })
+			for _, r := range rs[:len(rs)-1] {
+				if req := fmt.Sprintf("%s/%s/%019d", r.ContentID, r.LateHolder, r.RequestedMS); !receipts[req] {
+					t.Errorf("takedown %s: %s requested again (%d requests) before it proved the eviction %s asked for", it.Key, node, len(rs), req)
+				}
+			}
+		}
+	}
+	for req := range accepted {
+		if !stored[req] {
+			t.Errorf("receipt for %s accepted and stored in no takedown", req)
 		}
 	}
 	for _, n := range nodes {
@@ -306,7 +387,8 @@ func runModel(t *testing.T, seed uint64) {
 			}
 		}
 	}
-	t.Logf("seed %d: %d requests, faults injected %d+%d, orders %d", seed, requests, src.hits, dst.hits, len(keys))
+	t.Logf("seed %d: %d requests, owner passes %d (%d begun during another), faults injected %d+%d, orders %d",
+		seed, requests, passes, overlapped, src.hits, dst.hits, len(keys))
 }
 
 // transient reports whether err is an injected fault's consequence (the
@@ -370,6 +452,9 @@ func checkSafety(t *testing.T, e *env, step int) {
 
 func unwrap(c *counting) relaycore.Store {
 	if f, ok := c.Store.(*faulty); ok {
+		if g, ok := f.Store.(*gated); ok {
+			return g.Store
+		}
 		return f.Store
 	}
 	return c.Store

@@ -180,6 +180,13 @@ func (o *Owner) load(ctx context.Context, id string) (*view, error) {
 		if done, err := o.caughtUp(ctx, TakedownTarget(id)); err != nil || !done {
 			return nil, errors.Join(fmt.Errorf("%w: %q", ErrNotYet, id), err)
 		}
+		// Caught up now, but a fire may have delivered the record between
+		// the read above and that check: only a record still absent after
+		// it is none (else the owner would drop a live takedown from the
+		// open list).
+		if _, ok, err := o.getTarget(ctx, TakedownTarget(id), keyMeta); err != nil || ok {
+			return nil, errors.Join(fmt.Errorf("%w: %q", ErrNotYet, id), err)
+		}
 		return nil, fmt.Errorf("%w: %q", ErrNotFound, id)
 	}
 	hs, err := o.Holders(ctx, v.meta.ContentID)
