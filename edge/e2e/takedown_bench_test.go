@@ -4,18 +4,14 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"net/url"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/relay-dev/relay/edge/linkem"
-	"github.com/relay-dev/relay/internal/relayserve/servetest"
 )
 
 // benchEnv reads a knob of BenchmarkTakedownLatency: a duration or a count
@@ -64,45 +60,7 @@ func BenchmarkTakedownLatency(b *testing.B) {
 
 	cl := newCluster(b, "a", "b", "c")
 	a, bn, c := cl.nodes["a"], cl.nodes["b"], cl.nodes["c"]
-	pkiDir := filepath.Join(cl.dir, "pki")
-	edgectl(b, "", "pki", "issue", "relay", "--usage", "server", "--dir", pkiDir)
-	edgectl(b, "", "pki", "issue", "td-op", "--usage", "client", "--dir", pkiDir)
-	ca := filepath.Join(pkiDir, "ca.crt")
-	relay := servetest.Start(b, relayBinary(b), servetest.WriteConfig(b, fmt.Sprintf(`listen: 127.0.0.1:0
-db: %s
-tls:
-  cert: %s
-  key: %s
-  client_ca: %s
-alarms:
-  sweep_interval: 1s
-principals:
-  td-op: {takedown: true}
-  a: {hold: true}
-  b: {hold: true}
-  c: {hold: true}
-`, filepath.Join(cl.dir, "relay.db"), filepath.Join(pkiDir, "relay.crt"), filepath.Join(pkiDir, "relay.key"), ca)))
-	op := relay.Client(servetest.ClientTLS(b, ca, filepath.Join(pkiDir, "td-op.crt"), filepath.Join(pkiDir, "td-op.key")))
-	// call answers nil for a 503 takedown_pending: the takedown's record
-	// is still on its way to its partition.
-	call := func(method, path string, body []byte) []byte {
-		b.Helper()
-		req, _ := http.NewRequest(method, relay.URL+path, bytes.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := op.Do(req)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer resp.Body.Close()
-		out, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode == http.StatusServiceUnavailable && bytes.Contains(out, []byte(`"takedown_pending"`)) {
-			return nil
-		}
-		if resp.StatusCode != http.StatusOK {
-			b.Fatalf("%s %s: %d %s", method, path, resp.StatusCode, out)
-		}
-		return out
-	}
+	relay, call := startTakedownRelay(b, cl, "", true)
 	u, err := url.Parse(relay.URL)
 	if err != nil {
 		b.Fatal(err)

@@ -78,42 +78,7 @@ func TestTakedownThreeHolders(t *testing.T) {
 	cl := newCluster(t, "a", "b", "c")
 	a, b, c := cl.nodes["a"], cl.nodes["b"], cl.nodes["c"]
 	a.peers, b.peers, c.peers = []string{"b"}, []string{"a", "c"}, []string{"b"}
-	pkiDir := filepath.Join(cl.dir, "pki")
-	edgectl(t, "", "pki", "issue", "relay", "--usage", "server", "--dir", pkiDir)
-	edgectl(t, "", "pki", "issue", "td-op", "--usage", "client", "--dir", pkiDir)
-	ca := filepath.Join(pkiDir, "ca.crt")
-	relay := servetest.Start(t, relayBinary(t), servetest.WriteConfig(t, fmt.Sprintf(`listen: 127.0.0.1:0
-db: %s
-tls:
-  cert: %s
-  key: %s
-  client_ca: %s
-alarms:
-  sweep_interval: 1s
-  claim_ttl: 1s
-principals:
-  td-op: {takedown: true}
-  a: {hold: true}
-  b: {hold: true}
-  c: {hold: true}
-log_level: debug
-`, filepath.Join(cl.dir, "relay.db"), filepath.Join(pkiDir, "relay.crt"), filepath.Join(pkiDir, "relay.key"), ca)))
-	op := relay.Client(servetest.ClientTLS(t, ca, filepath.Join(pkiDir, "td-op.crt"), filepath.Join(pkiDir, "td-op.key")))
-	call := func(method, path string, body []byte) []byte {
-		t.Helper()
-		req, _ := http.NewRequest(method, relay.URL+path, bytes.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := op.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("%s %s: %d %s", method, path, resp.StatusCode, b)
-		}
-		return b
-	}
+	relay, call := startTakedownRelay(t, cl, "  claim_ttl: 1s\nlog_level: debug\n", false)
 	apiConfig := func(url string) string {
 		return fmt.Sprintf("  url: %s\n  ca: pki/ca.crt\n  report_interval: 100ms\n  order_interval: 100ms\n  backoff: {initial: 50ms, max: 200ms}\n", url)
 	}
@@ -218,7 +183,7 @@ log_level: debug
 	if err := os.WriteFile(file, call("GET", "/v1/takedowns/"+td.ID+"/receipts", nil), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	out := edgectl(t, "", "takedown", "verify", file, "--ca", ca) // exit 0: every line verifies
+	out := edgectl(t, "", "takedown", "verify", file, "--ca", filepath.Join(cl.dir, "pki", "ca.crt")) // exit 0: every line verifies
 	for _, n := range []string{"a", "b", "c"} {
 		if !regexp.MustCompile(`(?m)^line \d+\s+ok\s+request seg-1/` + n + `/\d{19}: node ` + n + ` evicted seg-1 \(sha256 ` + digest(seg) + `\)`).MatchString(out) {
 			t.Errorf("receipt file: no verified receipt of %s:\n%s", n, out)
@@ -239,4 +204,54 @@ log_level: debug
 			t.Fatalf("%s holds seg-1 again", n.id)
 		}
 	}
+}
+
+// startTakedownRelay starts relay serve for the takedown tests: bbolt in
+// cl's directory, mutual TLS with a server certificate from cl's CA, the
+// sweep every second, the takedown operator td-op and holders a, b and c;
+// extra is appended under alarms: (its first lines; a line without the
+// indent starts a top-level key). call is td-op's request: the body of a
+// 200, and a fatal error for any other answer, except that a 503
+// takedown_pending (the takedown's record is still on its way to its
+// partition) answers nil when pendingOK is set.
+func startTakedownRelay(tb testing.TB, cl *cluster, extra string, pendingOK bool) (*servetest.Proc, func(method, path string, body []byte) []byte) {
+	tb.Helper()
+	pkiDir := filepath.Join(cl.dir, "pki")
+	edgectl(tb, "", "pki", "issue", "relay", "--usage", "server", "--dir", pkiDir)
+	edgectl(tb, "", "pki", "issue", "td-op", "--usage", "client", "--dir", pkiDir)
+	ca := filepath.Join(pkiDir, "ca.crt")
+	relay := servetest.Start(tb, relayBinary(tb), servetest.WriteConfig(tb, fmt.Sprintf(`listen: 127.0.0.1:0
+db: %s
+tls:
+  cert: %s
+  key: %s
+  client_ca: %s
+principals:
+  td-op: {takedown: true}
+  a: {hold: true}
+  b: {hold: true}
+  c: {hold: true}
+alarms:
+  sweep_interval: 1s
+%s`, filepath.Join(cl.dir, "relay.db"), filepath.Join(pkiDir, "relay.crt"), filepath.Join(pkiDir, "relay.key"), ca, extra)))
+	op := relay.Client(servetest.ClientTLS(tb, ca, filepath.Join(pkiDir, "td-op.crt"), filepath.Join(pkiDir, "td-op.key")))
+	call := func(method, path string, body []byte) []byte {
+		tb.Helper()
+		req, _ := http.NewRequest(method, relay.URL+path, bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := op.Do(req)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		defer resp.Body.Close()
+		out, _ := io.ReadAll(resp.Body)
+		if pendingOK && resp.StatusCode == http.StatusServiceUnavailable && bytes.Contains(out, []byte(`"takedown_pending"`)) {
+			return nil
+		}
+		if resp.StatusCode != http.StatusOK {
+			tb.Fatalf("%s %s: %d %s", method, path, resp.StatusCode, out)
+		}
+		return out
+	}
+	return relay, call
 }
