@@ -14,6 +14,7 @@ import (
 
 	"github.com/relay-dev/relay/edge/config"
 	"github.com/relay-dev/relay/edge/relayapi/relayapitest"
+	"github.com/relay-dev/relay/edge/takedown"
 )
 
 // eventually polls cond; it bounds a wait, it does not pace the test.
@@ -52,7 +53,7 @@ func TestRunThroughOutage(t *testing.T) {
 	eventually(t, "receipt accepted", func() bool { _, ok := f.srv.Receipts()[o.Request]; return ok })
 	eventually(t, "holdings: seg-1 evicted, seg-2 held", func() bool {
 		h := f.srv.Holdings("edge-a")
-		return h["seg-1"].State == stateEvicted && h["seg-2"].State == stateHeld
+		return h["seg-1"].State == takedown.StateEvicted && h["seg-2"].State == takedown.StateHeld
 	})
 	eventually(t, "status clean", func() bool {
 		st := f.agent.Status()
@@ -96,7 +97,7 @@ func TestSigV4(t *testing.T) {
 	if _, ok := srv.Receipts()[o.Request]; !ok {
 		t.Fatalf("receipt not accepted: %+v", a.Status())
 	}
-	if h := srv.Holdings("edge-a")["seg-1"]; h.State != stateEvicted {
+	if h := srv.Holdings("edge-a")["seg-1"]; h.State != takedown.StateEvicted {
 		t.Fatalf("holding %+v", h)
 	}
 

@@ -153,7 +153,7 @@ func (f *fixture) pass(p func(context.Context) error) {
 func (f *fixture) held() map[string]string {
 	out := map[string]string{}
 	for id, r := range f.srv.Holdings(f.node) {
-		if r.State == stateHeld {
+		if r.State == takedown.StateHeld {
 			out[id] = r.SHA256
 		}
 	}

@@ -11,25 +11,11 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/relay-dev/relay/edge/segstore"
+	"github.com/relay-dev/relay/edge/takedown"
 )
-
-// Holding states of a report.
-const (
-	stateHeld    = "held"
-	stateEvicted = "evicted"
-)
-
-// report is one entry of POST /v1/holdings.
-type report struct {
-	ContentID  string `json:"content_id"`
-	SHA256     string `json:"sha256"`
-	Size       int64  `json:"size"`
-	State      string `json:"state"`
-	ObservedMS int64  `json:"observed_ms"`
-}
 
 type holdingsBody struct {
-	Reports []report `json:"reports"`
+	Reports []takedown.Report `json:"reports"`
 }
 
 type holdingsAnswer struct {
@@ -54,7 +40,7 @@ func (a *Agent) reportPass(ctx context.Context) error {
 			return err
 		}
 		if !ok {
-			var reports []report
+			var reports []takedown.Report
 			var owed int
 			reports, owed, err = a.diff(after, a.batch)
 			if err != nil {
@@ -90,7 +76,7 @@ func (a *Agent) pendingBatch() (pendingBatch, bool, error) {
 
 // savePending numbers a new batch and writes it, key and bytes, before
 // anything is sent.
-func (a *Agent) savePending(reports []report) (pendingBatch, error) {
+func (a *Agent) savePending(reports []takedown.Report) (pendingBatch, error) {
 	body, err := json.Marshal(holdingsBody{Reports: reports})
 	if err != nil {
 		return pendingBatch{}, err
@@ -148,7 +134,7 @@ func (a *Agent) sendPending(ctx context.Context, p pendingBatch) error {
 		h := tx.Bucket(holdingsBucket)
 		for _, r := range body.Reports {
 			var err error
-			if r.State == stateHeld {
+			if r.State == takedown.StateHeld {
 				err = putJSON(h, []byte(r.ContentID), reported{SHA256: r.SHA256, Size: r.Size})
 			} else {
 				err = h.Delete([]byte(r.ContentID))
@@ -184,12 +170,12 @@ func (a *Agent) dropPending(key string) error {
 // diff walks the index and the holdings bucket together in id order,
 // from after ("" = the start), and returns the first limit reports owed
 // and how many are owed in all from there.
-func (a *Agent) diff(after string, limit int) ([]report, int, error) {
+func (a *Agent) diff(after string, limit int) ([]takedown.Report, int, error) {
 	ix := &pager[segstore.Entry]{after: after, load: a.store.ListAfter, id: func(e segstore.Entry) string { return e.ID }}
 	hs := &pager[heldEntry]{after: after, load: a.listHeld, id: func(h heldEntry) string { return h.id }}
-	var out []report
+	var out []takedown.Report
 	owed := 0
-	add := func(r report) {
+	add := func(r takedown.Report) {
 		owed++
 		if len(out) < limit {
 			out = append(out, r)
@@ -208,7 +194,7 @@ func (a *Agent) diff(after string, limit int) ([]report, int, error) {
 		case !eok && !hok:
 			return out, owed, nil
 		case eok && (!hok || e.ID < h.id):
-			add(report{ContentID: e.ID, SHA256: e.SHA256, Size: e.Size, State: stateHeld, ObservedMS: e.Received.UnixMilli()})
+			add(takedown.Report{ContentID: e.ID, SHA256: e.SHA256, Size: e.Size, State: takedown.StateHeld, ObservedMS: e.Received.UnixMilli()})
 			ix.next()
 		case hok && (!eok || h.id < e.ID):
 			if len(out) < limit {
@@ -219,7 +205,7 @@ func (a *Agent) diff(after string, limit int) ([]report, int, error) {
 			hs.next()
 		default:
 			if e.SHA256 != h.SHA256 || e.Size != h.Size {
-				add(report{ContentID: e.ID, SHA256: e.SHA256, Size: e.Size, State: stateHeld, ObservedMS: e.Received.UnixMilli()})
+				add(takedown.Report{ContentID: e.ID, SHA256: e.SHA256, Size: e.Size, State: takedown.StateHeld, ObservedMS: e.Received.UnixMilli()})
 			}
 			ix.next()
 			hs.next()
@@ -229,12 +215,12 @@ func (a *Agent) diff(after string, limit int) ([]report, int, error) {
 
 // evictedReport is h reported evicted, at its tombstone's time if it was
 // taken down, else now (when the pass noticed it).
-func (a *Agent) evictedReport(h heldEntry) report {
+func (a *Agent) evictedReport(h heldEntry) takedown.Report {
 	at := a.now()
 	if t, err := a.store.TombstoneOf(h.id); err == nil {
 		at = t.EvictedAt
 	}
-	return report{ContentID: h.id, SHA256: h.SHA256, Size: h.Size, State: stateEvicted, ObservedMS: at.UnixMilli()}
+	return takedown.Report{ContentID: h.id, SHA256: h.SHA256, Size: h.Size, State: takedown.StateEvicted, ObservedMS: at.UnixMilli()}
 }
 
 type heldEntry struct {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/relay-dev/relay/edge/config"
 	"github.com/relay-dev/relay/edge/relayapi/relayapitest"
+	"github.com/relay-dev/relay/edge/takedown"
 )
 
 // TestHoldingsDifference: the first pass reports every segment held, a
@@ -47,7 +48,7 @@ func TestHoldingsDifference(t *testing.T) {
 		t.Fatalf("relay holds %v, want %v", got, want)
 	}
 	applied := f.srv.Applied(f.node)
-	if len(applied) != 5 || applied[3].ContentID != "seg-1" || applied[3].State != stateEvicted || applied[4].ContentID != "seg-9" {
+	if len(applied) != 5 || applied[3].ContentID != "seg-1" || applied[3].State != takedown.StateEvicted || applied[4].ContentID != "seg-9" {
 		t.Fatalf("reports applied: %+v; want 3 held, then seg-1 evicted and seg-9 held", applied)
 	}
 	if applied[3].SHA256 == "" || applied[3].Size != int64(len("seg-1")) {
@@ -120,7 +121,7 @@ func TestHoldingsRetriedAcrossRestart(t *testing.T) {
 	f.srv.Up()
 	f.pass(f.agent.reportPass)
 	applied := f.srv.Applied(f.node)
-	if len(applied) != 4 || applied[2].ContentID != "seg-1" || applied[2].State != stateEvicted || applied[3].ContentID != "seg-3" || applied[3].State != stateHeld {
+	if len(applied) != 4 || applied[2].ContentID != "seg-1" || applied[2].State != takedown.StateEvicted || applied[3].ContentID != "seg-3" || applied[3].State != takedown.StateHeld {
 		t.Fatalf("applied %+v, want seg-1 and seg-2 held, then exactly seg-1 evicted and seg-3 held", applied)
 	}
 }

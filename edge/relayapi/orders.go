@@ -14,21 +14,10 @@ import (
 	"github.com/relay-dev/relay/edge/takedown"
 )
 
-// order is one entry of GET /v1/orders.
-type order struct {
-	Cursor      string `json:"cursor"`
-	Request     string `json:"request"`
-	ContentID   string `json:"content_id"`
-	SHA256      string `json:"sha256"`
-	Takedown    string `json:"takedown"`
-	Reason      string `json:"reason"`
-	RequestedMS int64  `json:"requested_ms"`
-}
-
 type ordersAnswer struct {
-	Node   string  `json:"node"`
-	Orders []order `json:"orders"`
-	Next   string  `json:"next"`
+	Node   string           `json:"node"`
+	Orders []takedown.Order `json:"orders"`
+	Next   string           `json:"next"`
 }
 
 // Results of an order (edged_relayapi_orders_total).
@@ -90,7 +79,7 @@ func (a *Agent) orderPass(ctx context.Context) error {
 // taken down before, or refused for reasons that do not go away (the
 // segment is not here, the ids are malformed). An error leaves the order
 // to be asked again.
-func (a *Agent) apply(o order) error {
+func (a *Agent) apply(o takedown.Order) error {
 	if err := orderProblem(o); err != nil {
 		a.met.orders.WithLabelValues(orderInvalid).Inc()
 		a.orders.note(orderInvalid)
@@ -123,7 +112,7 @@ func (a *Agent) apply(o order) error {
 
 // orderProblem checks what the eviction and its receipt take from an
 // order.
-func orderProblem(o order) error {
+func orderProblem(o takedown.Order) error {
 	if err := segstore.ValidID(o.ContentID); err != nil {
 		return err
 	}

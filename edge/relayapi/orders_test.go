@@ -47,7 +47,7 @@ func TestOrderEvictsAndReceiptVerifies(t *testing.T) {
 		t.Fatalf("receipt %+v: %v", s.Receipt, err)
 	}
 	f.pass(f.agent.reportPass)
-	if r := f.srv.Holdings("edge-a")["seg-1"]; r.State != stateEvicted || r.ObservedMS != tb.EvictedAt.UnixMilli() {
+	if r := f.srv.Holdings("edge-a")["seg-1"]; r.State != takedown.StateEvicted || r.ObservedMS != tb.EvictedAt.UnixMilli() {
 		t.Fatalf("holding after the takedown: %+v, want evicted at %v", r, tb.EvictedAt)
 	}
 

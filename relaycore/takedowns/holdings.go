@@ -7,24 +7,18 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/relay-dev/relay/edge/takedown"
 	"github.com/relay-dev/relay/relaycore"
 )
 
-// Report is one holder report: node holds (State "held") or no longer holds
-// (State "evicted") content ContentID, whose digest is SHA256, as the
-// node observed at ObservedMS (the node's clock).
-type Report struct {
-	ContentID  string `json:"content_id"`
-	SHA256     string `json:"sha256"`
-	Size       int64  `json:"size"`
-	State      string `json:"state"`
-	ObservedMS int64  `json:"observed_ms"`
-}
+// Report is one holder report (edge/takedown.Report: one declaration for
+// the relay and edged).
+type Report = takedown.Report
 
 // States of a report.
 const (
-	StateHeld    = "held"
-	StateEvicted = "evicted"
+	StateHeld    = takedown.StateHeld
+	StateEvicted = takedown.StateEvicted
 )
 
 // MaxReports bounds the reports of one call (the contract's 1..500).
@@ -61,7 +55,7 @@ func validDigest(s string) bool {
 	return true
 }
 
-func (r Report) validate(i int) error {
+func validateReport(r Report, i int) error {
 	if err := CheckContent(r.ContentID); err != nil {
 		return invalid("reports[%d]: %v", i, err)
 	}
@@ -115,7 +109,7 @@ func (o *Owner) Report(ctx context.Context, node, key string, reports []Report) 
 	}
 	rows := make([]relaycore.Row, len(reports))
 	for i, r := range reports {
-		if err := r.validate(i); err != nil {
+		if err := validateReport(r, i); err != nil {
 			return ReportResult{}, err
 		}
 		v, _ := json.Marshal(holderValue{V: 1, SHA256: r.SHA256, Size: r.Size, State: r.State, ObservedMS: r.ObservedMS})

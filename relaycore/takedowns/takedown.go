@@ -10,6 +10,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/relay-dev/relay/edge/takedown"
 	"github.com/relay-dev/relay/relaycore"
 )
 
@@ -24,18 +25,10 @@ type Takedown struct {
 	RequestedMS int64  `json:"requested_ms"`
 }
 
-// Order is one order in a node's order partition: evict ContentID (digest
-// SHA256, as the holder index had it) for Request, the per-holder request
-// id. Cursor is set when read (GET /v1/orders), never stored.
-type Order struct {
-	Cursor      string `json:"cursor,omitempty"`
-	Request     string `json:"request"`
-	ContentID   string `json:"content_id"`
-	SHA256      string `json:"sha256"`
-	Takedown    string `json:"takedown"`
-	Reason      string `json:"reason"`
-	RequestedMS int64  `json:"requested_ms"`
-}
+// Order is one order in a node's order partition (edge/takedown.Order:
+// one declaration for the relay and edged). Cursor is set when read (GET
+// /v1/orders), never stored.
+type Order = takedown.Order
 
 // Waiver is an operator's decision that a holder need not prove its
 // eviction (a device destroyed, a node gone for good): who, when, why.
