@@ -110,6 +110,20 @@ const claimTTL = 10 * time.Second
 
 // newReplicas starts n replicas' clocks (not running: the tests step them,
 // or Run them) on s. wrap, when set, wraps replica i's target store.
+// gatedReplicas is newReplicas whose replica 0 reaches the store through a
+// gate, so a test can hold its fire mid-way.
+func gatedReplicas(s shared, n int, clock relaycore.Clock, sweep time.Duration) ([]*replica, *gate) {
+	g := newGate()
+	rs := newReplicas(s, n, clock, sweep, func(i int, st relaycore.Store) relaycore.Store {
+		if i == 0 {
+			g.Store = st
+			return g
+		}
+		return st
+	}, nil)
+	return rs, &g
+}
+
 func newReplicas(s shared, n int, clock relaycore.Clock, sweep time.Duration, wrap func(i int, st relaycore.Store) relaycore.Store, observed chan<- struct{}) []*replica {
 	return newReplicasTTL(s, n, clock, sweep, claimTTL, wrap, observed)
 }
@@ -301,14 +315,7 @@ func TestReplicaDiesOthersTakeOver(t *testing.T) {
 			ctx := t.Context()
 			t0 := time.Date(2026, 12, 2, 3, 0, 0, 0, time.UTC)
 			now := &manualClock{t: t0}
-			g := newGate()
-			rs := newReplicas(s, 3, now, sweep, func(i int, st relaycore.Store) relaycore.Store {
-				if i == 0 {
-					g.Store = st
-					return g
-				}
-				return st
-			}, nil)
+			rs, g := gatedReplicas(s, 3, now, sweep)
 			var sources []relaycore.Partition
 			for i := range nSources {
 				src := sourceName(i)
@@ -381,14 +388,7 @@ func TestClaimedSourceLeftToItsHolder(t *testing.T) {
 				ctx := t.Context()
 				t0 := time.Date(2026, 12, 2, 3, 0, 0, 0, time.UTC)
 				now := &manualClock{t: t0}
-				g := newGate()
-				rs := newReplicas(s, 2, now, time.Minute, func(i int, st relaycore.Store) relaycore.Store {
-					if i == 0 {
-						g.Store = st
-						return g
-					}
-					return st
-				}, nil)
+				rs, g := gatedReplicas(s, 2, now, time.Minute)
 				src := sourceName(0)
 				if _, err := rs[0].h.Enqueue(ctx, src, rowsFor(src, 4), relaycore.EnqueueOptions{}); err != nil {
 					t.Fatal(err)
@@ -558,14 +558,7 @@ func TestBusyKickRetriedOnceChecked(t *testing.T) {
 			ctx := t.Context()
 			t0 := time.Date(2026, 12, 2, 3, 0, 0, 0, time.UTC)
 			now := &manualClock{t: t0}
-			g := newGate()
-			rs := newReplicas(s, 2, now, time.Hour, func(i int, st relaycore.Store) relaycore.Store {
-				if i == 0 {
-					g.Store = st
-					return g
-				}
-				return st
-			}, nil)
+			rs, g := gatedReplicas(s, 2, now, time.Hour)
 			src := sourceName(0)
 			hold := func() chan struct{} { // r0 fires src and holds it at the gate
 				held := make(chan struct{})
