@@ -112,23 +112,30 @@ func (o OutboxState) enqOf(t Partition) (targetEnq, bool) {
 // or there is room; ok false: t keeps a t/<hex>/e record.
 func withEnq(entries []foldedEnq, t Partition, e targetEnq, caps Capabilities) ([]foldedEnq, bool) {
 	h := targetHex(t)
-	i, found := folded(entries, h, enqHex)
-	if !found {
-		size := foldedEnqSize(h)
-		for _, f := range entries {
-			size += foldedEnqSize(f.Hex)
-		}
-		if len(entries) >= maxFolded || size > osFoldBytes(caps) {
-			return entries, false
-		}
-	}
-	out := slices.Clone(entries)
+	return upsertFolded(entries, foldEnq(h, e), enqHex, foldedEnqSize, osFoldBytes(caps))
+}
+
+// upsertFolded returns entries with v in its place by hex (key), replacing
+// the entry of the same hex, or inserted when there is room: fewer than
+// maxFolded entries whose sizes (size of each hex) stay within limit bytes.
+// ok false: no room, and entries is returned unchanged. entries itself is
+// never modified: it may be the decoded record's.
+func upsertFolded[T any](entries []T, v T, key func(T) string, size func(string) int, limit int) ([]T, bool) {
+	h := key(v)
+	i, found := folded(entries, h, key)
 	if found {
-		out[i] = foldEnq(h, e)
-	} else {
-		out = slices.Insert(out, i, foldEnq(h, e))
+		out := slices.Clone(entries)
+		out[i] = v
+		return out, true
 	}
-	return out, true
+	total := size(h)
+	for _, f := range entries {
+		total += size(key(f))
+	}
+	if len(entries) >= maxFolded || total > limit {
+		return entries, false
+	}
+	return slices.Insert(slices.Clone(entries), i, v), true
 }
 
 // overlayDone applies t's folded delivery progress in rs to r, if any.
@@ -149,25 +156,8 @@ func onlyProgress(a, b targetRec) bool {
 // foldDone sets r's progress as t's entry in entries when t is folded
 // already or there is room (ok); else it returns entries without t.
 func foldDone(entries []foldedDone, r targetRec, caps Capabilities) ([]foldedDone, bool) {
-	h := targetHex(r.Target)
-	i, found := folded(entries, h, doneHex)
-	if !found {
-		size := foldedDoneSize(h)
-		for _, f := range entries {
-			size += foldedDoneSize(f.Hex)
-		}
-		if len(entries) >= maxFolded || size > foldBytes(caps) {
-			return entries, false
-		}
-	}
-	d := foldedDone{Hex: h, Done: r.Done, Through: r.Through, Next: r.Next, NextMS: r.NextMS}
-	out := slices.Clone(entries)
-	if found {
-		out[i] = d
-	} else {
-		out = slices.Insert(out, i, d)
-	}
-	return out, true
+	d := foldedDone{Hex: targetHex(r.Target), Done: r.Done, Through: r.Through, Next: r.Next, NextMS: r.NextMS}
+	return upsertFolded(entries, d, doneHex, foldedDoneSize, foldBytes(caps))
 }
 
 // unfoldDone returns entries without t's.
