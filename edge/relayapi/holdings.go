@@ -167,6 +167,11 @@ func (a *Agent) dropPending(key string) error {
 	})
 }
 
+// heldReport is the report that this node holds e.
+func heldReport(e segstore.Entry) takedown.Report {
+	return takedown.Report{ContentID: e.ID, SHA256: e.SHA256, Size: e.Size, State: takedown.StateHeld, ObservedMS: e.Received.UnixMilli()}
+}
+
 // diff walks the index and the holdings bucket together in id order,
 // from after ("" = the start), and returns the first limit reports owed
 // and how many are owed in all from there.
@@ -194,7 +199,7 @@ func (a *Agent) diff(after string, limit int) ([]takedown.Report, int, error) {
 		case !eok && !hok:
 			return out, owed, nil
 		case eok && (!hok || e.ID < h.id):
-			add(takedown.Report{ContentID: e.ID, SHA256: e.SHA256, Size: e.Size, State: takedown.StateHeld, ObservedMS: e.Received.UnixMilli()})
+			add(heldReport(e))
 			ix.next()
 		case hok && (!eok || h.id < e.ID):
 			if len(out) < limit {
@@ -205,7 +210,7 @@ func (a *Agent) diff(after string, limit int) ([]takedown.Report, int, error) {
 			hs.next()
 		default:
 			if e.SHA256 != h.SHA256 || e.Size != h.Size {
-				add(takedown.Report{ContentID: e.ID, SHA256: e.SHA256, Size: e.Size, State: takedown.StateHeld, ObservedMS: e.Received.UnixMilli()})
+				add(heldReport(e))
 			}
 			ix.next()
 			hs.next()
