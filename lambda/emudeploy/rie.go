@@ -7,14 +7,14 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/relay-dev/relay/internal/rieproc"
 )
 
 // rieEnv is one execution environment: a bootstrap under the AWS Lambda
@@ -24,9 +24,8 @@ import (
 type rieEnv struct {
 	id     string
 	url    string
-	cmd    *exec.Cmd
+	proc   *rieproc.Proc
 	log    *tailBuffer
-	exited chan struct{}
 	client *http.Client
 }
 
@@ -34,47 +33,13 @@ type rieEnv struct {
 // empty HOME, so no AWS config files leak in) and waits until the
 // emulator listens.
 func startRIE(id, rie, bootstrap, home string, env map[string]string, timeout time.Duration) (*rieEnv, error) {
-	apiAddr, err := freeAddr()
+	log := &tailBuffer{max: 64 << 10}
+	p, err := rieproc.Start(rieproc.Config{RIE: rie, Bootstrap: bootstrap, Env: env, Home: home, Timeout: timeout, Output: log})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", id, err)
 	}
-	rapidAddr, err := freeAddr()
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(rie, "--runtime-interface-emulator-address", apiAddr, "--runtime-api-address", rapidAddr, bootstrap)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + home, "AWS_EC2_METADATA_DISABLED=true",
-		fmt.Sprintf("AWS_LAMBDA_FUNCTION_TIMEOUT=%d", int(timeout/time.Second))}
-	for k, v := range env {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
-	e := &rieEnv{id: id, url: "http://" + apiAddr + "/2015-03-31/functions/function/invocations", cmd: cmd,
-		log: &tailBuffer{max: 64 << 10}, exited: make(chan struct{}),
-		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}}
-	cmd.Stdout, cmd.Stderr = e.log, e.log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", id, err)
-	}
-	go func() { _ = cmd.Wait(); close(e.exited) }()
-	// Another process: poll its port, there is nothing else to wait on.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", apiAddr, time.Second)
-		if err == nil {
-			c.Close()
-			return e, nil
-		}
-		select {
-		case <-e.exited:
-			return nil, fmt.Errorf("%s: emulator exited:\n%s", id, e.log.String())
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			e.stop()
-			return nil, fmt.Errorf("%s: emulator not listening on %s: %v", id, apiAddr, err)
-		}
-	}
+	return &rieEnv{id: id, url: p.URL, proc: p, log: log,
+		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}}, nil
 }
 
 // Invoke posts payload and returns the handler's answer (a function error
@@ -100,19 +65,7 @@ func (e *rieEnv) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
 }
 
 // stop ends the emulator and its bootstrap together.
-func (e *rieEnv) stop() {
-	_ = syscall.Kill(-e.cmd.Process.Pid, syscall.SIGKILL)
-	<-e.exited
-}
-
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
-}
+func (e *rieEnv) stop() { e.proc.Stop() }
 
 // tailBuffer keeps the last max bytes a process wrote, for error reports.
 type tailBuffer struct {

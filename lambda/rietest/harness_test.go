@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -21,9 +20,10 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/relay-dev/relay/internal/rieproc"
 
 	"github.com/relay-dev/relay/infra/dynamo"
 	"github.com/relay-dev/relay/infra/dynamoemu"
@@ -173,7 +173,6 @@ type function struct {
 	id     string
 	invURL string
 	log    *syncBuffer
-	exited chan struct{}
 	// invoked counts invocations made through invoke (see settled).
 	invoked atomic.Int64
 }
@@ -200,62 +199,26 @@ func (f *function) settled(t *testing.T) string {
 	}
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
-}
-
 // start runs the function's bootstrap under the emulator with env (and
 // nothing else from the test's environment) and waits until the emulator
-// accepts connections.
+// listens.
 func start(t *testing.T, id string, env map[string]string) *function {
 	t.Helper()
-	apiAddr, rapidAddr := freeAddr(t), freeAddr(t)
-	cmd := exec.Command(built.rie, "--runtime-interface-emulator-address", apiAddr, "--runtime-api-address", rapidAddr, built.bootstraps[id])
-	home := t.TempDir() // no shared AWS config files leak in
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + home, "AWS_EC2_METADATA_DISABLED=true", "AWS_LAMBDA_FUNCTION_TIMEOUT=60"}
-	for k, v := range env {
-		cmd.Env = append(cmd.Env, k+"="+v)
+	f := &function{id: id, log: &syncBuffer{}}
+	// HOME is empty: no shared AWS config files leak in.
+	p, err := rieproc.Start(rieproc.Config{RIE: built.rie, Bootstrap: built.bootstraps[id], Env: env,
+		Home: t.TempDir(), Timeout: 60 * time.Second, Output: f.log})
+	if err != nil {
+		t.Fatalf("%s: %v", id, err)
 	}
-	f := &function{id: id, invURL: "http://" + apiAddr + "/2015-03-31/functions/function/invocations", log: &syncBuffer{}, exited: make(chan struct{})}
-	cmd.Stdout, cmd.Stderr = f.log, f.log
-	// Its own process group, so the cleanup ends the emulator and the
-	// bootstrap it started together.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s under the emulator: %v", id, err)
-	}
-	go func() { _ = cmd.Wait(); close(f.exited) }()
+	f.invURL = p.URL
 	t.Cleanup(func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-f.exited
+		p.Stop()
 		if t.Failed() {
 			t.Logf("%s emulator output:\n%s", id, f.log.String())
 		}
 	})
-	// The emulator is another process: poll its port (nothing to wait on).
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", apiAddr, time.Second)
-		if err == nil {
-			c.Close()
-			return f
-		}
-		select {
-		case <-f.exited:
-			t.Fatalf("%s emulator exited:\n%s", id, f.log.String())
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s emulator not listening on %s: %v", id, apiAddr, err)
-		}
-	}
+	return f
 }
 
 // invoke posts payload to the function and returns the HTTP status and
