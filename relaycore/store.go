@@ -237,6 +237,24 @@ type BatchGetter interface {
 	GetMany(ctx context.Context, p Partition, keys []string) (map[string][]byte, error)
 }
 
+// LooseDeleter is implemented by stores on which deleting keys one by one,
+// outside an atomic batch, costs less than deleting them inside one:
+// DynamoDB bills a delete in a TransactWriteItems 2 write units per started
+// KB of the item and a BatchWriteItem delete 1. It is optional: on a store
+// without it the engine deletes delivered pages in its checkpoint batch; on
+// one with it the checkpoint records them as deleted (rs) and the fire then
+// deletes them loosely (docs/layout.md, "Loose deletes"). Like BatchGetter,
+// a wrapper that intercepts Apply must implement it itself or not at all.
+type LooseDeleter interface {
+	// DeleteLoose deletes keys of partition p, each on its own: no
+	// precondition, no atomicity across keys, no order. An absent key is
+	// not an error, and keys may repeat. On error any subset of the keys
+	// may have been deleted; deleting again is always safe, because the
+	// engine deletes loosely only keys that no batch writes again. An empty
+	// or nil keys sends nothing.
+	DeleteLoose(ctx context.Context, p Partition, keys []string) error
+}
+
 // GetMany reads keys of partition p in one round trip when st implements
 // BatchGetter, and with one Get per distinct key otherwise; see
 // BatchGetter.GetMany for the result and its consistency. It does not look
