@@ -25,7 +25,8 @@
 //     "<content>/<node>/at" the relay's time and seq of it (written by Hook).
 //   - TakedownTarget(id): one takedown: "meta", its requests
 //     (relaycore.TakedownPrefix), their handoffs (TakedownRequestTimer, run
-//     by Hook), "ordered/<request>", "receipt/<request>", "waive/<node>".
+//     by Hook), "ordered/<request>", "receipt/<request>",
+//     "waive/<node>/<key>" (one per waiver).
 //   - OrdersTarget(node): node's orders: "r/<request>" as the owner wrote it
 //     and "o/<seq>" (Hook: the same order under its source seq, the
 //     ascending cursor GET /v1/orders pages by).

@@ -132,6 +132,11 @@ type Holder struct {
 	State      string `json:"state"`
 	ObservedMS int64  `json:"observed_ms"`
 	ReportedMS int64  `json:"reported_ms"`
+	// Seq is the seq of the report in the node's source (HoldingsSource):
+	// it grows with every report the node makes, so it says, without
+	// comparing clocks, whether a report came after another (a waiver
+	// records the one it saw).
+	Seq uint64 `json:"-"`
 }
 
 // Holders lists what the index holds for content, by node: every node that
@@ -161,7 +166,8 @@ func (o *Owner) Holders(ctx context.Context, content string) ([]Holder, error) {
 			if err := json.Unmarshal(it.Value, &at); err != nil {
 				return nil, fmt.Errorf("%w: holder index %s: %v", relaycore.ErrCorruptRecord, it.Key, err)
 			}
-			get(node).ReportedMS = at.ReportedMS
+			h := get(node)
+			h.ReportedMS, h.Seq = at.ReportedMS, at.Seq
 			continue
 		}
 		var v holderValue

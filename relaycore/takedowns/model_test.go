@@ -94,14 +94,28 @@ type mreport struct {
 const content = "seg-9f2c"
 
 // TestModel runs the owner with nodes' reports racing takedown requests,
-// owner passes, fires and receipts, in a seeded order, with crashes
-// injected into every store call (before and after applies, and reads).
-// Safety, checked after every step from the raw partitions: no takedown is
-// reported complete while a node the holder index says holds the content
-// lacks a receipt proving an eviction after that report. Liveness, once
-// the faults stop: every takedown completes, every node has evicted, no
-// request was ordered twice, and no honest receipt was ever refused. Six
-// seeds in make test; RELAY_TAKEDOWN_MODEL_SEEDS=N runs N.
+// owner passes, operators' waivers, fires and receipts, in a seeded order,
+// with crashes injected into every store call (before and after applies,
+// and reads). The invariants, each checked from the raw partitions and not
+// through Status's own reasoning:
+//   - Safety, after every step: no takedown is reported complete while a
+//     node the holder index says holds the content has neither a receipt
+//     proving an eviction after that report nor a waiver that saw that
+//     report (a waiver releases the copy the operator knew of: a held
+//     report committed after it makes the node a late holder again, as
+//     issue 23 says of any node that reports the content after a request).
+//   - Audit: every stored waiver is one an operator's call made, with its
+//     caller (who), its reason (why) and a time within the call (when);
+//     every waiver the owner answered for is stored, and none replaces
+//     another (a renewal is a waiver of its own).
+//   - Receipts: no honest receipt is refused, a waived holder's included,
+//     and every accepted one is stored in a takedown.
+//   - Liveness, once the faults stop: every takedown completes; every node
+//     has evicted unless each takedown holds a waiver that saw its last
+//     report; no node was requested again before it proved the eviction
+//     its latest request asked for; no request was ordered twice.
+//
+// Six seeds in make test; RELAY_TAKEDOWN_MODEL_SEEDS=N runs N.
 func TestModel(t *testing.T) {
 	seeds := 6
 	if v := os.Getenv("RELAY_TAKEDOWN_MODEL_SEEDS"); v != "" {
@@ -218,6 +232,30 @@ func runModel(t *testing.T, seed uint64) {
 			t.Fatalf("receipt of %s: %v", n.name, err)
 		}
 	}
+	// waives: every waiver call an operator made, and what it answered.
+	var waives []*mwaive
+	waive := func(n *mnode) {
+		open := rawItems(t, e, takedowns.OpenTarget, "")
+		if len(open) == 0 {
+			return
+		}
+		c := &mwaive{id: open[rng.IntN(len(open))].Key, node: n.name, by: fmt.Sprintf("op-%d", len(waives)),
+			reason: fmt.Sprintf("device gone, ticket %d", len(waives)), startMS: e.clock.Now().UnixMilli()}
+		waives = append(waives, c)
+		o := owners[rng.IntN(len(owners))]
+		s.start(ctx, func(ctx context.Context) error {
+			w, err := o.Waive(ctx, c.id, c.node, c.reason, c.by)
+			c.endMS = e.clock.Now().UnixMilli()
+			switch {
+			case err == nil:
+				c.w, c.ok = w, true
+			case errors.Is(err, takedowns.ErrWaived), errors.Is(err, takedowns.ErrNotHolder), errors.Is(err, takedowns.ErrNotFound), transient(err):
+			default:
+				return err
+			}
+			return nil
+		})
+	}
 	fire := func(s relaycore.Partition) {
 		if _, err := e.relay.Fire(ctx, s); err != nil && !transient(err) {
 			t.Fatalf("fire %s: %v", s, err)
@@ -261,6 +299,10 @@ func runModel(t *testing.T, seed uint64) {
 			}
 		case k < 82:
 			pull(n)
+		case k < 85:
+			if len(s.actors) < len(owners) {
+				waive(n)
+			}
 		default:
 			post(n)
 		}
@@ -362,8 +404,13 @@ func runModel(t *testing.T, seed uint64) {
 			t.Errorf("receipt for %s accepted and stored in no takedown", req)
 		}
 	}
+	checkWaivers(t, e, waives)
 	for _, n := range nodes {
-		if n.holds {
+		released := true
+		for _, it := range open.Items {
+			released = released && waiverSaw(t, e, it.Key, n.name)
+		}
+		if n.holds && !released {
 			hs, _ := e.o.Holders(ctx, content)
 			var sts []takedowns.Status
 			for _, it := range open.Items {
@@ -387,8 +434,14 @@ func runModel(t *testing.T, seed uint64) {
 			}
 		}
 	}
-	t.Logf("seed %d: %d requests, owner passes %d (%d begun during another), faults injected %d+%d, orders %d",
-		seed, requests, passes, overlapped, src.hits, dst.hits, len(keys))
+	nw := 0
+	for _, c := range waives {
+		if c.ok {
+			nw++
+		}
+	}
+	t.Logf("seed %d: %d requests, owner passes %d (%d begun during another), waivers %d of %d asked, faults injected %d+%d, orders %d",
+		seed, requests, passes, overlapped, nw, len(waives), src.hits, dst.hits, len(keys))
 }
 
 // transient reports whether err is an injected fault's consequence (the
@@ -401,25 +454,19 @@ func transient(err error) bool {
 
 // checkSafety: a takedown reported complete has, for every node the holder
 // index says holds the content, a stored receipt of that node dated after
-// the report's observation (its own clock on both), or a waiver. Computed
-// from the raw partitions, not from Status's own reasoning.
+// the report's observation (its own clock on both), or a waiver that saw
+// that report (its report_seq is at least the report's seq). Computed from
+// the raw partitions, not from Status's own reasoning.
 func checkSafety(t *testing.T, e *env, step int) {
 	t.Helper()
 	ctx := context.Background()
-	inner := func(p relaycore.Partition, prefix string) []relaycore.KV {
-		pg, err := relaycore.ReadTarget(ctx, unwrap(e.dst), p, relaycore.TargetReadRequest{Prefix: prefix, Limit: 1000})
-		if err != nil || pg.Next != "" {
-			t.Fatalf("read %s: %v", p, err)
-		}
-		return pg.Items
-	}
-	for _, it := range inner(takedowns.OpenTarget, "") {
+	for _, it := range rawItems(t, e, takedowns.OpenTarget, "") {
 		st, err := e.o.Status(ctx, it.Key)
 		if err != nil || !st.Complete {
 			continue
 		}
 		evicted := map[string]time.Time{}
-		for _, kv := range inner(takedowns.TakedownTarget(it.Key), "receipt/") {
+		for _, kv := range rawItems(t, e, takedowns.TakedownTarget(it.Key), "receipt/") {
 			s, err := takedown.ParseLine(kv.Value)
 			if err != nil {
 				t.Fatalf("stored receipt: %v", err)
@@ -428,24 +475,130 @@ func checkSafety(t *testing.T, e *env, step int) {
 				evicted[s.Receipt.Node] = s.Receipt.EvictedAt
 			}
 		}
-		waived := map[string]bool{}
-		for _, kv := range inner(takedowns.TakedownTarget(it.Key), "waive/") {
-			waived[strings.TrimPrefix(kv.Key, "waive/")] = true
+		for node, h := range rawIndex(t, e) {
+			if h.State == "held" && !waiverSaw(t, e, it.Key, node) && evicted[node].UnixMilli() < h.ObservedMS {
+				t.Fatalf("step %d: takedown %s reported complete while %s holds the content (reported at %d, seq %d, last eviction proved %v): %+v",
+					step, it.Key, node, h.ObservedMS, h.Seq, evicted[node], st)
+			}
 		}
-		for _, kv := range inner(takedowns.HoldersTarget(content), content+"/") {
-			if strings.HasSuffix(kv.Key, "/at") {
-				continue
+	}
+}
+
+// rawItems reads a target partition past the faults and the scheduler.
+func rawItems(t *testing.T, e *env, p relaycore.Partition, prefix string) []relaycore.KV {
+	t.Helper()
+	pg, err := relaycore.ReadTarget(context.Background(), unwrap(e.dst), p, relaycore.TargetReadRequest{Prefix: prefix, Limit: 1000})
+	if err != nil || pg.Next != "" {
+		t.Fatalf("read %s: %v", p, err)
+	}
+	return pg.Items
+}
+
+// rawHolder is a node's record in the holder index as stored: its last
+// report and the seq of the row that carried it (the hook's "/at").
+type rawHolder struct {
+	State      string `json:"state"`
+	ObservedMS int64  `json:"observed_ms"`
+	Seq        uint64
+}
+
+func rawIndex(t *testing.T, e *env) map[string]rawHolder {
+	t.Helper()
+	out := map[string]rawHolder{}
+	for _, kv := range rawItems(t, e, takedowns.HoldersTarget(content), content+"/") {
+		rest := strings.TrimPrefix(kv.Key, content+"/")
+		if node, ok := strings.CutSuffix(rest, "/at"); ok {
+			var at struct {
+				Seq uint64 `json:"seq"`
 			}
-			var h struct {
-				State      string `json:"state"`
-				ObservedMS int64  `json:"observed_ms"`
+			json.Unmarshal(kv.Value, &at)
+			h := out[node]
+			h.Seq = at.Seq
+			out[node] = h
+			continue
+		}
+		h := out[rest]
+		json.Unmarshal(kv.Value, &h)
+		out[rest] = h
+	}
+	return out
+}
+
+// rawWaiver is a stored waiver: who, why, when and the report of the node
+// it saw.
+type rawWaiver struct {
+	By        string `json:"by"`
+	Reason    string `json:"reason"`
+	AtMS      int64  `json:"at_ms"`
+	ReportSeq uint64 `json:"report_seq"`
+}
+
+// rawWaivers are node's waivers in takedown id, each a key of its own.
+func rawWaivers(t *testing.T, e *env, id, node string) []rawWaiver {
+	t.Helper()
+	var out []rawWaiver
+	for _, kv := range rawItems(t, e, takedowns.TakedownTarget(id), "waive/"+node+"/") {
+		var w rawWaiver
+		if err := json.Unmarshal(kv.Value, &w); err != nil {
+			t.Fatalf("waiver %s of %s: %v", kv.Key, id, err)
+		}
+		out = append(out, w)
+	}
+	return out
+}
+
+// waiverSaw reports whether takedown id holds a waiver of node that saw
+// the node's current record in the holder index (or there is none).
+func waiverSaw(t *testing.T, e *env, id, node string) bool {
+	t.Helper()
+	seq := rawIndex(t, e)[node].Seq
+	for _, w := range rawWaivers(t, e, id, node) {
+		if seq <= w.ReportSeq {
+			return true
+		}
+	}
+	return false
+}
+
+// mwaive is one operator's waiver call in the model and its answer.
+type mwaive struct {
+	id, node, by, reason string
+	startMS, endMS       int64
+	w                    takedowns.Waiver
+	ok                   bool
+}
+
+// checkWaivers: the audit. Every stored waiver is one a call made: its
+// caller, its reason, a time within the call; every waiver a call was
+// answered is stored, once.
+func checkWaivers(t *testing.T, e *env, calls []*mwaive) {
+	t.Helper()
+	byName := map[string]*mwaive{}
+	for _, c := range calls {
+		byName[c.by] = c
+	}
+	stored := map[string]bool{}
+	for _, it := range rawItems(t, e, takedowns.OpenTarget, "") {
+		for _, kv := range rawItems(t, e, takedowns.TakedownTarget(it.Key), "waive/") {
+			node, _, _ := strings.Cut(strings.TrimPrefix(kv.Key, "waive/"), "/")
+			var x rawWaiver
+			if err := json.Unmarshal(kv.Value, &x); err != nil {
+				t.Fatalf("waiver %s: %v", kv.Key, err)
 			}
-			json.Unmarshal(kv.Value, &h)
-			node := strings.TrimPrefix(kv.Key, content+"/")
-			if h.State == "held" && !waived[node] && evicted[node].UnixMilli() < h.ObservedMS {
-				t.Fatalf("step %d: takedown %s reported complete while %s holds the content (reported at %d, last eviction proved %v): %+v",
-					step, it.Key, node, h.ObservedMS, evicted[node], st)
+			switch c := byName[x.By]; {
+			case c == nil || c.id != it.Key || c.node != node || c.reason != x.Reason:
+				t.Errorf("takedown %s: waiver of %s %+v made by no operator's call (who, why): %+v", it.Key, node, x, c)
+			case x.AtMS < c.startMS || x.AtMS > c.endMS:
+				t.Errorf("takedown %s: waiver of %s at %d, outside its call [%d, %d]", it.Key, node, x.AtMS, c.startMS, c.endMS)
+			case stored[x.By]:
+				t.Errorf("takedown %s: waiver %+v stored twice", it.Key, x)
 			}
+			stored[x.By] = true
+		}
+	}
+	for _, c := range calls {
+		if c.ok && (!stored[c.by] || c.w.By != c.by || c.w.Reason != c.reason) {
+			t.Errorf("waiver %+v answered and not stored as answered", *c)
 		}
 	}
 }

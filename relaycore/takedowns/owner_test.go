@@ -382,6 +382,86 @@ func TestOverdueAndWaive(t *testing.T) {
 	})
 }
 
+// A waiver releases the copy the operator knew of: a waived holder that
+// reports holding the content again is a late holder (the takedown is
+// incomplete until it proves its eviction, or is waived anew, the renewal
+// keeping the earlier waiver), and a receipt arriving after a waiver is
+// recorded and counts as proof.
+func TestWaivedHolderReportsAgain(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e *env) {
+		td, ordB := e.ordered()
+		if _, err := e.o.Receipt(e.ctx, "edge-b", e.evict(e.pki, "edge-b", ordB, e.clock.Now())); err != nil {
+			t.Fatal(err)
+		}
+		ordA := e.orders("edge-a")[0]
+		if _, err := e.o.Waive(e.ctx, td.ID, "edge-a", "device destroyed, ticket 4411", "operator-2"); err != nil {
+			t.Fatal(err)
+		}
+		e.deliver()
+		if st := e.status(td.ID); !st.Complete || st.Waived != 1 {
+			t.Fatalf("after the waiver: %+v", st)
+		}
+		e.clock.add(time.Second)
+		e.report("edge-a", "seg-9f2c", "held", e.clock.Now()) // not destroyed after all
+		e.deliver()
+		if r := e.run(); r.LateRequests != 0 || r.Complete != 0 {
+			t.Fatalf("run: %+v (edge-a's order stands: no second request)", r)
+		}
+		st := e.status(td.ID)
+		if st.Complete || st.Holders[0].State != takedowns.HolderPending || st.Holders[0].Waiver == nil {
+			t.Fatalf("a waived holder reported the content again: %+v", st)
+		}
+		if _, err := e.o.Waive(e.ctx, td.ID, "edge-a", "gone again, ticket 4412", "operator-3"); err != nil {
+			t.Fatalf("renew the waiver: %v", err)
+		}
+		if _, err := e.o.Waive(e.ctx, td.ID, "edge-a", "again", "operator-3"); !errors.Is(err, takedowns.ErrWaived) {
+			t.Fatalf("waive a covered holder: %v", err)
+		}
+		e.deliver()
+		st = e.status(td.ID)
+		if w := st.Holders[0].Waiver; !st.Complete || w == nil || w.By != "operator-3" || len(w.Earlier) != 1 || w.Earlier[0].By != "operator-2" ||
+			w.Earlier[0].Reason != "device destroyed, ticket 4411" || w.ReportSeq <= w.Earlier[0].ReportSeq {
+			t.Fatalf("after the renewal: %+v", st)
+		}
+		// edge-a answers its order after all: the receipt is recorded.
+		e.clock.add(time.Second)
+		if _, err := e.o.Receipt(e.ctx, "edge-a", e.evict(e.pki, "edge-a", ordA, e.clock.Now())); err != nil {
+			t.Fatalf("a waived holder's receipt: %v", err)
+		}
+		e.deliver()
+		st = e.status(td.ID)
+		if !st.Complete || st.ReceiptsVerified != 2 || st.Waived != 0 || st.Holders[0].State != takedowns.HolderEvicted {
+			t.Fatalf("after the waived holder's receipt: %+v", st)
+		}
+		if file, err := e.o.Receipts(e.ctx, td.ID); err != nil || bytes.Count(file, []byte("\n")) != 2 {
+			t.Fatalf("receipt file: %q %v", file, err)
+		}
+		// A node waived before any request, that reports again, is
+		// requested like any late holder.
+		e.report("edge-c", "seg-9f2c", "held", e.clock.Now())
+		e.deliver()
+		if _, err := e.o.Waive(e.ctx, td.ID, "edge-c", "lab device, wiped", "operator-2"); err != nil {
+			t.Fatal(err)
+		}
+		e.deliver()
+		if r := e.run(); r.LateRequests != 0 || r.Complete != 1 {
+			t.Fatalf("run with edge-c waived: %+v", r)
+		}
+		e.clock.add(time.Second)
+		e.report("edge-c", "seg-9f2c", "held", e.clock.Now())
+		e.deliver()
+		if r := e.run(); r.LateRequests != 1 || r.Complete != 0 {
+			t.Fatalf("run after edge-c reported again: %+v", r)
+		}
+		e.deliver()
+		e.run()
+		e.deliver()
+		if os := e.orders("edge-c"); len(os) != 1 {
+			t.Fatalf("edge-c's orders: %+v", os)
+		}
+	})
+}
+
 // What an owner pass costs while nothing happens: per open takedown, the
 // control source's target status (relaycore.GetTarget), one scan of its
 // partition and one of its holder shard, plus one scan of the open list;

@@ -178,7 +178,7 @@ func (o *Owner) order(ctx context.Context, v *view, t relaycore.ContentTakedownV
 }
 
 // lateRequest is the request node needs now, if any: the index says it
-// holds the content, it is not waived, and either it has no request yet
+// holds the content, no waiver saw that report, and either it has no request yet
 // or its last report of holding the content (ObservedMS, its own clock)
 // is later than the eviction its verified receipt proves (the content came
 // back: a rebuilt edged.db, a peer's copy). The request time is derived
@@ -189,7 +189,9 @@ func (v *view) lateRequest(node string) (relaycore.ContentTakedownV1, bool) {
 	if h.State != StateHeld {
 		return relaycore.ContentTakedownV1{}, false
 	}
-	if _, waived := v.waivers[node]; waived {
+	if v.saw(node) {
+		// The copy the waiver released. A held report after it (a greater
+		// seq) makes the node a late holder like any other.
 		return relaycore.ContentTakedownV1{}, false
 	}
 	t := relaycore.ContentTakedownV1{Version: 1, ContentID: v.meta.ContentID, LateHolder: node, Reason: v.meta.Reason}
@@ -226,9 +228,11 @@ func (v *view) lastProof() time.Time {
 			last = at
 		}
 	}
-	for _, w := range v.waivers {
-		if at := time.UnixMilli(w.AtMS); at.After(last) {
-			last = at
+	for _, ws := range v.waivers {
+		for _, w := range ws {
+			if at := time.UnixMilli(w.AtMS); at.After(last) {
+				last = at
+			}
 		}
 	}
 	return last

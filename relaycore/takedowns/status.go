@@ -101,7 +101,8 @@ func (v *view) status(now time.Time, roots *x509.CertPool) Status {
 				}
 			}
 		}
-		w, waived := v.waivers[n]
+		_, covered := v.covering(n)
+		hs.Waiver = v.waiverOf(n)
 		if h, ok := v.holders[n]; ok && hs.EvictedAt != "" && h.State == StateHeld {
 			// The node reported holding the content after the eviction
 			// it proved (its own clock on both): it holds it again, and
@@ -114,8 +115,8 @@ func (v *view) status(now time.Time, roots *x509.CertPool) Status {
 		case hs.EvictedAt != "":
 			hs.State = HolderEvicted
 			st.ReceiptsVerified++
-		case waived && (!requested || w.AtMS >= t.RequestedMS):
-			hs.State, hs.Waiver = HolderWaived, &w
+		case covered:
+			hs.State = HolderWaived
 			st.Waived++
 		case requested:
 			hs.State = HolderPending
@@ -127,9 +128,6 @@ func (v *view) status(now time.Time, roots *x509.CertPool) Status {
 		default:
 			hs.State = HolderUnrequested
 			st.Pending++
-		}
-		if waived && hs.Waiver == nil && hs.State != HolderWaived {
-			hs.Waiver = &w
 		}
 		st.Holders = append(st.Holders, hs)
 	}

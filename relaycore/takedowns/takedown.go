@@ -7,6 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"sort"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -32,10 +35,25 @@ type Order = takedown.Order
 
 // Waiver is an operator's decision that a holder need not prove its
 // eviction (a device destroyed, a node gone for good): who, when, why.
+// It releases the copy the operator knew of, not the node for good: a
+// node that reports holding the content after the waiver is a late holder
+// again (issue 23: a node that reports the content after a request gets a
+// request of its own), and a waiver covers the node's requests up to its
+// time only.
 type Waiver struct {
 	By     string `json:"by"`
 	Reason string `json:"reason"`
 	AtMS   int64  `json:"at_ms"`
+	// ReportSeq is the node's report in the holder index when the waiver
+	// was made (Holder.Seq; 0: none): a held report with a greater seq
+	// came after it.
+	ReportSeq uint64 `json:"report_seq"`
+	// Earlier are the node's waivers before this one, oldest first (a
+	// node waived, then heard of again, then silent for good is waived
+	// anew). Each waiver is a key of its own in the takedown's partition
+	// ("waive/<node>/<key>"), so no waiver ever replaces another; Earlier
+	// is filled in when read, never stored.
+	Earlier []Waiver `json:"earlier,omitempty"`
 }
 
 // MaxReasonLen bounds a takedown's or a waiver's reason (relaycore's
@@ -116,9 +134,9 @@ type view struct {
 	requests map[string]relaycore.ContentTakedownV1 // by request id
 	handoffs map[string]relaycore.TakedownHandoffV1
 	ordered  map[string]Order
-	receipts map[string][]byte // the receipt line, by request id
-	waivers  map[string]Waiver // by node
-	holders  map[string]Holder // the index, by node
+	receipts map[string][]byte   // the receipt line, by request id
+	waivers  map[string][]Waiver // by node, oldest first
+	holders  map[string]Holder   // the index, by node
 }
 
 func (o *Owner) load(ctx context.Context, id string) (*view, error) {
@@ -130,7 +148,7 @@ func (o *Owner) load(ctx context.Context, id string) (*view, error) {
 		return nil, err
 	}
 	v := &view{requests: map[string]relaycore.ContentTakedownV1{}, handoffs: map[string]relaycore.TakedownHandoffV1{},
-		ordered: map[string]Order{}, receipts: map[string][]byte{}, waivers: map[string]Waiver{}, holders: map[string]Holder{}}
+		ordered: map[string]Order{}, receipts: map[string][]byte{}, waivers: map[string][]Waiver{}, holders: map[string]Holder{}}
 	corrupt := func(key string, err error) error {
 		return fmt.Errorf("%w: takedown %s key %s: %v", relaycore.ErrCorruptRecord, id, key, err)
 	}
@@ -166,8 +184,12 @@ func (o *Owner) load(ctx context.Context, id string) (*view, error) {
 			if err := json.Unmarshal(it.Value, &w); err != nil {
 				return nil, corrupt(k, err)
 			}
-			v.waivers[strings.TrimPrefix(k, waivePfx)] = w
+			node, _, _ := strings.Cut(strings.TrimPrefix(k, waivePfx), "/")
+			v.waivers[node] = append(v.waivers[node], w)
 		}
+	}
+	for _, ws := range v.waivers {
+		sort.SliceStable(ws, func(i, j int) bool { return ws[i].AtMS < ws[j].AtMS })
 	}
 	if v.meta.ID == "" {
 		if done, err := o.caughtUp(ctx, TakedownTarget(id)); err != nil || !done {
@@ -206,9 +228,57 @@ func (v *view) latest(node string) (relaycore.ContentTakedownV1, bool) {
 	return best, ok
 }
 
+// covers reports whether waiver w of node still releases it: the node has
+// not reported holding the content since w (a later report), and w is not
+// older than the node's latest request.
+func (v *view) covers(node string, w Waiver) bool {
+	if h, ok := v.holders[node]; ok && h.State == StateHeld && h.Seq > w.ReportSeq {
+		return false
+	}
+	t, requested := v.latest(node)
+	return !requested || w.AtMS >= t.RequestedMS
+}
+
+// covering is node's latest waiver that still releases it, if any.
+func (v *view) covering(node string) (Waiver, bool) {
+	ws := v.waivers[node]
+	for i := len(ws) - 1; i >= 0; i-- {
+		if v.covers(node, ws[i]) {
+			return ws[i], true
+		}
+	}
+	return Waiver{}, false
+}
+
+// saw reports whether one of node's waivers saw its report in the index
+// now (or the index has none): that copy is released.
+func (v *view) saw(node string) bool {
+	h := v.holders[node]
+	for _, w := range v.waivers[node] {
+		if h.Seq <= w.ReportSeq {
+			return true
+		}
+	}
+	return false
+}
+
+// waiverOf is node's latest waiver, with the ones before it, for the
+// status; nil if there is none.
+func (v *view) waiverOf(node string) *Waiver {
+	ws := v.waivers[node]
+	if len(ws) == 0 {
+		return nil
+	}
+	w := ws[len(ws)-1]
+	w.Earlier = slices.Clone(ws[:len(ws)-1])
+	return &w
+}
+
 // Waive records that node need not prove its eviction for takedown id: an
 // operator's decision, with who (by) and why. Only a holder the takedown
-// expects can be waived, once.
+// expects can be waived, and only if no waiver covers it already (a node
+// waived before that reported the content again since may be waived
+// anew; the new waiver keeps the earlier ones).
 func (o *Owner) Waive(ctx context.Context, id, node, reason, by string) (Waiver, error) {
 	if err := CheckNode(node); err != nil {
 		return Waiver{}, err
@@ -220,22 +290,34 @@ func (o *Owner) Waive(ctx context.Context, id, node, reason, by string) (Waiver,
 	if err != nil {
 		return Waiver{}, err
 	}
-	if _, ok := v.waivers[node]; ok {
+	if _, ok := v.covering(node); ok {
 		return Waiver{}, fmt.Errorf("%w: %s in takedown %s", ErrWaived, node, id)
 	}
-	_, requested := v.latest(node)
-	if h, held := v.holders[node]; !requested && !(held && h.State == StateHeld) {
+	last, requested := v.latest(node)
+	h, indexed := v.holders[node]
+	if !requested && !(indexed && h.State == StateHeld) {
 		return Waiver{}, fmt.Errorf("%w: %s is not a holder of takedown %s", ErrNotHolder, node, id)
 	}
-	w := Waiver{By: by, Reason: reason, AtMS: o.now().UnixMilli()}
+	w := Waiver{By: by, Reason: reason, AtMS: o.now().UnixMilli(), ReportSeq: h.Seq}
 	val, _ := json.Marshal(w)
-	row := relaycore.Row{Target: TakedownTarget(id), Puts: []relaycore.KV{{Key: waivePfx + node, Value: val}}}
-	if _, err := o.enqueue(ctx, ControlSource, idemKey("w", id, node), []relaycore.Row{row}); err != nil {
+	// The idempotency key names what the waiver saw, so two operators (or
+	// a retry) waiving the same state write one waiver, and a renewal,
+	// which saw a later report or request, is a commit, and a key, of its
+	// own: no waiver replaces another.
+	seen := []string{id, node, strconv.FormatUint(h.Seq, 10)}
+	if requested {
+		seen = append(seen, requestSuffix(last))
+	}
+	key := idemKey("w", seen...)
+	row := relaycore.Row{Target: TakedownTarget(id), Puts: []relaycore.KV{{Key: waivePfx + node + "/" + strings.TrimPrefix(key, "w:")[:32], Value: val}}}
+	if _, err := o.enqueue(ctx, ControlSource, key, []relaycore.Row{row}); err != nil {
 		if errors.Is(err, relaycore.ErrIdempotencyKeyReused) {
 			return Waiver{}, fmt.Errorf("%w: %s in takedown %s", ErrWaived, node, id)
 		}
 		return Waiver{}, err
 	}
-	o.log().Info("takedown holder waived", "takedown", id, "node", node, "by", by, "reason", reason)
+	w.Earlier = slices.Clone(v.waivers[node])
+	o.log().Info("takedown holder waived", "takedown", id, "node", node, "by", by, "reason", reason,
+		"at_ms", w.AtMS, "report_seq", w.ReportSeq, "renews", len(w.Earlier))
 	return w, nil
 }
