@@ -17,8 +17,9 @@ func (h *RelayHandler) Alarm(ctx context.Context, source Partition) (AlarmResult
 	token := newNonce()
 	var ar AlarmResult
 	var last FireResult
+	memo := &goneMemo{}
 	for i := 0; i < b.FiresPerAlarm; i++ {
-		fr, err := h.fire(ctx, source, token, i < b.FiresPerAlarm-1)
+		fr, err := h.fire(ctx, source, token, i < b.FiresPerAlarm-1, memo)
 		ar.add(fr)
 		if err != nil {
 			return ar, err
@@ -38,14 +39,14 @@ func (h *RelayHandler) Alarm(ctx context.Context, source Partition) (AlarmResult
 			break
 		}
 	}
-	return ar, h.rearm(ctx, source, last, &ar)
+	return ar, h.rearm(ctx, source, last, &ar, memo)
 }
 
 // continues is the one rule, shared by the fire (to keep or release its
 // claim) and Alarm (to run another fire), for going on within an alarm.
 func (f FireResult) continues() bool { return f.More && f.Progress }
 
-func (h *RelayHandler) rearm(ctx context.Context, source Partition, last FireResult, ar *AlarmResult) error {
+func (h *RelayHandler) rearm(ctx context.Context, source Partition, last FireResult, ar *AlarmResult, memo *goneMemo) error {
 	log := loggerOr(h.Logger)
 	for attempt := 0; attempt < 4; attempt++ {
 		// rs first: a fire or operator that puts a retry marker writes rs
@@ -62,6 +63,12 @@ func (h *RelayHandler) rearm(ctx context.Context, source Partition, last FireRes
 		alarmRaw, alarmFound, err := h.Source.Get(ctx, source, KeyAlarm)
 		if err != nil {
 			return fmt.Errorf("alarm %s: read alarm: %w", source, err)
+		}
+		// Ghosts (gone.go) are not pages left: delete any this alarm did
+		// not, before looking.
+		gone, err := h.rsGhostsDeleted(ctx, source, rsRaw, rsFound, memo)
+		if err != nil {
+			return fmt.Errorf("alarm %s: %w", source, err)
 		}
 		empty, err := outboxEmpty(ctx, h.Source, source)
 		if err != nil {
@@ -90,9 +97,18 @@ func (h *RelayHandler) rearm(ctx context.Context, source Partition, last FireRes
 			if rsFound {
 				rsPre = Precondition{Key: KeyRS, Value: rsRaw}
 			}
+			writes := []Write{{Key: KeyAlarm, Delete: true}}
+			if len(gone) > 0 {
+				// The guard on rs becomes a write of it without the list
+				// (the ghosts are deleted): the same units, and the next
+				// claim has nothing to look for.
+				if w, err := rsWithoutGone(rsRaw); err == nil {
+					writes = append(writes, w)
+				}
+			}
 			err = h.Source.Apply(ctx, source, Batch{
 				Preconditions: append([]Precondition{osGuard(osRaw, osFound), {Key: KeyAlarm, Value: alarmRaw}, rsPre}, gcPre...),
-				Writes:        append([]Write{{Key: KeyAlarm, Delete: true}}, gcDel...),
+				Writes:        append(writes, gcDel...),
 			})
 			if err == nil {
 				ar.Cleared = true

@@ -16,8 +16,9 @@ import (
 const rsMaxBytes = 512 + (MaxBlockedTargets+1)*blockedNameMaxJSON
 
 // rsBound is rs's largest encoding on a store with caps: rsMaxBytes and
-// the room for folded entries.
-func rsBound(caps Capabilities) int { return rsMaxBytes + foldBytes(caps) }
+// the room for folded entries and for a full rs.gone (kept on every store,
+// so that pages planned on one fit a checkpoint of any kind).
+func rsBound(caps Capabilities) int { return rsMaxBytes + foldBytes(caps) + goneBytes(caps) }
 
 // targetRecMaxBytes bounds an encoded target record: bounded strings
 // (error message, reason, actor) written by encodeJSON, at most two bytes
@@ -55,6 +56,9 @@ func (f *fireRun) checkpoint() (FireResult, bool, error) {
 	c := &checkpointBatch{f: f, next: f.cur, newBlocked: slices.Clone(f.cur.Blocked), quarantineAfter: f.h.quarantineAfter()}
 	c.next.Version++
 	c.next.Cursor, c.next.From = f.stop, f.stopFrom
+	// The claim deleted the ghosts rs listed (or this alarm's last fire
+	// did): the list is this checkpoint's own.
+	c.next.Gone = nil
 	if f.turnTaken {
 		c.next.HeldFirst = f.heldFirst
 	}
@@ -95,6 +99,15 @@ func (c *checkpointBatch) clean(tw *targetWork, slot *recSlot, moveAside bool) {
 			slot.rec.Held -= min(slot.rec.Held, uint64(i))
 		}
 		switch {
+		case i == len(pg.Rows) && tw.loose:
+			seq, err := pageSeq(pg.Key)
+			if err != nil {
+				// Scanned under the page prefix, so never; delete it in
+				// the batch rather than lose track of it.
+				c.writes = append(c.writes, Write{Key: pg.Key, Delete: true})
+				continue
+			}
+			c.next.Gone = append(c.next.Gone, seq)
 		case i == len(pg.Rows):
 			c.writes = append(c.writes, Write{Key: pg.Key, Delete: true})
 		case moveAside:
@@ -316,6 +329,8 @@ func (c *checkpointBatch) nextRS() {
 		c.next.Claim = &Claim{Owner: f.token, UntilMS: unixMS(h.clock().Now()) + h.claimTTL().Milliseconds()}
 	}
 	res.Blocked, res.Cursor, res.CycleEnd = len(c.next.Blocked), c.next.Cursor, c.next.CycleEnd
+	slices.Sort(c.next.Gone)
+	f.gone = c.next.Gone
 	c.nextRaw = encodeJSON(c.next)
 	c.writes = append([]Write{{Key: KeyRS, Value: c.nextRaw}}, c.writes...)
 }
@@ -366,6 +381,7 @@ func (c *checkpointBatch) apply() (FireResult, bool, error) {
 // read settled, or whose checkpoint failed). Counting at the apply instead
 // lost such rows, and alarms that failed reported fewer rows than landed.
 func (f *fireRun) recorded() FireResult {
+	f.landed = true
 	f.res.RowsDelivered = f.res.RowsCleaned
 	return *f.res
 }
@@ -383,7 +399,9 @@ func (f *fireRun) roomToHold(tw *targetWork, slot *recSlot) bool {
 	if slot.holdRoom {
 		return true
 	}
-	items, bytes := 1, f.caps.ItemSize(f.source, retryKey(0, tw.target), 0) // the new marker's put
+	// The new marker's put, and the delete of each page that reserved no
+	// item (a loose target's: its deletes were to go through rs.gone).
+	items, bytes := 1+tw.noItem, f.caps.ItemSize(f.source, retryKey(0, tw.target), 0)
 	for _, pg := range tw.pages {
 		i, b := f.holdExtra(pg)
 		items, bytes = items+i, bytes+b

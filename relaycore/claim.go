@@ -44,8 +44,10 @@ func readOSHold(ctx context.Context, st Store, source Partition) (OutboxState, h
 // new cycle when rs is absent or completed (unless keepCycle: an operator
 // action claims without touching the cycle). busy reports another live
 // claim; the claimed value's rs then holds the claim met (nil when the
-// claim was lost to races).
-func (h *RelayHandler) claim(ctx context.Context, source Partition, token string, now int64, keepCycle bool) (claimed, bool, error) {
+// claim was lost to races). Before it returns, no ghost of rs.gone is
+// left (gone.go): it deletes them, unless memo says the caller's alarm
+// did, and a claim it writes clears the list.
+func (h *RelayHandler) claim(ctx context.Context, source Partition, token string, now int64, keepCycle bool, memo *goneMemo) (claimed, bool, error) {
 	for attempt := 0; attempt < 4; attempt++ {
 		raw, found, err := h.Source.Get(ctx, source, KeyRS)
 		if err != nil {
@@ -64,12 +66,18 @@ func (h *RelayHandler) claim(ctx context.Context, source Partition, token string
 		if err != nil {
 			return claimed{}, false, fmt.Errorf("claim %s: %w", source, err)
 		}
+		if !memo.done(rs.Gone) {
+			if err := h.deleteGhosts(ctx, source, rs.Gone); err != nil {
+				return claimed{}, false, fmt.Errorf("claim %s: %w", source, err)
+			}
+		}
 		newCycle := !keepCycle && (!found || rs.Completed())
 		if !newCycle && rs.Claim != nil && rs.Claim.Owner == token {
 			return claimed{rs: claimedRS{RelayState: rs}, rsRaw: raw, os: os, q: q}, false, nil // kept from our previous fire
 		}
 		next := rs
 		next.Version++
+		next.Gone = nil
 		if newCycle {
 			next.CycleEnd, next.Cursor, next.From, next.Blocked = os.NextSeq-1, 0, "", nil
 		}
@@ -157,7 +165,7 @@ func (h *RelayHandler) releaseClaim(ctx context.Context, source Partition, token
 func (f *fireRun) claim() (busy bool, err error) {
 	h, res := f.h, f.res
 	now := unixMS(h.clock().Now())
-	start, busy, err := h.claim(f.ctx, f.source, f.token, now, false)
+	start, busy, err := h.claim(f.ctx, f.source, f.token, now, false, f.memo)
 	if err != nil || busy {
 		res.Busy = busy
 		if busy {
@@ -167,6 +175,7 @@ func (f *fireRun) claim() (busy bool, err error) {
 	}
 	res.NewCycle = start.rs.newCycle
 	f.b, f.now, f.caps, f.start, f.cur, f.recs = h.budget(), now, h.Source.Capabilities(), start, start.rs.RelayState, map[Partition]*recSlot{}
+	f.loose, f.goneLeft = h.looseDeleter() != nil, goneMax(f.caps)
 	f.itemsRoom, f.bytesRoom = 1<<30, 1<<30
 	if f.caps.MaxBatchItems > 0 {
 		f.itemsRoom = f.caps.MaxBatchItems - 2 // rs and q

@@ -11,7 +11,7 @@ import (
 // delivered rows in one guarded batch. It does not touch the alarm record
 // (Alarm does). Safe to run concurrently with other fires and enqueuers.
 func (h *RelayHandler) Fire(ctx context.Context, source Partition) (FireResult, error) {
-	return h.fire(ctx, source, newNonce(), false)
+	return h.fire(ctx, source, newNonce(), false, &goneMemo{})
 }
 
 const maxFireAttempts = 3
@@ -19,11 +19,11 @@ const maxFireAttempts = 3
 // fire runs one fire under token. keep asks it to keep the claim for the
 // next fire of the same alarm when it continues. A fire that fails releases
 // its claim on the way out (releaseClaim).
-func (h *RelayHandler) fire(ctx context.Context, source Partition, token string, keep bool) (FireResult, error) {
+func (h *RelayHandler) fire(ctx context.Context, source Partition, token string, keep bool, memo *goneMemo) (FireResult, error) {
 	var total FireResult
 	spent := fireSpend{calls: map[Partition]int{}}
 	for attempt := 0; ; attempt++ {
-		res, retry, err := h.fireOnce(ctx, source, token, keep, &spent)
+		res, retry, err := h.fireOnce(ctx, source, token, keep, &spent, memo)
 		res.Retries = attempt
 		res.RowsDelivered += total.RowsDelivered
 		res.TargetCalls += total.TargetCalls
@@ -48,8 +48,8 @@ func (h *RelayHandler) fire(ctx context.Context, source Partition, token string,
 // named for it; retry reports an rs conflict at checkpoint with no live
 // competing claim (the target side is idempotent, so starting over is
 // safe). spent carries the budget used by earlier attempts.
-func (h *RelayHandler) fireOnce(ctx context.Context, source Partition, token string, keep bool, spent *fireSpend) (res FireResult, retry bool, err error) {
-	f := &fireRun{h: h, ctx: ctx, source: source, token: token, keep: keep, spent: spent, res: &res}
+func (h *RelayHandler) fireOnce(ctx context.Context, source Partition, token string, keep bool, spent *fireSpend, memo *goneMemo) (res FireResult, retry bool, err error) {
+	f := &fireRun{h: h, ctx: ctx, source: source, token: token, keep: keep, spent: spent, res: &res, memo: memo}
 	// claim.go: take the source's claim (or meet a live one: busy) and
 	// read rs, os and q.
 	if busy, err := f.claim(); err != nil || busy {
@@ -63,7 +63,15 @@ func (h *RelayHandler) fireOnce(ctx context.Context, source Partition, token str
 	// deliver.go: apply the collected rows at their targets.
 	f.deliver()
 	// checkpoint.go: record it all in one batch guarded on rs.
-	return f.checkpoint()
+	if res, retry, err = f.checkpoint(); err != nil || retry || !f.landed {
+		return res, retry, err
+	}
+	// gone.go: delete the pages the checkpoint listed in rs.gone.
+	if err := h.deletePages(ctx, source, goneKeys(f.gone)); err != nil {
+		return res, false, fmt.Errorf("fire %s: %w (the rows are recorded delivered; the next claim deletes the pages)", source, err)
+	}
+	memo.deleted = f.gone
+	return res, false, nil
 }
 
 // fireRun is one attempt of a fire: what it claimed, what it read, the work
@@ -101,6 +109,14 @@ type fireRun struct {
 	turnTaken bool
 
 	itemsRoom, bytesRoom int
+	// loose: the source store deletes finished pages loosely (gone.go);
+	// goneLeft is how many more pages the checkpoint may list in rs.gone,
+	// and gone, once the checkpoint is built, the list it wrote.
+	loose    bool
+	goneLeft int
+	gone     []uint64
+	memo     *goneMemo
+	landed   bool // the checkpoint landed
 	// capItems/capBytes (when > 0) bound what the current collection
 	// phase may reserve beyond its first reservation (collect's fair
 	// split); usedItems/usedBytes count what it reserved.
@@ -124,6 +140,11 @@ type targetWork struct {
 	held       bool
 	heldNext   uint64
 	heldNextMS int64
+	// loose: the target's finished outbox pages leave through rs.gone
+	// (gone.go); noItem counts its collected pages that reserved no
+	// checkpoint item for that reason.
+	loose  bool
+	noItem int
 }
 
 // fireSpend is the budget a fire's attempts have used so far. An attempt

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/relay-dev/relay/relaycore/internal/layout"
@@ -160,6 +161,10 @@ func (in *SourceInspector) Inspect(ctx context.Context, st Store, source Partiti
 	}
 	if !v.OSFound {
 		v.OS = emptyOS()
+	}
+	if v.RS != nil && len(v.RS.Gone) > 0 {
+		// Ghosts (gone.go): out of the outbox, not yet deleted.
+		v.Pages = slices.DeleteFunc(v.Pages, func(p Page) bool { return isGone(v.RS.Gone, p.Key) })
 	}
 	var err error
 	fs := folds{os: v.OS}

@@ -118,6 +118,12 @@ type RelayState struct {
 	// hex name, overriding those fields of their t/<hex>/s records
 	// (fold.go).
 	Targets []foldedDone `json:"targets,omitempty"`
+	// Gone lists, ascending, the seqs of the outbox pages (their keys'
+	// original first seqs) the last checkpoint took out of the outbox
+	// without deleting them, on a store that deletes them loosely
+	// afterwards (gone.go): until they are deleted they are ghosts, never
+	// live pages.
+	Gone []uint64 `json:"gone,omitempty"`
 }
 
 // Completed reports whether rs is the completed marker (or no cycle ran yet).

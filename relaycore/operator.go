@@ -128,7 +128,7 @@ type opRun struct {
 func (h *RelayHandler) operate(ctx context.Context, source Partition, fn func(o *opRun) error) error {
 	now := unixMS(h.clock().Now())
 	token := opTokenPrefix + newNonce()
-	start, busy, err := h.claim(ctx, source, token, now, true)
+	start, busy, err := h.claim(ctx, source, token, now, true, nil)
 	if err != nil {
 		h.releaseClaim(ctx, source, token) // an ambiguous claim write may have landed
 		return err

@@ -100,16 +100,21 @@ func (f *fireRun) scan(targetsLeft, rowsLeft int) error {
 				stopAt(rows[0].Seq-1, page.Key)
 				return nil
 			}
-			items, size := f.failedRoom(slot, &page, 1, size)
+			loose, items, room := f.pageItems(slot, tw)
+			items, size = f.failedRoom(slot, &page, items, size)
 			n := min(len(rows), inspectLeft, rowsLeft)
-			if n == 0 || !f.reserve(slot, items, size) {
+			if !room || n == 0 || !f.reserve(slot, items, size) {
 				stopAt(rows[0].Seq-1, page.Key)
 				return nil
 			}
 			if tw == nil {
-				tw = &targetWork{target: page.Target}
+				tw = &targetWork{target: page.Target, loose: loose}
 				byTarget[page.Target] = tw
 				f.sel = append(f.sel, tw)
+			}
+			if loose {
+				f.goneLeft--
+				tw.noItem += 1 - items // a loose page reserves 0 or 1
 			}
 			slot.holdRoom = slot.rec.FailedRounds > 0
 			pageCopy := page
@@ -130,6 +135,27 @@ func (f *fireRun) scan(targetsLeft, rowsLeft int) error {
 		after = pg.Next
 	}
 	return nil
+}
+
+// pageItems is the checkpoint items a selected outbox page of slot's
+// target reserves (tw: the target's work so far, nil for its first page).
+// One, for the delete or rewrite, except on a loose store (gone.go): there
+// the pages of a healthy target that it finishes leave through rs.gone,
+// not the batch, and only the one page where its delivery stops can be
+// rewritten, so its first page keeps the item for that and the others keep
+// none (their bytes stay reserved in full, as for a rewrite); room is
+// false when rs.gone is full.
+func (f *fireRun) pageItems(slot *recSlot, tw *targetWork) (loose bool, items int, room bool) {
+	if !f.loose || slot.rec.FailedRounds > 0 {
+		return false, 1, true
+	}
+	if f.goneLeft == 0 {
+		return true, 0, false
+	}
+	if tw != nil {
+		return true, 0, true
+	}
+	return true, 1, true
 }
 
 // decodeScanned decodes a page of the scan's items and reads, at once, the

@@ -11,7 +11,10 @@ import (
 // body runs the actor's program against its gated stores.
 func (a *actor) body() {
 	s := a.sim
-	src := gate{a: a, caps: s.raw.Source.Capabilities()}
+	var src relaycore.Store = gate{a: a, caps: s.raw.Source.Capabilities()}
+	if s.sc.Loose {
+		src = looseGate{gate{a: a, caps: s.raw.Source.Capabilities()}}
+	}
 	tgt := gate{a: a, target: true, caps: s.raw.Target.Capabilities()}
 	h := &relaycore.RelayHandler{
 		Source: src, Target: tgt, Budget: s.sc.Budget, Clock: a, Kicker: a,

@@ -9,8 +9,9 @@ import (
 )
 
 var (
-	_ relaycore.Store       = gate{}
-	_ relaycore.BatchGetter = gate{}
+	_ relaycore.Store        = gate{}
+	_ relaycore.BatchGetter  = gate{}
+	_ relaycore.LooseDeleter = looseGate{}
 )
 
 // gate is the store an actor sees: every call parks the actor until the
@@ -49,6 +50,17 @@ func (g gate) Apply(_ context.Context, p relaycore.Partition, b relaycore.Batch)
 }
 
 func (g gate) Capabilities() relaycore.Capabilities { return g.caps }
+
+// looseGate is the source store of a Loose scenario: a LooseDeleter, so
+// fires take finished pages out through rs.gone and delete them after
+// their checkpoint (relaycore's gone.go), with a fault or a crash between.
+type looseGate struct{ gate }
+
+// DeleteLoose is one scheduled call; a fault may delete some of the keys
+// and fail.
+func (g looseGate) DeleteLoose(_ context.Context, p relaycore.Partition, keys []string) error {
+	return g.a.park(&request{op: opDeleteLoose, target: g.target, p: p, keys: slices.Clone(keys)}).err
+}
 
 // exit ends the calling actor's goroutine: a process death. Deferred calls
 // in the engine still run, but the actor is marked dead first, so they

@@ -92,6 +92,10 @@ type Scenario struct {
 	// or 7 targets per fire, which do not divide it: fires fill the set
 	// and hold the rest, and the checker holds the set to its bound.
 	Wide bool
+	// Loose scenarios (half of them) give fires a source store that is a
+	// relaycore.LooseDeleter: finished pages leave through rs.gone and are
+	// deleted after the checkpoint, faults and crashes included.
+	Loose bool
 
 	SourceLimits, TargetLimits Limits
 	PageBytes                  int
@@ -126,6 +130,9 @@ func (sc *Scenario) String() string {
 	}
 	if sc.Wide {
 		kind = "wide "
+	}
+	if sc.Loose {
+		kind += "loose "
 	}
 	return fmt.Sprintf("%sseed %d: %d sources (lease %q), %d targets (%d failing), %d writers, budget %+v, caps src %+v tgt %+v, page %dB, skew ±%dms, crash %d‰, ambiguous %d‰, operator %d‰, quarantine after %d",
 		kind, sc.Seed, len(sc.Sources), sc.LeaseSource, len(sc.Targets), down, len(sc.writers), sc.Budget, sc.SourceLimits, sc.TargetLimits, sc.PageBytes, sc.maxSkewMS, sc.crashPer1000, sc.ambiguousPer1000, sc.opPer1000, sc.QuarantineAfter)
@@ -286,6 +293,9 @@ func newScenario(seed uint64, noBulk, noWide bool) *Scenario {
 	ro := rand.New(rand.NewPCG(seed, 0x0a0a0a0a))
 	sc.opPer1000 = pick(ro, 0, 10, 30)
 	sc.QuarantineAfter = pick(ro, 2, 3, 10)
+	// So do loose deletes; regression seeds (noBulk) stay as they were.
+	rl := rand.New(rand.NewPCG(seed, 0x1005ede1))
+	sc.Loose = !noBulk && rl.IntN(2) == 0
 	return sc
 }
 

@@ -95,6 +95,10 @@ type Result struct {
 	// largest rs): the checkpoints where that room is tested (invariant 9
 	// in docs/simulation.md).
 	Checkpoints, Rewrites, NearLimit int
+	// LoosePages counts the pages Loose scenarios' fires and claims asked
+	// to delete loosely (relaycore.LooseDeleter), after a checkpoint listed
+	// them in rs.gone.
+	LoosePages int
 
 	// OpActions counts operator actions tried; OpApplied those that took
 	// effect (quarantine, pause, release, resume, skip); Skipped the rows
@@ -450,6 +454,12 @@ func (s *simulation) step(a *actor) {
 		s.res.TargetErrors++
 		r.err = errReadFailed
 		how = "READ FAILED"
+	case req.op == opDeleteLoose && s.ph == chaos && s.chance(s.sc.ambiguousPer1000):
+		// Some deletes landed, then the call failed.
+		n := s.rng.IntN(len(req.keys) + 1)
+		r.err = errors.Join(deleteEach(s.ctx, st, req.p, req.keys[:n]), errLost)
+		how = fmt.Sprintf("FAILED after deleting %d of %d", n, len(req.keys))
+		changed = n > 0
 	case req.op == opApply && s.ph == chaos && s.chance(s.sc.ambiguousPer1000):
 		s.res.Ambiguous++
 		if s.rng.IntN(2) == 0 {
@@ -479,6 +489,11 @@ func (s *simulation) step(a *actor) {
 			how = outcome(r.err)
 			_, cond := relaycore.FailedPrecondition(r.err)
 			changed = !cond
+		case opDeleteLoose:
+			s.res.LoosePages += len(req.keys)
+			r.err = deleteEach(s.ctx, st, req.p, req.keys)
+			how = outcome(r.err)
+			changed = true
 		}
 		if r.err != nil && req.op != opApply {
 			how = "error: " + r.err.Error()
@@ -503,6 +518,20 @@ func (s *simulation) step(a *actor) {
 	}
 	a.state = running
 	s.resume(a, decision{res: r})
+}
+
+// deleteEach deletes keys loosely on the raw store: with its own
+// DeleteLoose when it has one (infra/dynamo), else one batch per key.
+func deleteEach(ctx context.Context, st relaycore.Store, p relaycore.Partition, keys []string) error {
+	if ld, ok := st.(relaycore.LooseDeleter); ok {
+		return ld.DeleteLoose(ctx, p, keys)
+	}
+	for _, k := range keys {
+		if err := st.Apply(ctx, p, relaycore.Batch{Writes: []relaycore.Write{{Key: k, Delete: true}}}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func outcome(err error) string {
@@ -619,6 +648,7 @@ const (
 	opScan
 	opApply
 	opGetMany
+	opDeleteLoose
 )
 
 func (r *request) String() string {
@@ -638,6 +668,8 @@ func (r *request) String() string {
 		return fmt.Sprintf("getm  %s %s %s%s", side, r.p, strings.Join(keys, ","), more)
 	case opScan:
 		return fmt.Sprintf("scan  %s %s [%q,%q) after %q limit %d", side, r.p, r.scan.Start, r.scan.End, r.scan.After, r.scan.Limit)
+	case opDeleteLoose:
+		return fmt.Sprintf("dell  %s %s %s", side, r.p, strings.Join(r.keys, ","))
 	}
 	var parts []string
 	for _, pc := range r.batch.Preconditions {

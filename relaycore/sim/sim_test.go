@@ -103,6 +103,7 @@ type tally struct {
 	Checkpoints, Rewrites, NearLimit, NearSeeds                          int
 	OpActions, OpApplied, Skipped, Requeued                              int
 	Wide, WideFull                                                       int
+	Loose, LoosePages                                                    int
 	FailedSeeds                                                          []uint64
 }
 
@@ -126,6 +127,10 @@ func (a *tally) add(res sim.Result) {
 	}
 	if strings.HasPrefix(res.Scenario, "bulk ") {
 		a.Bulk++
+	}
+	a.LoosePages += res.LoosePages
+	if strings.Contains(res.Scenario, "loose ") {
+		a.Loose++
 	}
 	if strings.HasPrefix(res.Scenario, "wide ") {
 		a.Wide++
@@ -157,12 +162,14 @@ func (a *tally) merge(b tally) {
 	a.Requeued += b.Requeued
 	a.Wide += b.Wide
 	a.WideFull += b.WideFull
+	a.Loose += b.Loose
+	a.LoosePages += b.LoosePages
 	a.FailedSeeds = append(a.FailedSeeds, b.FailedSeeds...)
 }
 
 func (a *tally) summary(store string, workers string, elapsed time.Duration) string {
-	return fmt.Sprintf("sim summary: store=%s seeds=%d (bulk %d, wide %d, %d filling the blocked set) steps=%d store_calls=%d crashes=%d rows_committed=%d rows_delivered=%d checkpoints=%d (rewriting 2+ pages %d, near the limit %d, in %d seeds) operator_actions=%d (applied %d, rows skipped %d, rows requeued %d) violations=%d failed_seeds=%d workers=%s time=%s",
-		store, a.Seeds, a.Bulk, a.Wide, a.WideFull, a.Steps, a.Calls, a.Crashes, a.Committed, a.Delivered, a.Checkpoints, a.Rewrites, a.NearLimit, a.NearSeeds, a.OpActions, a.OpApplied, a.Skipped, a.Requeued, a.Violations, len(a.FailedSeeds), workers, elapsed.Round(time.Millisecond))
+	return fmt.Sprintf("sim summary: store=%s seeds=%d (bulk %d, wide %d, %d filling the blocked set) steps=%d store_calls=%d crashes=%d rows_committed=%d rows_delivered=%d checkpoints=%d (rewriting 2+ pages %d, near the limit %d, in %d seeds) loose=%d (pages deleted loosely %d) operator_actions=%d (applied %d, rows skipped %d, rows requeued %d) violations=%d failed_seeds=%d workers=%s time=%s",
+		store, a.Seeds, a.Bulk, a.Wide, a.WideFull, a.Steps, a.Calls, a.Crashes, a.Committed, a.Delivered, a.Checkpoints, a.Rewrites, a.NearLimit, a.NearSeeds, a.Loose, a.LoosePages, a.OpActions, a.OpApplied, a.Skipped, a.Requeued, a.Violations, len(a.FailedSeeds), workers, elapsed.Round(time.Millisecond))
 }
 
 // check fails t for the tally's failing seeds, and when bulk scenarios
@@ -178,6 +185,11 @@ func (a *tally) check(t *testing.T, store string) {
 	// divide it (so a fire can overshoot it); most must get there.
 	if store == "mem" && *flagBulk && a.Seeds >= 100 && 2*a.WideFull < a.Wide {
 		t.Errorf("only %d of %d wide scenarios filled the blocked set; want at least half", a.WideFull, a.Wide)
+	}
+	// Loose scenarios exist to take pages out through rs.gone: if their
+	// fires stopped deleting pages loosely, that coverage would be gone.
+	if *flagBulk && a.Loose >= 20 && a.LoosePages == 0 {
+		t.Errorf("%d loose scenarios deleted no page loosely", a.Loose)
 	}
 	if len(a.FailedSeeds) > 0 {
 		slices.Sort(a.FailedSeeds)

@@ -1,0 +1,194 @@
+package relaycore
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/relay-dev/relay/relaycore/internal/layout"
+)
+
+// Loose deletes (docs/layout.md, "Loose deletes").
+//
+// On a store that is a LooseDeleter a fire checkpoint does not delete the
+// outbox pages it finished: it lists them in rs.gone, in the same batch that
+// records their rows as delivered, and the fire deletes them after the batch
+// landed, one by one, at half the price of a delete inside the batch on
+// DynamoDB. A page listed in rs.gone is gone as far as the engine is
+// concerned: its rows are counted delivered, and no batch writes its key
+// again (page keys are seqs, never reused). Until it is deleted for real it
+// is a ghost, and whoever reads pages must not take it for a live one:
+//
+//   - a fire or an operator action deletes the ghosts of rs.gone when it
+//     takes the claim, before it reads any page, and clears the list in the
+//     claim's rs write (a fire of the same alarm knows its predecessor's
+//     were deleted and skips that);
+//   - Alarm deletes them before it looks for pages left, and its clear of
+//     the alarm record writes rs without the list;
+//   - InspectSource leaves them out, and SourceRelayState steps over them.
+//
+// A crash between the checkpoint and the deletes leaves ghosts that the next
+// claimer deletes. Deleting a ghost is safe at any time, by anyone.
+
+// goneEntryBytes bounds one rs.gone entry: a seq as JSON (at most 20
+// digits) and its comma.
+const goneEntryBytes = 21
+
+// goneMax is how many pages one checkpoint may list in rs.gone: as many as
+// the room the folded progress entries get in os (osFoldBytes) holds.
+func goneMax(caps Capabilities) int { return osFoldBytes(caps) / goneEntryBytes }
+
+// goneBytes is the room rs keeps for a full rs.gone: the entries and
+// `,"gone":[]`.
+func goneBytes(caps Capabilities) int { return 10 + goneMax(caps)*goneEntryBytes }
+
+// looseDeleter is the source store as a LooseDeleter, nil when it is not one.
+func (h *RelayHandler) looseDeleter() LooseDeleter {
+	ld, _ := h.Source.(LooseDeleter)
+	return ld
+}
+
+// pageSeq is the seq a page key names (its original first seq).
+func pageSeq(key string) (uint64, error) {
+	hex, ok := strings.CutPrefix(key, layout.PagePrefix)
+	if !ok || len(hex) != 16 {
+		return 0, fmt.Errorf("%w: %q is not a page key", ErrCorruptRecord, key)
+	}
+	n, err := strconv.ParseUint(hex, 16, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %q is not a page key", ErrCorruptRecord, key)
+	}
+	return n, nil
+}
+
+// goneKeys is the page keys of rs.gone entries.
+func goneKeys(gone []uint64) []string {
+	keys := make([]string, len(gone))
+	for i, s := range gone {
+		keys[i] = layout.PageKey(s)
+	}
+	return keys
+}
+
+// isGone reports whether page key is listed in gone (ascending).
+func isGone(gone []uint64, key string) bool {
+	if len(gone) == 0 {
+		return false
+	}
+	s, err := pageSeq(key)
+	if err != nil {
+		return false
+	}
+	_, found := slices.BinarySearch(gone, s)
+	return found
+}
+
+// deleteGhosts deletes the pages of gone that are still there: one read of
+// them all, then a loose delete of those present (a ghost already deleted
+// costs a read, not a write). On a store that is not a LooseDeleter (rs
+// written by a process on another store wrapper) each is deleted in a batch
+// of its own.
+func (h *RelayHandler) deleteGhosts(ctx context.Context, source Partition, gone []uint64) error {
+	if len(gone) == 0 {
+		return nil
+	}
+	keys := goneKeys(gone)
+	present, err := GetMany(ctx, h.Source, source, keys)
+	if err != nil {
+		return fmt.Errorf("read delivered pages: %w", err)
+	}
+	var del []string
+	for _, k := range keys {
+		if _, ok := present[k]; ok {
+			del = append(del, k)
+		}
+	}
+	return h.deletePages(ctx, source, del)
+}
+
+// deletePages deletes delivered pages outside any batch.
+func (h *RelayHandler) deletePages(ctx context.Context, source Partition, keys []string) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	if ld := h.looseDeleter(); ld != nil {
+		if err := ld.DeleteLoose(ctx, source, keys); err != nil {
+			return fmt.Errorf("delete delivered pages: %w", err)
+		}
+		return nil
+	}
+	for _, k := range keys {
+		if err := h.Source.Apply(ctx, source, Batch{Writes: []Write{{Key: k, Delete: true}}}); err != nil {
+			return fmt.Errorf("delete delivered page %s: %w", k, err)
+		}
+	}
+	return nil
+}
+
+// rsGhostsDeleted returns the gone list of rs (raw, as read) after making
+// sure its ghosts are deleted: by this alarm (memo) or now.
+func (h *RelayHandler) rsGhostsDeleted(ctx context.Context, source Partition, raw []byte, found bool, memo *goneMemo) ([]uint64, error) {
+	if !found {
+		return nil, nil
+	}
+	rs, err := decodeRS(raw)
+	if err != nil {
+		return nil, err
+	}
+	if !memo.done(rs.Gone) {
+		if err := h.deleteGhosts(ctx, source, rs.Gone); err != nil {
+			return nil, err
+		}
+	}
+	return rs.Gone, nil
+}
+
+// rsWithoutGone is the write of rs (raw) with its gone list cleared.
+func rsWithoutGone(raw []byte) (Write, error) {
+	rs, err := decodeRS(raw)
+	if err != nil {
+		return Write{}, err
+	}
+	rs.Version++
+	rs.Gone = nil
+	return Write{Key: KeyRS, Value: encodeJSON(rs)}, nil
+}
+
+// goneList reads rs.gone once, the first time a reader meets a page, for
+// readers that stop at the first live page (SourceRelayState).
+type goneList struct {
+	read bool
+	gone []uint64
+}
+
+// is reports whether page key is a ghost.
+func (g *goneList) is(ctx context.Context, st Store, source Partition, key string) (bool, error) {
+	if !g.read {
+		raw, found, err := st.Get(ctx, source, KeyRS)
+		if err != nil {
+			return false, fmt.Errorf("read rs: %w", err)
+		}
+		if found {
+			rs, err := decodeRS(raw)
+			if err != nil {
+				return false, err
+			}
+			g.gone = rs.Gone
+		}
+		g.read = true
+	}
+	return isGone(g.gone, key), nil
+}
+
+// goneMemo carries, across the fires of one alarm, the rs.gone list whose
+// pages this alarm has deleted, so the next fire, which keeps the claim
+// without writing rs, does not read them again.
+type goneMemo struct {
+	deleted []uint64
+}
+
+func (m *goneMemo) done(gone []uint64) bool {
+	return m != nil && len(gone) > 0 && slices.Equal(m.deleted, gone)
+}
