@@ -58,7 +58,7 @@ func (f *fireRun) checkpoint() (FireResult, bool, error) {
 	c.next.Cursor, c.next.From = f.stop, f.stopFrom
 	// The claim deleted the ghosts rs listed (or this alarm's last fire
 	// did): the list is this checkpoint's own.
-	c.next.Gone = nil
+	c.next.Gone, c.next.GoneHeld = nil, nil
 	if f.turnTaken {
 		c.next.HeldFirst = f.heldFirst
 	}
@@ -99,22 +99,16 @@ func (c *checkpointBatch) clean(tw *targetWork, slot *recSlot, moveAside bool) {
 			slot.rec.Held -= min(slot.rec.Held, uint64(i))
 		}
 		switch {
-		case i == len(pg.Rows) && tw.loose:
-			seq, err := pageSeq(pg.Key)
-			if err != nil {
-				// Scanned under the page prefix, so never; delete it in
-				// the batch rather than lose track of it.
-				c.writes = append(c.writes, Write{Key: pg.Key, Delete: true})
-				continue
-			}
-			c.next.Gone = append(c.next.Gone, seq)
+		case i == len(pg.Rows) && tw.looseHeld[pg.Key]:
+			c.next.GoneHeld = append(c.next.GoneHeld, strings.TrimPrefix(pg.Key, layout.HeldPrefix))
 		case i == len(pg.Rows):
-			c.writes = append(c.writes, Write{Key: pg.Key, Delete: true})
+			c.takeOut(pg.Key, tw.loose)
 		case moveAside:
 			rest := *pg
 			rest.Rows = pg.Rows[i:]
 			rest.First = rest.Rows[0].Seq
-			c.writes = append(c.writes, Write{Key: pg.Key, Delete: true}, Write{Key: heldKeyFor(*pg), Value: c.codec.encode(rest)})
+			c.takeOut(pg.Key, tw.loose)
+			c.writes = append(c.writes, Write{Key: heldKeyFor(*pg), Value: c.codec.encode(rest)})
 			addHeld(&slot.rec, rest)
 			res.RowsHeld += len(rest.Rows)
 		case i > 0:
@@ -127,6 +121,20 @@ func (c *checkpointBatch) clean(tw *targetWork, slot *recSlot, moveAside bool) {
 		}
 	}
 	slot.rec.Through = max(slot.rec.Through, tw.dt)
+}
+
+// takeOut takes outbox page key out of the outbox: listed in rs.gone when
+// loose (gone.go), else deleted in the batch.
+func (c *checkpointBatch) takeOut(key string, loose bool) {
+	if loose {
+		if seq, err := pageSeq(key); err == nil {
+			c.next.Gone = append(c.next.Gone, seq)
+			return
+		}
+		// Scanned under the page prefix, so never: delete it in the batch
+		// rather than lose track of it.
+	}
+	c.writes = append(c.writes, Write{Key: key, Delete: true})
 }
 
 // heldRows records the held rows that were due.
@@ -221,7 +229,8 @@ func (c *checkpointBatch) heldPages() {
 	f, res := c.f, c.f.res
 	for _, m := range f.moves {
 		slot := f.recs[m.page.Target]
-		c.writes = append(c.writes, Write{Key: m.page.Key, Delete: true}, Write{Key: heldKeyFor(m.page), Value: m.raw})
+		c.takeOut(m.page.Key, m.loose)
+		c.writes = append(c.writes, Write{Key: heldKeyFor(m.page), Value: m.raw})
 		addHeld(&slot.rec, m.page)
 		res.RowsHeld += len(m.page.Rows)
 	}
@@ -330,7 +339,8 @@ func (c *checkpointBatch) nextRS() {
 	}
 	res.Blocked, res.Cursor, res.CycleEnd = len(c.next.Blocked), c.next.Cursor, c.next.CycleEnd
 	slices.Sort(c.next.Gone)
-	f.gone = c.next.Gone
+	slices.Sort(c.next.GoneHeld)
+	f.gone = ghostKeys(c.next)
 	c.nextRaw = encodeJSON(c.next)
 	c.writes = append([]Write{{Key: KeyRS, Value: c.nextRaw}}, c.writes...)
 }
@@ -399,9 +409,10 @@ func (f *fireRun) roomToHold(tw *targetWork, slot *recSlot) bool {
 	if slot.holdRoom {
 		return true
 	}
-	// The new marker's put, and the delete of each page that reserved no
-	// item (a loose target's: its deletes were to go through rs.gone).
-	items, bytes := 1+tw.noItem, f.caps.ItemSize(f.source, retryKey(0, tw.target), 0)
+	// The new marker's put (and per page the put under the held key; a
+	// loose target's outbox pages leave through rs.gone, so the delete of
+	// each takes no item).
+	items, bytes := 1, f.caps.ItemSize(f.source, retryKey(0, tw.target), 0)
 	for _, pg := range tw.pages {
 		i, b := f.holdExtra(pg)
 		items, bytes = items+i, bytes+b

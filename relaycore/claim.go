@@ -66,8 +66,8 @@ func (h *RelayHandler) claim(ctx context.Context, source Partition, token string
 		if err != nil {
 			return claimed{}, false, fmt.Errorf("claim %s: %w", source, err)
 		}
-		if !memo.done(rs.Gone) {
-			if err := h.deleteGhosts(ctx, source, rs.Gone); err != nil {
+		if keys := ghostKeys(rs); !memo.done(keys) {
+			if err := h.deleteGhosts(ctx, source, keys); err != nil {
 				return claimed{}, false, fmt.Errorf("claim %s: %w", source, err)
 			}
 		}
@@ -77,7 +77,7 @@ func (h *RelayHandler) claim(ctx context.Context, source Partition, token string
 		}
 		next := rs
 		next.Version++
-		next.Gone = nil
+		next.Gone, next.GoneHeld = nil, nil
 		if newCycle {
 			next.CycleEnd, next.Cursor, next.From, next.Blocked = os.NextSeq-1, 0, "", nil
 		}
@@ -175,7 +175,7 @@ func (f *fireRun) claim() (busy bool, err error) {
 	}
 	res.NewCycle = start.rs.newCycle
 	f.b, f.now, f.caps, f.start, f.cur, f.recs = h.budget(), now, h.Source.Capabilities(), start, start.rs.RelayState, map[Partition]*recSlot{}
-	f.loose, f.goneLeft = h.looseDeleter() != nil, goneMax(f.caps)
+	f.loose, f.goneRoom = h.looseDeleter() != nil, goneBytes(f.caps)-goneOverhead
 	f.itemsRoom, f.bytesRoom = 1<<30, 1<<30
 	if f.caps.MaxBatchItems > 0 {
 		f.itemsRoom = f.caps.MaxBatchItems - 2 // rs and q

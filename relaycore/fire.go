@@ -67,7 +67,7 @@ func (h *RelayHandler) fireOnce(ctx context.Context, source Partition, token str
 		return res, retry, err
 	}
 	// gone.go: delete the pages the checkpoint listed in rs.gone.
-	if err := h.deletePages(ctx, source, goneKeys(f.gone)); err != nil {
+	if err := h.deletePages(ctx, source, f.gone); err != nil {
 		return res, false, fmt.Errorf("fire %s: %w (the rows are recorded delivered; the next claim deletes the pages)", source, err)
 	}
 	memo.deleted = f.gone
@@ -110,11 +110,11 @@ type fireRun struct {
 
 	itemsRoom, bytesRoom int
 	// loose: the source store deletes finished pages loosely (gone.go);
-	// goneLeft is how many more pages the checkpoint may list in rs.gone,
-	// and gone, once the checkpoint is built, the list it wrote.
+	// goneRoom is the room (bytes) left for the checkpoint's lists of
+	// them in rs, and gone, once the checkpoint is built, their keys.
 	loose    bool
-	goneLeft int
-	gone     []uint64
+	goneRoom int
+	gone     []string
 	memo     *goneMemo
 	landed   bool // the checkpoint landed
 	// capItems/capBytes (when > 0) bound what the current collection
@@ -140,11 +140,11 @@ type targetWork struct {
 	held       bool
 	heldNext   uint64
 	heldNextMS int64
-	// loose: the target's finished outbox pages leave through rs.gone
-	// (gone.go); noItem counts its collected pages that reserved no
-	// checkpoint item for that reason.
-	loose  bool
-	noItem int
+	// loose: the target's outbox pages leave through rs.gone (gone.go)
+	// when it finishes them or moves them aside; looseHeld: the held
+	// pages (of a redrive) that leave through rs.gone_held when finished.
+	loose     bool
+	looseHeld map[string]bool
 }
 
 // fireSpend is the budget a fire's attempts have used so far. An attempt

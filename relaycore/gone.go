@@ -33,16 +33,20 @@ import (
 // claimer deletes. Deleting a ghost is safe at any time, by anyone.
 
 // goneEntryBytes bounds one rs.gone entry: a seq as JSON (at most 20
-// digits) and its comma.
+// digits) and its comma. A gone_held entry takes its length and 3 (quotes
+// and comma).
 const goneEntryBytes = 21
 
-// goneMax is how many pages one checkpoint may list in rs.gone: as many as
-// the room the folded progress entries get in os (osFoldBytes) holds.
-func goneMax(caps Capabilities) int { return osFoldBytes(caps) / goneEntryBytes }
+// goneOverhead is `,"gone":[]` and `,"gone_held":[]`.
+const goneOverhead = 25
 
-// goneBytes is the room rs keeps for a full rs.gone: the entries and
-// `,"gone":[]`.
-func goneBytes(caps Capabilities) int { return 10 + goneMax(caps)*goneEntryBytes }
+// goneBytes is the room rs keeps for its two lists of ghosts, as many
+// bytes as the folded progress entries get in os (osFoldBytes), plus
+// their names: a checkpoint lists pages while the room lasts.
+func goneBytes(caps Capabilities) int { return goneOverhead + osFoldBytes(caps) }
+
+// heldGoneCost is the room a held page's gone_held entry takes.
+func heldGoneCost(key string) int { return len(key) - len(layout.HeldPrefix) + 3 }
 
 // looseDeleter is the source store as a LooseDeleter, nil when it is not one.
 func (h *RelayHandler) looseDeleter() LooseDeleter {
@@ -63,16 +67,20 @@ func pageSeq(key string) (uint64, error) {
 	return n, nil
 }
 
-// goneKeys is the page keys of rs.gone entries.
-func goneKeys(gone []uint64) []string {
-	keys := make([]string, len(gone))
-	for i, s := range gone {
-		keys[i] = layout.PageKey(s)
+// ghostKeys is the keys of the pages rs lists as gone: outbox pages
+// (gone) and held pages (gone_held).
+func ghostKeys(rs RelayState) []string {
+	keys := make([]string, 0, len(rs.Gone)+len(rs.GoneHeld))
+	for _, s := range rs.Gone {
+		keys = append(keys, layout.PageKey(s))
+	}
+	for _, k := range rs.GoneHeld {
+		keys = append(keys, layout.HeldPrefix+k)
 	}
 	return keys
 }
 
-// isGone reports whether page key is listed in gone (ascending).
+// isGone reports whether outbox page key is listed in gone (ascending).
 func isGone(gone []uint64, key string) bool {
 	if len(gone) == 0 {
 		return false
@@ -85,16 +93,26 @@ func isGone(gone []uint64, key string) bool {
 	return found
 }
 
-// deleteGhosts deletes the pages of gone that are still there: one read of
+// isHeldGone reports whether held page key is listed in goneHeld
+// (ascending).
+func isHeldGone(goneHeld []string, key string) bool {
+	k, ok := strings.CutPrefix(key, layout.HeldPrefix)
+	if !ok || len(goneHeld) == 0 {
+		return false
+	}
+	_, found := slices.BinarySearch(goneHeld, k)
+	return found
+}
+
+// deleteGhosts deletes the ghosts (keys) that are still there: one read of
 // them all, then a loose delete of those present (a ghost already deleted
 // costs a read, not a write). On a store that is not a LooseDeleter (rs
 // written by a process on another store wrapper) each is deleted in a batch
 // of its own.
-func (h *RelayHandler) deleteGhosts(ctx context.Context, source Partition, gone []uint64) error {
-	if len(gone) == 0 {
+func (h *RelayHandler) deleteGhosts(ctx context.Context, source Partition, keys []string) error {
+	if len(keys) == 0 {
 		return nil
 	}
-	keys := goneKeys(gone)
 	present, err := GetMany(ctx, h.Source, source, keys)
 	if err != nil {
 		return fmt.Errorf("read delivered pages: %w", err)
@@ -127,9 +145,9 @@ func (h *RelayHandler) deletePages(ctx context.Context, source Partition, keys [
 	return nil
 }
 
-// rsGhostsDeleted returns the gone list of rs (raw, as read) after making
-// sure its ghosts are deleted: by this alarm (memo) or now.
-func (h *RelayHandler) rsGhostsDeleted(ctx context.Context, source Partition, raw []byte, found bool, memo *goneMemo) ([]uint64, error) {
+// rsGhostsDeleted returns the ghosts rs (raw, as read) lists after making
+// sure they are deleted: by this alarm (memo) or now.
+func (h *RelayHandler) rsGhostsDeleted(ctx context.Context, source Partition, raw []byte, found bool, memo *goneMemo) ([]string, error) {
 	if !found {
 		return nil, nil
 	}
@@ -137,12 +155,13 @@ func (h *RelayHandler) rsGhostsDeleted(ctx context.Context, source Partition, ra
 	if err != nil {
 		return nil, err
 	}
-	if !memo.done(rs.Gone) {
-		if err := h.deleteGhosts(ctx, source, rs.Gone); err != nil {
+	keys := ghostKeys(rs)
+	if !memo.done(keys) {
+		if err := h.deleteGhosts(ctx, source, keys); err != nil {
 			return nil, err
 		}
 	}
-	return rs.Gone, nil
+	return keys, nil
 }
 
 // rsWithoutGone is the write of rs (raw) with its gone list cleared.
@@ -152,7 +171,7 @@ func rsWithoutGone(raw []byte) (Write, error) {
 		return Write{}, err
 	}
 	rs.Version++
-	rs.Gone = nil
+	rs.Gone, rs.GoneHeld = nil, nil
 	return Write{Key: KeyRS, Value: encodeJSON(rs)}, nil
 }
 
@@ -182,13 +201,13 @@ func (g *goneList) is(ctx context.Context, st Store, source Partition, key strin
 	return isGone(g.gone, key), nil
 }
 
-// goneMemo carries, across the fires of one alarm, the rs.gone list whose
-// pages this alarm has deleted, so the next fire, which keeps the claim
-// without writing rs, does not read them again.
+// goneMemo carries, across the fires of one alarm, the ghosts (keys) this
+// alarm has deleted, so the next fire, which keeps the claim without
+// writing rs, does not read them again.
 type goneMemo struct {
-	deleted []uint64
+	deleted []string
 }
 
-func (m *goneMemo) done(gone []uint64) bool {
-	return m != nil && len(gone) > 0 && slices.Equal(m.deleted, gone)
+func (m *goneMemo) done(keys []string) bool {
+	return m != nil && len(keys) > 0 && slices.Equal(m.deleted, keys)
 }

@@ -68,7 +68,8 @@ func (e *env) pageKeys(source relaycore.Partition) []string {
 	return keys
 }
 
-// pageApplies records the page keys that source batches write or delete.
+// pageApplies records the page keys (outbox and held) that source batches
+// of more than one write delete.
 func (e *env) pageApplies() *[]string {
 	var mu sync.Mutex
 	var keys []string
@@ -76,7 +77,7 @@ func (e *env) pageApplies() *[]string {
 		if c.Op == "apply" && len(c.Batch.Writes) > 1 {
 			mu.Lock()
 			for _, w := range c.Batch.Writes {
-				if strings.HasPrefix(w.Key, "r/") && w.Delete {
+				if (strings.HasPrefix(w.Key, "r/") || strings.HasPrefix(w.Key, "u/")) && w.Delete {
 					keys = append(keys, w.Key)
 				}
 			}
@@ -232,16 +233,17 @@ func TestLooseClaimDeletesGhosts(t *testing.T) {
 // The invariant: a loose target that fails and is moved aside in the same
 // fire (quarantined at its first failure here) gets room for every move in
 // its checkpoint, although its pages after the first reserved no item: the
-// store's item limit (16) is never exceeded. 5 pages fit (rs, q, the
-// record, the marker and 10 moves: 14 items); 7 do not (18), and the fire
-// leaves them in the outbox instead of failing its checkpoint.
+// store's item limit (10) is never exceeded. Each move is one put under the
+// held key (the outbox page leaves through rs.gone): 5 pages fit (rs, q,
+// the record, the marker and 5 puts: 9 items), 7 do not (11), and the fire
+// leaves those in the outbox instead of failing its checkpoint.
 func TestLooseMoveAsideFitsTheBatch(t *testing.T) {
 	for _, c := range []struct {
 		pages int
 		moved bool
 	}{{5, true}, {7, false}} {
 		t.Run(fmt.Sprintf("pages=%d", c.pages), func(t *testing.T) {
-			e, _ := newLooseEnv(t, "paid", relaycore.Capabilities{MaxBatchItems: 16})
+			e, _ := newLooseEnv(t, "paid", relaycore.Capabilities{MaxBatchItems: 10})
 			e.h.QuarantineAfter = 1
 			for i := range c.pages {
 				e.enqueue(put("bad", fmt.Sprintf("k%d", i), "v"))
@@ -294,5 +296,71 @@ func TestLooseCheckpointTakesMorePages(t *testing.T) {
 	tight, loose := run(false), run(true)
 	if loose*2 > tight {
 		t.Errorf("960 rows in 320 pages: %d fires on a loose store, %d on a transactional one; want at most half", loose, tight)
+	}
+}
+
+// The invariant: moving pages aside and redriving them takes pages out the
+// loose way too: a quarantine's moves put the held pages and list the
+// outbox pages in rs.gone, a redrive that finishes held pages lists them in
+// rs.gone_held; no batch deletes a page, every page is deleted loosely,
+// and the counts stay exact.
+func TestLooseHoldAndRedrive(t *testing.T) {
+	e, ls := newLooseEnv(t, "paid", relaycore.Capabilities{})
+	inBatch := e.pageApplies()
+	failing := true
+	for i := range 6 {
+		e.enqueue(put("bad", fmt.Sprintf("k%d", i), "v"), put("ok", fmt.Sprintf("k%d", i), "v"))
+	}
+	e.h.QuarantineAfter = 1
+	e.failTargets("bad", &failing)
+	e.clock.Set(timeMS(e.inspect(e.source).Alarm.DueMS))
+	if _, err := e.h.Alarm(e.ctx, e.source); err != nil {
+		t.Fatal(err)
+	}
+	ts := e.targetCounts("bad")
+	if ts.State != relaycore.StateQuarantined || ts.Held != 6 {
+		t.Fatalf("bad after its failure: %s, %d held; want quarantined, 6", ts.State, ts.Held)
+	}
+	// Later rows of the quarantined target join its held rows.
+	e.enqueue(put("bad", "k6", "v"))
+	e.drain(e.source, 5)
+	if ts := e.targetCounts("bad"); ts.Held != 7 {
+		t.Fatalf("bad holds %d rows, want 7", ts.Held)
+	}
+	failing = false
+	if _, err := e.h.Release(e.ctx, e.source, "bad", relaycore.Actor{By: "op", Reason: "fixed"}); err != nil {
+		t.Fatal(err)
+	}
+	_, total := e.drain(e.source, 10)
+	if total.RowsDelivered != 7 {
+		t.Errorf("the redrive delivered %d rows, want 7", total.RowsDelivered)
+	}
+	if len(*inBatch) != 0 {
+		t.Errorf("batches deleted pages %v; on a loose store they leave through rs.gone and rs.gone_held", *inBatch)
+	}
+	var held int
+	for _, k := range ls.deleted {
+		if strings.HasPrefix(k, "u/") {
+			held++
+		}
+	}
+	if held != 7 {
+		t.Errorf("%d held pages deleted loosely (%v), want 7", held, ls.deleted)
+	}
+	if left := e.pageKeys(e.source); len(left) != 0 {
+		t.Errorf("outbox pages left: %v", left)
+	}
+	v := e.inspect(e.source)
+	if len(v.Held) != 0 || len(v.RS.GoneHeld) != 0 || len(v.RS.Gone) != 0 {
+		t.Errorf("after the drain: %d held pages, rs %+v", len(v.Held), v.RS)
+	}
+	for _, tg := range []relaycore.Partition{"bad", "ok"} {
+		want := uint64(6)
+		if tg == "bad" {
+			want = 7
+		}
+		if ts := e.targetCounts(tg); ts.Pending != 0 || ts.Held != 0 || ts.Done != want {
+			t.Errorf("%s: pending %d, held %d, done %d; want 0, 0, %d", tg, ts.Pending, ts.Held, ts.Done, want)
+		}
 	}
 }

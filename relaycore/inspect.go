@@ -162,9 +162,10 @@ func (in *SourceInspector) Inspect(ctx context.Context, st Store, source Partiti
 	if !v.OSFound {
 		v.OS = emptyOS()
 	}
-	if v.RS != nil && len(v.RS.Gone) > 0 {
-		// Ghosts (gone.go): out of the outbox, not yet deleted.
+	if v.RS != nil {
+		// Ghosts (gone.go): taken out, not yet deleted.
 		v.Pages = slices.DeleteFunc(v.Pages, func(p Page) bool { return isGone(v.RS.Gone, p.Key) })
+		v.Held = slices.DeleteFunc(v.Held, func(p Page) bool { return isHeldGone(v.RS.GoneHeld, p.Key) })
 	}
 	var err error
 	fs := folds{os: v.OS}

@@ -124,6 +124,9 @@ type RelayState struct {
 	// afterwards (gone.go): until they are deleted they are ghosts, never
 	// live pages.
 	Gone []uint64 `json:"gone,omitempty"`
+	// GoneHeld lists, ascending, the held pages (their keys after "u/")
+	// the last checkpoint's redrives finished, taken out the same way.
+	GoneHeld []string `json:"gone_held,omitempty"`
 }
 
 // Completed reports whether rs is the completed marker (or no cycle ran yet).

@@ -132,6 +132,14 @@ func (f *fireRun) collectHeld(slot *recSlot, rowsLeft int) (*targetWork, error) 
 				tw.heldNext, tw.heldNextMS = page.First, page.CommitMS
 				return tw, nil
 			}
+			if cost := heldGoneCost(it.Key); f.loose && f.goneRoom >= cost {
+				// Finished, it leaves through rs.gone_held (gone.go).
+				f.goneRoom -= cost
+				if tw.looseHeld == nil {
+					tw.looseHeld = map[string]bool{}
+				}
+				tw.looseHeld[it.Key] = true
+			}
 			pageCopy := page
 			tw.pages = append(tw.pages, &pageCopy)
 			tw.rows = append(tw.rows, page.Rows[:n]...)

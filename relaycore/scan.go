@@ -12,6 +12,9 @@ import (
 type heldMove struct {
 	page Page
 	raw  []byte
+	// loose: the outbox page leaves through rs.gone (gone.go), so the
+	// move takes one item, the put under the held key.
+	loose bool
 }
 
 // scan walks the cycle's pages in seq order from rs.from, selecting up to
@@ -83,13 +86,11 @@ func (f *fireRun) scan(targetsLeft, rowsLeft int) error {
 				// Its older rows are held (or it is quarantined or paused):
 				// this page joins them, whole, so the held rows stay older
 				// than anything the target still has in the outbox.
-				size := f.caps.ItemSize(f.source, heldKeyFor(page), len(it.Value)) + f.caps.ItemSize(f.source, page.Key, 0)
-				if len(page.Rows) > moveLeft || !f.reserve(slot, 2, size) {
+				if len(page.Rows) > moveLeft || !f.move(slot, page, it.Value) {
 					stopAt(rows[0].Seq-1, page.Key)
 					return nil
 				}
 				moveLeft -= len(page.Rows)
-				f.moves = append(f.moves, heldMove{page: page, raw: it.Value})
 				continue
 			}
 			// The checkpoint deletes the page or rewrites its remaining rows;
@@ -113,8 +114,7 @@ func (f *fireRun) scan(targetsLeft, rowsLeft int) error {
 				f.sel = append(f.sel, tw)
 			}
 			if loose {
-				f.goneLeft--
-				tw.noItem += 1 - items // a loose page reserves 0 or 1
+				f.goneRoom -= goneEntryBytes
 			}
 			slot.holdRoom = slot.rec.FailedRounds > 0
 			pageCopy := page
@@ -137,6 +137,27 @@ func (f *fireRun) scan(targetsLeft, rowsLeft int) error {
 	return nil
 }
 
+// move reserves the room to move outbox page (raw) of slot's target aside
+// and records the move, or reports that it does not fit: the put under the
+// held key and the page's delete, which on a loose store (gone.go) is an
+// rs.gone entry instead of an item.
+func (f *fireRun) move(slot *recSlot, page Page, raw []byte) bool {
+	size := f.caps.ItemSize(f.source, heldKeyFor(page), len(raw)) + f.caps.ItemSize(f.source, page.Key, 0)
+	loose := f.loose && f.goneRoom >= goneEntryBytes
+	items := 2
+	if loose {
+		items = 1
+	}
+	if !f.reserve(slot, items, size) {
+		return false
+	}
+	if loose {
+		f.goneRoom -= goneEntryBytes
+	}
+	f.moves = append(f.moves, heldMove{page: page, raw: raw, loose: loose})
+	return true
+}
+
 // pageItems is the checkpoint items a selected outbox page of slot's
 // target reserves (tw: the target's work so far, nil for its first page).
 // One, for the delete or rewrite, except on a loose store (gone.go): there
@@ -149,7 +170,7 @@ func (f *fireRun) pageItems(slot *recSlot, tw *targetWork) (loose bool, items in
 	if !f.loose || slot.rec.FailedRounds > 0 {
 		return false, 1, true
 	}
-	if f.goneLeft == 0 {
+	if f.goneRoom < goneEntryBytes {
 		return true, 0, false
 	}
 	if tw != nil {
