@@ -110,6 +110,33 @@ func postgresRound(b *testing.B, _ string, rows, batch int) (time.Duration, stri
 	if _, err := pool.Exec(ctx, `CREATE TABLE raw (k bytea PRIMARY KEY, v bytea NOT NULL)`); err != nil {
 		b.Fatal(err)
 	}
+	// The round's counts: transactions and tuples written in this
+	// database, and WAL written by the whole cluster (pg_stat_wal; nothing
+	// else runs on it meanwhile). This pool's backend flushes its counts on
+	// demand; relay serve's backends flush theirs as they exit, which may
+	// be just after the process is gone: wait for them to go.
+	stats := func() (commits, written, wal float64) {
+		var c, w int64
+		if _, err := pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
+			b.Fatal(err)
+		}
+		for {
+			var others int
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&others); err != nil {
+				b.Fatal(err)
+			}
+			if others == 0 {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err := pool.QueryRow(ctx, `SELECT xact_commit + xact_rollback, tup_inserted + tup_updated + tup_deleted, (SELECT wal_bytes FROM pg_stat_wal)
+			FROM pg_stat_database WHERE datname = current_database()`).Scan(&c, &w, &wal); err != nil {
+			b.Fatal(err)
+		}
+		return float64(c), float64(w), wal
+	}
+	_, _, rawWAL0 := stats()
 	v := make([]byte, valueBytes)
 	start := time.Now()
 	for i := 0; i < rows; i += batch {
@@ -124,45 +151,24 @@ func postgresRound(b *testing.B, _ string, rows, batch int) (time.Duration, stri
 		}
 	}
 	raw := time.Since(start)
-	// The baseline's own counts, taken now (this pool's backend flushes
-	// them on demand) and subtracted from the round's.
-	stats := func() (commits, written float64) {
-		var c, w int64
-		if _, err := pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
-			b.Fatal(err)
-		}
-		// relay serve's backends flush their counts as they exit, which
-		// may be just after the process is gone: wait for them to go.
-		for {
-			var others int
-			if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&others); err != nil {
-				b.Fatal(err)
-			}
-			if others == 0 {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		if err := pool.QueryRow(ctx, `SELECT xact_commit + xact_rollback, tup_inserted + tup_updated + tup_deleted FROM pg_stat_database WHERE datname = current_database()`).Scan(&c, &w); err != nil {
-			b.Fatal(err)
-		}
-		return float64(c), float64(w)
-	}
-	c0, w0 := stats()
+	// The baseline's own counts, taken now and subtracted from the round's.
+	c0, w0, wal0 := stats()
 	cfg := fmt.Sprintf("store: {type: postgres, postgres: {dsn: %q}}\n", dsn)
 	return raw, cfg, func() map[string]float64 {
-		c1, w1 := stats()
+		c1, w1, wal1 := stats()
 		return map[string]float64{
-			"xacts/row":        (c1 - c0 - 2) / float64(rows), // less the two stats queries
-			"raw-xacts/row":    float64(rows/batch) / float64(rows),
-			"tuple-writes/row": (w1 - w0) / float64(rows),
+			"xacts/row":         (c1 - c0 - 2) / float64(rows), // less the two stats queries
+			"raw-xacts/row":     float64(rows/batch) / float64(rows),
+			"tuple-writes/row":  (w1 - w0) / float64(rows),
+			"wal-bytes/row":     (wal1 - wal0) / float64(rows),
+			"raw-wal-bytes/row": (wal0 - rawWAL0) / float64(rows),
 		}
 	}
 }
 
 func serveThroughput(b *testing.B, bin string, clients int, store roundStore) {
 	const rows, batch, targets, rounds = 4000, 100, 8, 5
-	var serveDurs, rawDurs []time.Duration
+	var serveDurs, rawDurs, ackDurs []time.Duration
 	counted := map[string][]float64{}
 	for range b.N * rounds {
 		dir := b.TempDir()
@@ -190,6 +196,8 @@ func serveThroughput(b *testing.B, bin string, clients int, store roundStore) {
 		start := time.Now()
 		var wg sync.WaitGroup
 		errs := make(chan error, clients)
+		var ackMu sync.Mutex
+		var acked time.Duration // until the last request's answer
 		for c := range clients {
 			wg.Add(1)
 			go func() {
@@ -211,6 +219,9 @@ func serveThroughput(b *testing.B, bin string, clients int, store roundStore) {
 					}
 					last = res.Seqs[len(res.Seqs)-1]
 				}
+				ackMu.Lock()
+				acked = max(acked, time.Since(start))
+				ackMu.Unlock()
 				// Delivery is the server's: poll the API until it says so.
 				for {
 					resp, err := client.Get(fmt.Sprintf("%s/v1/sources/%s/delivered-through?seq=%d", p.URL, src, last))
@@ -234,6 +245,7 @@ func serveThroughput(b *testing.B, bin string, clients int, store roundStore) {
 		}
 		wg.Wait()
 		serveDurs = append(serveDurs, time.Since(start))
+		ackDurs = append(ackDurs, acked)
 		close(errs)
 		for err := range errs {
 			b.Fatal(err)
@@ -257,6 +269,7 @@ func serveThroughput(b *testing.B, bin string, clients int, store roundStore) {
 	slices.Sort(ratios)
 	b.ReportMetric(float64(rows)/median(serveDurs).Seconds(), "serve-rows/s")
 	b.ReportMetric(float64(rows)/median(rawDurs).Seconds(), store.rawName)
+	b.ReportMetric(float64(rows)/median(ackDurs).Seconds(), "acked-rows/s")
 	b.ReportMetric(ratios[len(ratios)/2], "serve/raw")
 	for k, vs := range counted {
 		slices.Sort(vs)
