@@ -157,6 +157,7 @@ const (
 const (
 	DefaultRelayAPIAuth           = AuthMTLS
 	DefaultRelayAPIReportInterval = 30 * time.Second
+	DefaultRelayAPIReportDelay    = 2 * time.Second
 	DefaultRelayAPIOrderInterval  = 30 * time.Second
 	DefaultRelayAPIBatch          = 500
 	DefaultRelayAPITimeout        = 30 * time.Second
@@ -186,6 +187,12 @@ type RelayAPI struct {
 	// the holdings are compared with what the relay was told and the
 	// difference reported; a change is reported within it.
 	ReportInterval time.Duration `yaml:"report_interval"`
+	// ReportDelay (relay_api.report_delay, default 2s, >= 0) is how soon
+	// a segment stored is reported: a commit starts a report pass, and
+	// passes started so are at least ReportDelay apart, so a burst of
+	// stores goes in one batch and a node storing all the time reports at
+	// most once per ReportDelay. 0: stores wait for ReportInterval.
+	ReportDelay time.Duration `yaml:"report_delay"`
 	// OrderInterval (relay_api.order_interval, default 30s) is how often
 	// the node asks for new takedown orders.
 	OrderInterval time.Duration `yaml:"order_interval"`
@@ -412,8 +419,8 @@ func Default() *Config {
 		},
 		RPC: RPC{Listen: DefaultRPCListen},
 		RelayAPI: RelayAPI{
-			Auth: DefaultRelayAPIAuth, ReportInterval: DefaultRelayAPIReportInterval, OrderInterval: DefaultRelayAPIOrderInterval,
-			Batch: DefaultRelayAPIBatch, Timeout: DefaultRelayAPITimeout,
+			Auth: DefaultRelayAPIAuth, ReportInterval: DefaultRelayAPIReportInterval, ReportDelay: DefaultRelayAPIReportDelay,
+			OrderInterval: DefaultRelayAPIOrderInterval, Batch: DefaultRelayAPIBatch, Timeout: DefaultRelayAPITimeout,
 			Backoff: Backoff{Initial: DefaultRelayAPIBackoffInitial, Max: DefaultRelayAPIBackoffMax},
 		},
 	}

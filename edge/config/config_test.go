@@ -74,6 +74,7 @@ relay_api:
   auth: sigv4
   region: eu-west-1
   report_interval: 1m
+  report_delay: 500ms
   order_interval: 10s
   batch: 100
   timeout: 20s
@@ -103,7 +104,7 @@ func TestParseFull(t *testing.T) {
 		Storage: Storage{Dir: "/var/lib/edged", QuotaBytes: 2 << 30, QuotaSegments: 500, MaxSegmentBytes: 16 << 20, OnFull: OnFullEvictRelayedOldest, VerifyOnStart: VerifyNever, FsyncEachFile: true, PackMaxBytes: 0, PeerReservePercent: 50, ScrubInterval: 6 * time.Hour, ScrubRate: 512 << 10, ReceiveMemoryBytes: 2 << 20},
 		RPC:     RPC{Listen: "unix:/run/edged/rpc.sock"},
 		RelayAPI: RelayAPI{URL: "https://abc.lambda-url.eu-west-1.on.aws/", Auth: AuthSigV4, Region: "eu-west-1", ReportInterval: time.Minute,
-			OrderInterval: 10 * time.Second, Batch: 100, Timeout: 20 * time.Second, Backoff: Backoff{Initial: 2 * time.Second, Max: 10 * time.Minute}},
+			ReportDelay: 500 * time.Millisecond, OrderInterval: 10 * time.Second, Batch: 100, Timeout: 20 * time.Second, Backoff: Backoff{Initial: 2 * time.Second, Max: 10 * time.Minute}},
 	}
 	for id, want := range map[string]bool{"edge-b": true, "edge-c": true, "sensor-1": true, "edge-a": false, "edge-d": false} {
 		if c.Accepts(id) != want {
@@ -253,6 +254,7 @@ func TestValidateRules(t *testing.T) {
 		{"relay_api batch zero", "relay_api: {url: 'https://r', batch: 0}", "relay_api.batch", "out of range 1..500"},
 		{"relay_api batch over", "relay_api: {url: 'https://r', batch: 501}", "relay_api.batch", "out of range 1..500"},
 		{"relay_api interval zero", "relay_api: {url: 'https://r', report_interval: 0s}", "relay_api.report_interval", "must be > 0"},
+		{"relay_api report delay negative", "relay_api: {url: 'https://r', report_delay: -1s}", "relay_api.report_delay", "must be >= 0"},
 		{"relay_api backoff", "relay_api: {url: 'https://r', backoff: {initial: 10s, max: 1s}}", "relay_api.backoff.max", "less than relay_api.backoff.initial"},
 	}
 	for _, tc := range cases {
@@ -487,6 +489,7 @@ func TestDefaultsDocumented(t *testing.T) {
 		"rpc.listen":                   d.RPC.Listen,
 		"relay_api.auth":               d.RelayAPI.Auth,
 		"relay_api.report_interval":    d.RelayAPI.ReportInterval.String(),
+		"relay_api.report_delay":       d.RelayAPI.ReportDelay.String(),
 		"relay_api.order_interval":     d.RelayAPI.OrderInterval.String(),
 		"relay_api.batch":              "500",
 		"relay_api.timeout":            d.RelayAPI.Timeout.String(),

@@ -322,6 +322,9 @@ func (r RelayAPI) validate(ps *Problems) {
 			ps.add(d.key, fmt.Sprintf("%s must be > 0", d.v))
 		}
 	}
+	if r.ReportDelay < 0 {
+		ps.add("relay_api.report_delay", fmt.Sprintf("%s must be >= 0", r.ReportDelay))
+	}
 	if r.Backoff.Max <= 0 {
 		ps.add("relay_api.backoff.max", fmt.Sprintf("%s must be > 0", r.Backoff.Max))
 	} else if r.Backoff.Initial > 0 && r.Backoff.Max < r.Backoff.Initial {

@@ -138,8 +138,8 @@ func checkConfig(cfg *config.Config, path string, stdout io.Writer) int {
 		if ca == "" {
 			ca = "system roots"
 		}
-		fmt.Fprintf(stdout, "relay_api: url=%s auth=%s ca=%s region=%s report_interval=%s order_interval=%s batch=%d timeout=%s backoff=%s..%s\n",
-			a.URL, a.Auth, ca, a.Region, a.ReportInterval, a.OrderInterval, a.Batch, a.Timeout, a.Backoff.Initial, a.Backoff.Max)
+		fmt.Fprintf(stdout, "relay_api: url=%s auth=%s ca=%s region=%s report_interval=%s report_delay=%s order_interval=%s batch=%d timeout=%s backoff=%s..%s\n",
+			a.URL, a.Auth, ca, a.Region, a.ReportInterval, a.ReportDelay, a.OrderInterval, a.Batch, a.Timeout, a.Backoff.Initial, a.Backoff.Max)
 	} else {
 		fmt.Fprintln(stdout, "relay_api: off")
 	}

@@ -66,7 +66,7 @@ func TestCheckConfigRelayAPI(t *testing.T) {
 	}{
 		{"off", "", 0, "relay_api: off"},
 		{"on", "relay_api: {url: 'https://relay:8443', ca: " + filepath.Join(pkiDir, "ca.crt") + "}\n", 0,
-			"relay_api: url=https://relay:8443 auth=mtls ca=" + filepath.Join(pkiDir, "ca.crt") + " region= report_interval=30s order_interval=30s batch=500"},
+			"relay_api: url=https://relay:8443 auth=mtls ca=" + filepath.Join(pkiDir, "ca.crt") + " region= report_interval=30s report_delay=2s order_interval=30s batch=500"},
 		{"system roots", "relay_api: {url: 'https://x.lambda-url.eu-west-1.on.aws/', auth: sigv4, region: eu-west-1}\n", 0, "ca=system roots region=eu-west-1"},
 		{"ca missing", "relay_api: {url: 'https://relay:8443', ca: missing.crt}\n", 2, "relay_api.ca: open "},
 		{"ca holds a key", "relay_api: {url: 'https://relay:8443', ca: " + filepath.Join(pkiDir, "a.key") + "}\n", 2, "relay_api.ca: " + filepath.Join(pkiDir, "a.key") + ": no PEM certificate"},

@@ -183,8 +183,10 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 		SourceReserveBytes: shareBytes, SourceReserveSegments: shareSegs,
 		// Set before any read or commit can call them (the store is not
 		// shared before New returns); d.met and d.ex exist by then.
-		OnQuarantine:  func(q segstore.Quarantined) { d.onQuarantine(q) },
-		OnRefetched:   func(e segstore.Entry) { d.onRefetched(e) },
+		OnQuarantine: func(q segstore.Quarantined) { d.onQuarantine(q) },
+		OnRefetched:  func(e segstore.Entry) { d.onRefetched(e) },
+		// d.api is set before Run, the first commit after it.
+		OnCommit:      func(e segstore.Entry) { d.stored(e) },
 		ReceiveMemory: int64(cfg.Storage.ReceiveMemoryBytes),
 	})
 	if err != nil {

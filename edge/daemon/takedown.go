@@ -146,3 +146,13 @@ func (b backend) Receipts(_ context.Context, segment string) (rpc.Receipts, erro
 	}
 	return out, nil
 }
+
+// stored is the store's OnCommit: a segment committed (received, ingested,
+// fetched back) is reported to the relay's takedown owner within
+// relay_api.report_delay, so a node that stores content after its
+// takedown was requested is seen as a late holder in seconds.
+func (d *Daemon) stored(e segstore.Entry) {
+	if d.api != nil {
+		d.api.Stored(e.ID)
+	}
+}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -254,4 +255,65 @@ alarms:
 		return out
 	}
 	return relay, call
+}
+
+// TestTakedownLateHolderReportedOnStore: a node that stores a segment after
+// its takedown was requested (a late holder) reports it soon after the
+// store, not at its next relay_api.report_interval: the interval is an hour
+// here, so only the store's signal (relay_api.report_delay, the default)
+// can send the report. The owner then sees the late holder, orders it, and
+// the takedown completes with its receipt; it is never complete while a
+// holds the segment.
+func TestTakedownLateHolderReportedOnStore(t *testing.T) {
+	cl := newCluster(t, "a")
+	a := cl.nodes["a"]
+	relay, call := startTakedownRelay(t, cl, "", true)
+	a.relayAPI = fmt.Sprintf("  url: %s\n  ca: pki/ca.crt\n  report_interval: 1h\n  order_interval: 100ms\n  backoff: {initial: 50ms, max: 200ms}\n", relay.URL)
+	a.start()
+	// The holdings job's first pass, at start, is over: from here on only
+	// the interval, an hour away, or a store's signal runs another.
+	eventually(t, "a's first holdings pass", func() bool {
+		st, err := a.client.Status(context.Background())
+		return err == nil && st.RelayAPI != nil && st.RelayAPI.Holdings.LastSuccess != nil
+	})
+	var td struct {
+		ID      string   `json:"id"`
+		Holders []string `json:"holders"`
+	}
+	if err := json.Unmarshal(call("POST", "/v1/takedowns", []byte(`{"content_id":"seg-1","reason":"dmca 2026-119"}`)), &td); err != nil || len(td.Holders) != 0 {
+		t.Fatalf("takedown %+v: %v", td, err)
+	}
+	// status is the zero status while the takedown's record is on its way
+	// to its partition (503 takedown_pending).
+	status := func() takedownStatus {
+		t.Helper()
+		var s takedownStatus
+		if b := call("GET", "/v1/takedowns/"+td.ID, nil); b != nil {
+			if err := json.Unmarshal(b, &s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if s.Complete && s.ReceiptsVerified != s.HoldersExpected {
+			t.Fatalf("takedown reported complete early: %+v", s)
+		}
+		return s
+	}
+	eventually(t, "a takedown of a content no node reported: complete, 0 of 0", func() bool {
+		s := status()
+		return s.ID == td.ID && s.Complete && s.HoldersExpected == 0
+	})
+
+	seg := bytes.Repeat([]byte("late holder "), 500)
+	putFile(t, a, "seg-1", seg)
+	eventually(t, "a, a late holder reported on its store, evicted with a verified receipt", func() bool {
+		s := status()
+		return s.Complete && s.HoldersExpected == 1 && s.holder("a") == "evicted"
+	})
+	if a.has("seg-1", digest(seg)) {
+		t.Fatal("a still holds seg-1")
+	}
+	st, err := a.client.Status(context.Background())
+	if err != nil || st.RelayAPI == nil || st.RelayAPI.Holdings.Counts["sent"] < 1 {
+		t.Fatalf("a's relay API status %+v: %v", st.RelayAPI, err)
+	}
 }

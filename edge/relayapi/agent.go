@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,8 +24,10 @@ import (
 
 // Store is what the agent reads of the segment store (*segstore.Store).
 type Store interface {
-	// ListAfter pages through the index in id order.
+	// ListAfter pages through the index in id order; Stat reads one
+	// entry (segstore.ErrNotFound if absent).
 	ListAfter(after string, limit int) ([]segstore.Entry, error)
+	Stat(id string) (segstore.Entry, error)
 	// TombstoneOf returns a taken-down segment's tombstone, or
 	// segstore.ErrNotFound.
 	TombstoneOf(id string) (segstore.Tombstone, error)
@@ -78,6 +82,14 @@ type Agent struct {
 
 	holdings, orders, receipts             *jobState
 	holdingsKick, ordersKick, receiptsKick chan struct{}
+
+	// stored holds the ids committed since the holdings job took them
+	// (Stored): a pass a store started compares only those. walk says a
+	// whole walk of the index is owed before that shortcut holds again (a
+	// takedown, a failed pass: changes no store signalled).
+	storedMu sync.Mutex
+	stored   map[string]struct{}
+	walk     atomic.Bool
 }
 
 // Job names (the label of edged_relayapi_requests_total).
@@ -114,6 +126,7 @@ func New(o Options) (*Agent, error) {
 		spread: 1 - float64(h.Sum64()%1000)/4000, batch: o.Config.Batch,
 		holdings: newJobState(), orders: newJobState(), receipts: newJobState(),
 		holdingsKick: make(chan struct{}, 1), ordersKick: make(chan struct{}, 1), receiptsKick: make(chan struct{}, 1),
+		stored: map[string]struct{}{},
 	}
 	c, err := a.cursor()
 	if err != nil {
@@ -128,20 +141,23 @@ func New(o Options) (*Agent, error) {
 func (a *Agent) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, j := range []struct {
-		name     string
-		st       *jobState
-		kick     chan struct{}
-		interval time.Duration
-		pass     func(context.Context) error
+		name          string
+		st            *jobState
+		kick          chan struct{}
+		interval, gap time.Duration
+		pass          func(ctx context.Context, kicked bool) error
 	}{
-		{jobHoldings, a.holdings, a.holdingsKick, a.cfg.ReportInterval, a.reportPass},
-		{jobOrders, a.orders, a.ordersKick, a.cfg.OrderInterval, a.orderPass},
+		// Holdings are reported at the interval, and soon after a store
+		// or a takedown (kicked), kicked passes at least report_delay
+		// apart.
+		{jobHoldings, a.holdings, a.holdingsKick, a.cfg.ReportInterval, a.cfg.ReportDelay, a.reportPass},
+		{jobOrders, a.orders, a.ordersKick, a.cfg.OrderInterval, 0, func(ctx context.Context, _ bool) error { return a.orderPass(ctx) }},
 		// Receipts are posted as orders are applied (kicked), and swept at
 		// the report interval for those signed otherwise (edgectl
 		// takedown evict) or refused by a restart.
-		{jobReceipts, a.receipts, a.receiptsKick, a.cfg.ReportInterval, a.receiptPass},
+		{jobReceipts, a.receipts, a.receiptsKick, a.cfg.ReportInterval, 0, func(ctx context.Context, _ bool) error { return a.receiptPass(ctx) }},
 	} {
-		wg.Go(func() { a.loop(ctx, j.name, j.st, j.kick, j.interval, j.pass) })
+		wg.Go(func() { a.loop(ctx, j.name, j.st, j.kick, j.interval, j.gap, j.pass) })
 	}
 	wg.Wait()
 }
@@ -149,8 +165,51 @@ func (a *Agent) Run(ctx context.Context) {
 // Changed says the store changed (a takedown, an eviction): the holdings
 // and receipt jobs run soon, unless they are backing off.
 func (a *Agent) Changed() {
+	a.walk.Store(true)
 	a.kick(a.holdingsKick)
 	a.kick(a.receiptsKick)
+}
+
+// Stored says segment id was stored (segstore.Options.OnCommit): the
+// holdings job reports it within relay_api.report_delay, not at the next
+// report_interval, unless it is backing off, so that the owner of a
+// takedown requested meanwhile sees a late holder (issue 23) in seconds.
+// Stores in a burst, or one after another, share a pass: the kick is a
+// flag, and kicked passes are report_delay apart; such a pass compares
+// only the ids stored since the last one, not the whole index. It never
+// blocks.
+func (a *Agent) Stored(id string) {
+	if a.cfg.ReportDelay <= 0 {
+		return
+	}
+	a.storedMu.Lock()
+	if len(a.stored) < maxStored {
+		a.stored[id] = struct{}{}
+	} else {
+		// A relay out of reach for long while stores go on: a walk
+		// finds them all, and the set stays small.
+		clear(a.stored)
+		a.walk.Store(true)
+	}
+	a.storedMu.Unlock()
+	a.kick(a.holdingsKick)
+}
+
+// maxStored bounds the ids Stored keeps between passes (about 100 bytes
+// each): past it the next pass walks the index instead.
+const maxStored = 4096
+
+// takeStored empties the set of ids stored, in id order.
+func (a *Agent) takeStored() []string {
+	a.storedMu.Lock()
+	defer a.storedMu.Unlock()
+	ids := make([]string, 0, len(a.stored))
+	for id := range a.stored {
+		ids = append(ids, id)
+	}
+	clear(a.stored)
+	slices.Sort(ids)
+	return ids
 }
 
 func (a *Agent) kick(ch chan struct{}) {
@@ -163,11 +222,15 @@ func (a *Agent) kick(ch chan struct{}) {
 // loop runs pass, then waits: the interval after a success, or after a
 // refusal (a 4xx: asking again at once would get the same answer), the
 // back-off after a retryable failure. A kick ends an interval early, never
-// a back-off.
-func (a *Agent) loop(ctx context.Context, name string, st *jobState, kick chan struct{}, interval time.Duration, pass func(context.Context) error) {
-	failures := 0
+// a back-off, and the pass it starts begins at least gap after the one
+// before began, or at the interval if that comes first (kicks meanwhile
+// are one).
+func (a *Agent) loop(ctx context.Context, name string, st *jobState, kick chan struct{}, interval, gap time.Duration, pass func(ctx context.Context, kicked bool) error) {
+	failures, kicked := 0, false
 	for ctx.Err() == nil {
-		err := pass(ctx)
+		began := time.Now()
+		err := pass(ctx, kicked)
+		kicked = false
 		if ctx.Err() != nil {
 			return
 		}
@@ -188,15 +251,31 @@ func (a *Agent) loop(ctx context.Context, name string, st *jobState, kick chan s
 			st.failed(a.now(), err, 0, a.now().Add(wait))
 		}
 		t := time.NewTimer(wait)
-		var kicked <-chan struct{}
+		var kickCh <-chan struct{}
 		if failures == 0 {
-			kicked = kick
+			kickCh = kick
 		}
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return
-		case <-kicked:
+		case <-kickCh:
+			// Not before gap after the last pass began, nor later than
+			// the interval would have run it.
+			kicked = true
+			if d := gap - time.Since(began); d > 0 {
+				g := time.NewTimer(d)
+				select {
+				case <-ctx.Done():
+					g.Stop()
+					t.Stop()
+					return
+				case <-g.C:
+				case <-t.C:
+					kicked = false
+				}
+				g.Stop()
+			}
 			t.Stop()
 		case <-t.C:
 		}
@@ -366,7 +445,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "edged_relayapi_receipts_total", Help: "Takedown receipts posted, by the relay's verdict (accepted, replayed: accepted before, refused: a 4xx, not posted again).",
 		}, []string{"result"}),
 		holdingsPending: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "edged_relayapi_holdings_pending", Help: "Holdings reports owed to the relay at the last pass (0 once it knows what this node holds).",
+			Name: "edged_relayapi_holdings_pending", Help: "Holdings reports owed to the relay at the last pass that walked the index (0 once it knows what this node holds).",
 		}),
 		receiptsPending: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "edged_relayapi_receipts_pending", Help: "Stored takedown receipts without the relay's verdict at the last pass.",

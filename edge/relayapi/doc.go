@@ -8,7 +8,10 @@
 //     relay was last told (the bucket edge.holdings: id → digest and size
 //     of every segment reported held) and reports the difference, in id
 //     order, in batches of at most relay_api.batch reports: POST
-//     /v1/holdings. A segment indexed and not reported, or reported with
+//     /v1/holdings, every relay_api.report_interval and within
+//     relay_api.report_delay of a store or a takedown (Agent.Stored,
+//     Agent.Changed: passes started so begin at least report_delay apart,
+//     so a burst of stores is one batch). A segment indexed and not reported, or reported with
 //     another digest, is reported held; one reported and no longer
 //     indexed (evicted on relay, to make room, quarantined, taken down) is
 //     reported evicted, with the digest it had. A batch is written to the

@@ -92,7 +92,9 @@ func (f *fixture) open() {
 	}
 	f.db = db
 	t.Cleanup(func() { db.Close() })
-	f.store, err = segstore.Open(f.dir, db, segstore.Options{QuotaBytes: 1 << 30, QuotaSegments: 10000, MaxSegmentBytes: 1 << 20})
+	f.store, err = segstore.Open(f.dir, db, segstore.Options{QuotaBytes: 1 << 30, QuotaSegments: 10000, MaxSegmentBytes: 1 << 20,
+		// As edged wires it (the agent is made below, before any commit).
+		OnCommit: func(e segstore.Entry) { f.agent.Stored(e.ID) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,6 +143,9 @@ func (f *fixture) put(id string, content []byte) string {
 	}
 	return sha
 }
+
+// walkPass is a holdings pass that walks the whole index (the interval's).
+func (f *fixture) walkPass(ctx context.Context) error { return f.agent.reportPass(ctx, false) }
 
 // pass runs one pass of a job and fails the test on an error.
 func (f *fixture) pass(p func(context.Context) error) {

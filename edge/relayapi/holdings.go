@@ -28,33 +28,74 @@ type holdingsAnswer struct {
 // takes: short transactions, a bounded heap.
 const pageSize = 256
 
-// reportPass sends the batch left pending, if any, then reports the
-// difference between the index and the holdings bucket, batch after
-// batch, until there is none. It returns the first error; the pending
-// batch, if it was not refused, is sent first on the next pass.
-func (a *Agent) reportPass(ctx context.Context) error {
-	after := ""
+// reportPass sends the batch left pending, if any, then reports what is
+// owed, batch after batch, until nothing is. A pass a store started
+// (kicked, with no walk owed) compares only the segments stored since the
+// last pass (Stored): its cost follows the stores, not the size of the
+// index. Every other pass (at start, every report_interval, after a
+// takedown or a failed pass) walks the whole index against the holdings
+// bucket, which finds what no store signalled: evictions of every kind. It
+// returns the first error; the pending batch, if it was not refused, is
+// sent first on the next pass, which then walks.
+func (a *Agent) reportPass(ctx context.Context, kicked bool) error {
+	stored := a.takeStored()
+	var next func() ([]takedown.Report, error)
+	if walk := a.walk.Swap(false); !kicked || walk {
+		after := ""
+		next = func() ([]takedown.Report, error) {
+			reports, owed, err := a.diff(after, a.batch)
+			if err != nil {
+				return nil, err
+			}
+			a.met.holdingsPending.Set(float64(owed))
+			a.holdings.setPending(owed)
+			if len(reports) > 0 {
+				after = reports[len(reports)-1].ContentID
+			}
+			return reports, nil
+		}
+	} else {
+		next = func() ([]takedown.Report, error) {
+			var out []takedown.Report
+			for len(stored) > 0 && len(out) < a.batch {
+				r, owed, err := a.diffOne(stored[0])
+				if err != nil {
+					return nil, err
+				}
+				stored = stored[1:]
+				if owed {
+					out = append(out, r)
+				}
+			}
+			return out, nil
+		}
+	}
+	err := a.sendOwed(ctx, next)
+	if err != nil {
+		a.walk.Store(true) // what this pass took may not have been sent
+	}
+	return err
+}
+
+// sendOwed sends the pending batch, then each batch next makes, until it
+// makes none.
+func (a *Agent) sendOwed(ctx context.Context, next func() ([]takedown.Report, error)) error {
 	for {
 		p, ok, err := a.pendingBatch()
 		if err != nil {
 			return err
 		}
 		if !ok {
-			var reports []takedown.Report
-			var owed int
-			reports, owed, err = a.diff(after, a.batch)
+			reports, err := next()
 			if err != nil {
 				return err
 			}
-			a.met.holdingsPending.Set(float64(owed))
-			a.holdings.setPending(owed)
 			if len(reports) == 0 {
 				return nil
 			}
 			if p, err = a.savePending(reports); err != nil {
 				return err
 			}
-			after = reports[len(reports)-1].ContentID
 		}
 		if err := a.sendPending(ctx, p); err != nil {
 			return err
@@ -216,6 +257,31 @@ func (a *Agent) diff(after string, limit int) ([]takedown.Report, int, error) {
 			hs.next()
 		}
 	}
+}
+
+// diffOne is diff for one segment: the report owed for id, if any.
+func (a *Agent) diffOne(id string) (takedown.Report, bool, error) {
+	e, err := a.store.Stat(id)
+	indexed := err == nil
+	if err != nil && !errors.Is(err, segstore.ErrNotFound) {
+		return takedown.Report{}, false, err
+	}
+	h := heldEntry{id: id}
+	var held bool
+	if err := a.db.View(func(tx *bolt.Tx) error {
+		var err error
+		held, err = getJSON(tx.Bucket(holdingsBucket), []byte(id), &h.reported)
+		return err
+	}); err != nil {
+		return takedown.Report{}, false, err
+	}
+	switch {
+	case indexed && (!held || e.SHA256 != h.SHA256 || e.Size != h.Size):
+		return heldReport(e), true, nil
+	case !indexed && held:
+		return a.evictedReport(h), true, nil
+	}
+	return takedown.Report{}, false, nil
 }
 
 // evictedReport is h reported evicted, at its tombstone's time if it was

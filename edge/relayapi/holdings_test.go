@@ -7,6 +7,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -26,11 +27,11 @@ func TestHoldingsDifference(t *testing.T) {
 		id := fmt.Sprintf("seg-%d", i)
 		want[id] = f.put(id, []byte(id))
 	}
-	f.pass(f.agent.reportPass)
+	f.pass(f.walkPass)
 	if got := f.held(); !maps.Equal(got, want) {
 		t.Fatalf("relay holds %v, want %v", got, want)
 	}
-	f.pass(f.agent.reportPass)
+	f.pass(f.walkPass)
 	if n := len(f.srv.Requests(relayapitest.Holdings)); n != 1 {
 		t.Fatalf("%d holdings requests, want 1: a pass with nothing changed sends nothing", n)
 	}
@@ -39,7 +40,7 @@ func TestHoldingsDifference(t *testing.T) {
 		t.Fatal(err)
 	}
 	delete(want, "seg-1")
-	f.pass(f.agent.reportPass)
+	f.pass(f.walkPass)
 	reqs := f.srv.Requests(relayapitest.Holdings)
 	if len(reqs) != 2 {
 		t.Fatalf("%d holdings requests, want 2", len(reqs))
@@ -59,6 +60,38 @@ func TestHoldingsDifference(t *testing.T) {
 	}
 }
 
+// TestHoldingsReportedOnStore: a store signals the reporter (the store's
+// OnCommit, as edged wires it), which reports the segment without waiting
+// for relay_api.report_interval (an hour here: only the signal can start
+// the pass). Such a pass compares only the segments stored, not the whole
+// index, so an eviction no store signalled waits for a walk: the
+// interval's, or the one a takedown asks for (Changed).
+func TestHoldingsReportedOnStore(t *testing.T) {
+	f := newFixture(t, "edge-a", func(c *config.RelayAPI) { c.ReportInterval, c.ReportDelay = time.Hour, time.Millisecond })
+	f.put("seg-1", []byte("one"))
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { f.agent.Run(ctx) })
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	eventually(t, "seg-1 reported by the pass at start", func() bool { return f.held()["seg-1"] != "" })
+	if err := f.store.Evict("seg-1"); err != nil {
+		t.Fatal(err)
+	}
+	sha := f.put("seg-2", []byte("two"))
+	eventually(t, "seg-2 reported after its store", func() bool { return f.held()["seg-2"] == sha })
+	if f.held()["seg-1"] == "" {
+		t.Fatal("a pass a store started walked the index: seg-1's eviction was reported with it")
+	}
+	if n := len(f.srv.Requests(relayapitest.Holdings)); n != 2 {
+		t.Fatalf("%d holdings requests, want 2", n)
+	}
+	f.agent.Changed()
+	eventually(t, "seg-1's eviction reported after a takedown's walk", func() bool { return f.held()["seg-1"] == "" })
+}
+
 // TestHoldingsLostAnswer: the relay applies a batch and the answer is
 // lost. The retry repeats the key and the body byte for byte, the relay
 // answers replayed, nothing is applied twice, and the node then knows the
@@ -68,10 +101,10 @@ func TestHoldingsLostAnswer(t *testing.T) {
 	f.put("seg-1", []byte("one"))
 	f.put("seg-2", []byte("two"))
 	f.srv.Inject(relayapitest.Holdings, relayapitest.LoseAnswer)
-	if err := f.agent.reportPass(context.Background()); err == nil || !retryable(err) {
+	if err := f.agent.reportPass(context.Background(), false); err == nil || !retryable(err) {
 		t.Fatalf("pass with the answer lost: %v, want a retryable error", err)
 	}
-	f.pass(f.agent.reportPass)
+	f.pass(f.walkPass)
 	reqs := f.srv.Requests(relayapitest.Holdings)
 	if len(reqs) != 2 {
 		t.Fatalf("%d requests, want the batch and its retry", len(reqs))
@@ -82,7 +115,7 @@ func TestHoldingsLostAnswer(t *testing.T) {
 	if n := len(f.srv.Applied(f.node)); n != 2 {
 		t.Fatalf("%d reports applied, want 2 (the replay applies nothing)", n)
 	}
-	f.pass(f.agent.reportPass)
+	f.pass(f.walkPass)
 	if n := len(f.srv.Requests(relayapitest.Holdings)); n != 2 {
 		t.Fatalf("%d requests after a quiet pass, want 2", n)
 	}
@@ -97,11 +130,11 @@ func TestHoldingsRetriedAcrossRestart(t *testing.T) {
 	f.put("seg-1", []byte("one"))
 	f.put("seg-2", []byte("two"))
 	f.srv.Inject(relayapitest.Holdings, relayapitest.LoseAnswer)
-	if err := f.agent.reportPass(context.Background()); err == nil {
+	if err := f.agent.reportPass(context.Background(), false); err == nil {
 		t.Fatal("pass with the answer lost succeeded")
 	}
 	f.restart()
-	f.pass(f.agent.reportPass)
+	f.pass(f.walkPass)
 	reqs := f.srv.Requests(relayapitest.Holdings)
 	if len(reqs) != 2 || reqs[0].Key != reqs[1].Key || !bytes.Equal(reqs[0].Body, reqs[1].Body) {
 		t.Fatalf("after the restart: %d requests %+v, want the same batch again", len(reqs), reqs)
@@ -113,13 +146,13 @@ func TestHoldingsRetriedAcrossRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 3 {
-		if err := f.agent.reportPass(context.Background()); err == nil || !retryable(err) {
+		if err := f.agent.reportPass(context.Background(), false); err == nil || !retryable(err) {
 			t.Fatalf("pass with the relay down: %v, want a retryable error", err)
 		}
 	}
 	f.restart()
 	f.srv.Up()
-	f.pass(f.agent.reportPass)
+	f.pass(f.walkPass)
 	applied := f.srv.Applied(f.node)
 	if len(applied) != 4 || applied[2].ContentID != "seg-1" || applied[2].State != takedown.StateEvicted || applied[3].ContentID != "seg-3" || applied[3].State != takedown.StateHeld {
 		t.Fatalf("applied %+v, want seg-1 and seg-2 held, then exactly seg-1 evicted and seg-3 held", applied)
@@ -133,7 +166,7 @@ func TestHoldingsBatches(t *testing.T) {
 	for i := range 5 {
 		f.put(fmt.Sprintf("seg-%d", i), []byte{byte(i)})
 	}
-	f.pass(f.agent.reportPass)
+	f.pass(f.walkPass)
 	reqs := f.srv.Requests(relayapitest.Holdings)
 	if len(reqs) != 3 {
 		t.Fatalf("%d batches, want 3", len(reqs))
@@ -160,11 +193,11 @@ func TestHoldingsRefused(t *testing.T) {
 	f := newFixture(t, "edge-a", nil)
 	f.put("seg-1", []byte("one"))
 	f.srv.Inject(relayapitest.Holdings, relayapitest.Refuse)
-	err := f.agent.reportPass(context.Background())
+	err := f.agent.reportPass(context.Background(), false)
 	if err == nil || retryable(err) {
 		t.Fatalf("refused batch: %v, want an error not retried", err)
 	}
-	f.pass(f.agent.reportPass)
+	f.pass(f.walkPass)
 	reqs := f.srv.Requests(relayapitest.Holdings)
 	if len(reqs) != 2 || reqs[0].Key == reqs[1].Key {
 		t.Fatalf("requests %+v: want the reports again under a new key", reqs)
@@ -182,7 +215,7 @@ func TestHoldingsRefused(t *testing.T) {
 func TestHoldingsRebuiltDatabase(t *testing.T) {
 	f := newFixture(t, "edge-a", nil)
 	f.put("seg-1", []byte("one"))
-	f.pass(f.agent.reportPass)
+	f.pass(f.walkPass)
 	f.put("seg-2", []byte("two"))
 	if err := f.db.Close(); err != nil {
 		t.Fatal(err)
@@ -191,7 +224,7 @@ func TestHoldingsRebuiltDatabase(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.open() // the store rebuilds its index from the files
-	f.pass(f.agent.reportPass)
+	f.pass(f.walkPass)
 	reqs := f.srv.Requests(relayapitest.Holdings)
 	if len(reqs) != 2 || reqs[0].Key == reqs[1].Key {
 		t.Fatalf("requests %+v", reqs)
@@ -211,7 +244,7 @@ func TestHoldingsOtherNode(t *testing.T) {
 	f := newFixture(t, "edge-a", nil)
 	f.cert = issue(t, f.pkiDir, "edge-b")
 	f.put("seg-1", []byte("one"))
-	if err := f.agent.reportPass(context.Background()); err == nil {
+	if err := f.agent.reportPass(context.Background(), false); err == nil {
 		t.Fatal("answer for edge-b taken as edge-a's")
 	}
 	p, ok, err := f.agent.pendingBatch()
@@ -250,10 +283,10 @@ func TestHoldingsTooLarge(t *testing.T) {
 		f.put(fmt.Sprintf("seg-%d", i), []byte{byte(i)})
 	}
 	f.srv.Inject(relayapitest.Holdings, relayapitest.TooLarge)
-	if err := f.agent.reportPass(context.Background()); err == nil || retryable(err) {
+	if err := f.agent.reportPass(context.Background(), false); err == nil || retryable(err) {
 		t.Fatalf("413: %v", err)
 	}
-	f.pass(f.agent.reportPass)
+	f.pass(f.walkPass)
 	reqs := f.srv.Requests(relayapitest.Holdings)
 	if len(reqs) != 3 || len(f.srv.Applied(f.node)) != 4 {
 		t.Fatalf("%d requests, %d reports applied: want the refused 4 and then 2 batches of 2", len(reqs), len(f.srv.Applied(f.node)))

@@ -22,7 +22,7 @@ import (
 func TestOrderEvictsAndReceiptVerifies(t *testing.T) {
 	f := newFixture(t, "edge-a", nil)
 	sha := f.put("seg-1", []byte("one"))
-	f.pass(f.agent.reportPass)
+	f.pass(f.walkPass)
 	o := f.srv.AddOrder("edge-a", "seg-1", sha, "td-1", "dmca 1")
 	f.srv.AddOrder("edge-b", "seg-1", sha, "td-1", "dmca 1") // not ours
 
@@ -46,7 +46,7 @@ func TestOrderEvictsAndReceiptVerifies(t *testing.T) {
 	if _, err := takedown.Verify(s, f.pool, time.Now()); err != nil || s.Receipt.SHA256 != sha || s.Receipt.Node != "edge-a" {
 		t.Fatalf("receipt %+v: %v", s.Receipt, err)
 	}
-	f.pass(f.agent.reportPass)
+	f.pass(f.walkPass)
 	if r := f.srv.Holdings("edge-a")["seg-1"]; r.State != takedown.StateEvicted || r.ObservedMS != tb.EvictedAt.UnixMilli() {
 		t.Fatalf("holding after the takedown: %+v, want evicted at %v", r, tb.EvictedAt)
 	}

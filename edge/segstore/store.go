@@ -78,6 +78,11 @@ type Options struct {
 	// OnRefetched, when set, hears of every segment committed that the
 	// store had lost and wanted back (Wanted), after its commit.
 	OnRefetched func(Entry)
+	// OnCommit, when set, hears of every segment committed (a receive, a
+	// local ingest, a segment fetched back), after its commit; it must not
+	// block. edged's relay API reporter takes it as the sign to report
+	// soon.
+	OnCommit func(Entry)
 	// ReceiveMemory bounds the received bytes the store holds in memory
 	// between receipt and commit (packed segments, and what Stage reads),
 	// and, separately, what receivers take with Hold: budgets for the

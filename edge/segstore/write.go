@@ -466,6 +466,9 @@ func (st *Staged) Commit() (Entry, error) {
 		return Entry{}, fmt.Errorf("write segment %s: %w", r.id, s.diskFull(err, r.size))
 	}
 	s.refetched(e)
+	if s.opt.OnCommit != nil {
+		s.opt.OnCommit(e)
+	}
 	return e, nil
 }
 
