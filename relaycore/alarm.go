@@ -39,6 +39,14 @@ func (h *RelayHandler) Alarm(ctx context.Context, source Partition) (AlarmResult
 			break
 		}
 	}
+	// Idle targets' figures go while the source is between fires (a
+	// sweep at most every eighth of IdleTargetTTL); a failed sweep only
+	// leaves them for the next.
+	n, err := h.collectIdle(ctx, source, last)
+	if err != nil {
+		loggerOr(h.Logger).Warn("relay idle-target collection failed; the next alarm tries again", "source", string(source), "err", err)
+	}
+	ar.TargetsCollected = n
 	return ar, h.rearm(ctx, source, last, &ar, memo)
 }
 
@@ -234,6 +242,9 @@ type AlarmResult struct {
 	Hold    HoldSummary
 	// Cleared: the outbox was empty and the alarm record was deleted.
 	Cleared bool
+	// TargetsCollected counts idle targets whose figures the alarm
+	// collected (RelayHandler.IdleTargetTTL).
+	TargetsCollected int
 	// Progress: the alarm's last fire made progress (delivered or cleaned
 	// rows, or moved its cursor past blocked rows), so the re-armed alarm is
 	// due at once; without it the alarm was re-armed with back-off.

@@ -14,7 +14,8 @@ import (
 // rsMaxBytes bounds an encoded rs: a full blocked set of longest names, each
 // at its worst encoding (blockedNameMaxJSON), plus the scalar fields.
 // The folded progress entries come on top (rsBound).
-const rsMaxBytes = 512 + (MaxBlockedTargets+1)*blockedNameMaxJSON
+// The sweep cursor is a t/ key of the longest name.
+const rsMaxBytes = 512 + (MaxBlockedTargets+1)*blockedNameMaxJSON + len(`,"sweep_after":"t//~"`) + 2*MaxPartitionLen
 
 // rsBound is rs's largest encoding on a store with caps: rsMaxBytes and
 // the room for folded entries and for a full rs.gone (kept on every store,
@@ -368,6 +369,12 @@ func (c *checkpointBatch) nextRS() {
 	slices.Sort(c.next.Gone)
 	slices.Sort(c.next.GoneHeld)
 	f.gone = ghostKeys(c.next)
+	if c.next.SweptMS == 0 {
+		// A source's idle sweeps count from its first checkpoint (rs is
+		// written anyway), not from the epoch.
+		c.next.SweptMS = f.now
+	}
+	res.sweptMS, res.sweepKnown = c.next.SweptMS, true
 	c.nextRaw = encodeJSON(c.next)
 	c.writes = append([]Write{{Key: KeyRS, Value: c.nextRaw}}, c.writes...)
 }

@@ -1,6 +1,9 @@
 package relaycore
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // Internals the external tests size their fixtures with, so a boundary test
 // sits exactly where the engine draws the line.
@@ -43,3 +46,9 @@ type NoHook = noHook
 
 // ClaimTTLOrDefault is the claim lifetime in effect (ClaimTTL or 30s).
 func (h *RelayHandler) ClaimTTLOrDefault() time.Duration { return h.claimTTL() }
+
+// SweepIdle runs one idle-target sweep of source, as an alarm does after
+// its fires.
+func (h *RelayHandler) SweepIdle(ctx context.Context, source Partition) (int, error) {
+	return h.collectIdle(ctx, source, FireResult{})
+}

@@ -257,4 +257,8 @@ type FireResult struct {
 	// Hold is the source's hold summary (q) as the fire left it: held rows,
 	// quarantined and paused targets (for metrics and alarms).
 	Hold HoldSummary
+	// sweptMS is rs.SweptMS as the checkpoint wrote it (sweepKnown), so
+	// the alarm decides whether an idle sweep is due without reading rs.
+	sweptMS    int64
+	sweepKnown bool
 }

@@ -50,6 +50,15 @@ type RelayHandler struct {
 	// called concurrently for different targets. The deterministic
 	// simulation runs with 1.
 	DeliverConcurrency int
+	// IdleTargetTTL is how long a target with nothing pending or held,
+	// active and without a failure run must see no activity (no rows
+	// committed, no failure, no operator action) before an
+	// alarm collects its figures (its os and rs entries and t/<hex>/e and
+	// s records), so a source's storage follows the targets in use, not
+	// every target it ever relayed to; the target then reads as unknown
+	// until rows are enqueued for it again. Alarms look at most every
+	// eighth of it. Default 7 days; negative: never.
+	IdleTargetTTL time.Duration
 
 	// Enqueue's tuning; zero values take the defaults. PageBytes is the
 	// fill target of a row page as the store's item size (default 8192: a

@@ -127,6 +127,10 @@ type RelayState struct {
 	// GoneHeld lists, ascending, the held pages (their keys after "u/")
 	// the last checkpoint's redrives finished, taken out the same way.
 	GoneHeld []string `json:"gone_held,omitempty"`
+	// SweptMS is when idle targets were last looked for, SweepAfter where
+	// the next look goes on in the t/ range (idle.go).
+	SweptMS    int64  `json:"swept_ms,omitempty"`
+	SweepAfter string `json:"sweep_after,omitempty"`
 }
 
 // Completed reports whether rs is the completed marker (or no cycle ran yet).

@@ -1,6 +1,7 @@
 package relaycore
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/relay-dev/relay/relaycore/internal/layout"
@@ -42,7 +43,8 @@ func TestTransactWriteUnits(t *testing.T) {
 func TestRSMaxBytesBoundsWorstRS(t *testing.T) {
 	for _, fill := range []byte{0x01, 0xff, '<', 'a'} {
 		rs := RelayState{Version: ^uint64(0), CycleEnd: ^uint64(0), Cursor: ^uint64(0) - 1, From: layout.PageKey(^uint64(0)),
-			Idle: int(^uint(0) >> 1), Claim: &Claim{Owner: "0123456789ab", UntilMS: -1 << 63}}
+			Idle: int(^uint(0) >> 1), Claim: &Claim{Owner: "0123456789ab", UntilMS: -1 << 63}, SweptMS: -1 << 63,
+			SweepAfter: "t/" + strings.Repeat("ff", MaxPartitionLen) + "/~"}
 		for i := 0; i < MaxBlockedTargets; i++ {
 			name := make([]byte, MaxPartitionLen)
 			for j := range name {

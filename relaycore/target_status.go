@@ -210,7 +210,9 @@ func (f TargetFilter) keep(s TargetStatus, nowMS int64) bool {
 
 // ListTargets lists source's targets that have undelivered rows, are not
 // active, or failed recently (in the 24 hours before now;
-// TargetFilter.All: every target the source ever relayed to), in
+// TargetFilter.All: every target the source has figures of, which is every
+// target it relayed to but those collected after RelayHandler.
+// IdleTargetTTL without activity), in
 // target-name order, from the engine's per-target records. next is the
 // last target returned when more may follow (pass it as After); empty at
 // the end. One call reads at most a few thousand records, so a listing of
@@ -285,7 +287,8 @@ func ListTargets(ctx context.Context, st Store, source Partition, f TargetFilter
 }
 
 // GetTarget returns one target's status. ErrUnknownTarget: the source has
-// no record of it (it never relayed to it).
+// no record of it (it never relayed to it, or its figures were collected
+// after RelayHandler.IdleTargetTTL idle).
 func GetTarget(ctx context.Context, st Store, source, target Partition) (TargetStatus, error) {
 	prefix := layout.TargetPrefix + targetHex(target) + "/"
 	fs, err := readFolds(ctx, st, source)

@@ -20,7 +20,7 @@ func (a *actor) body() {
 		Source: src, Target: tgt, Budget: s.sc.Budget, Clock: a, Kicker: a,
 		ClaimTTL: s.sc.ClaimTTL, BackoffBase: 100 * time.Millisecond, BackoffMax: s.sc.BackoffMax,
 		RetryBase: 100 * time.Millisecond, RetryMax: s.sc.BackoffMax,
-		QuarantineAfter: s.sc.QuarantineAfter,
+		QuarantineAfter: s.sc.QuarantineAfter, IdleTargetTTL: s.sc.IdleTTL,
 	}
 	if len(s.sc.hookObs) > 0 {
 		h.Hook = relaycore.HolderRelayHook{Prefix: hookPrefix, Observations: s.sc.hookObs}
@@ -30,7 +30,8 @@ func (a *actor) body() {
 		h.SkewMargin, h.PageBytes = s.sc.SkewMargin, s.sc.PageBytes
 		a.write(h)
 	case kindAlarm:
-		_, err := h.Alarm(s.ctx, a.source)
+		ar, err := h.Alarm(s.ctx, a.source)
+		s.res.Collected += ar.TargetsCollected
 		a.engineError("alarm", err)
 	case kindFire:
 		_, err := h.Fire(s.ctx, a.source)
@@ -139,7 +140,8 @@ func (a *actor) drain(h *relaycore.RelayHandler) {
 		s.res.QuiesceRounds++
 		for _, src := range s.sc.Sources {
 			a.releaseQuarantined(h, src)
-			_, err := h.Alarm(s.ctx, src)
+			ar, err := h.Alarm(s.ctx, src)
+			s.res.Collected += ar.TargetsCollected
 			a.engineError("alarm", err)
 		}
 		a.sleep(s.now + pause)
@@ -155,6 +157,7 @@ func (a *actor) drain(h *relaycore.RelayHandler) {
 		}
 		for try := 0; try < 3; try++ {
 			ar, err := h.Alarm(s.ctx, src)
+			s.res.Collected += ar.TargetsCollected
 			a.engineError("final alarm", err)
 			if !ar.Busy {
 				break

@@ -19,7 +19,8 @@ import (
 // relaycore/fire.go), which every fire checkpoint keeps room for. The
 // engine does not export it; relaycore's TestSimRSMaxBytes keeps this copy
 // equal to it, because the checkpoint-room invariant is checked with it.
-const RSMaxBytes = 512 + (relaycore.MaxBlockedTargets+1)*(len(`"\u0000",`)+(relaycore.MaxPartitionLen*4+2)/3)
+const RSMaxBytes = 512 + (relaycore.MaxBlockedTargets+1)*(len(`"\u0000",`)+(relaycore.MaxPartitionLen*4+2)/3) +
+	len(`,"sweep_after":"t//~"`) + 2*relaycore.MaxPartitionLen
 
 // rsReserve is what a fire checkpoint keeps beside the pages it may
 // rewrite, as source items of caps: rs (RSMaxBytes) and the rest of the

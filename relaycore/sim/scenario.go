@@ -114,6 +114,10 @@ type Scenario struct {
 	// automatic quarantine threshold.
 	opPer1000       int
 	QuarantineAfter int
+	// IdleTTL is the handler's IdleTargetTTL: idle targets' figures are
+	// collected by alarms racing the writers, fires and operators
+	// (negative: never).
+	IdleTTL time.Duration
 }
 
 // String is a one-line description for failure reports.
@@ -134,8 +138,8 @@ func (sc *Scenario) String() string {
 	if sc.Loose {
 		kind += "loose "
 	}
-	return fmt.Sprintf("%sseed %d: %d sources (lease %q), %d targets (%d failing), %d writers, budget %+v, caps src %+v tgt %+v, page %dB, skew ±%dms, crash %d‰, ambiguous %d‰, operator %d‰, quarantine after %d",
-		kind, sc.Seed, len(sc.Sources), sc.LeaseSource, len(sc.Targets), down, len(sc.writers), sc.Budget, sc.SourceLimits, sc.TargetLimits, sc.PageBytes, sc.maxSkewMS, sc.crashPer1000, sc.ambiguousPer1000, sc.opPer1000, sc.QuarantineAfter)
+	return fmt.Sprintf("%sseed %d: %d sources (lease %q), %d targets (%d failing), %d writers, budget %+v, caps src %+v tgt %+v, page %dB, skew ±%dms, crash %d‰, ambiguous %d‰, operator %d‰, quarantine after %d, idle ttl %v",
+		kind, sc.Seed, len(sc.Sources), sc.LeaseSource, len(sc.Targets), down, len(sc.writers), sc.Budget, sc.SourceLimits, sc.TargetLimits, sc.PageBytes, sc.maxSkewMS, sc.crashPer1000, sc.ambiguousPer1000, sc.opPer1000, sc.QuarantineAfter, sc.IdleTTL)
 }
 
 func pick[T any](r *rand.Rand, xs ...T) T { return xs[r.IntN(len(xs))] }
@@ -296,6 +300,9 @@ func newScenario(seed uint64, noBulk, noWide bool) *Scenario {
 	// So do loose deletes; regression seeds (noBulk) stay as they were.
 	rl := rand.New(rand.NewPCG(seed, 0x1005ede1))
 	sc.Loose = !noBulk && rl.IntN(2) == 0
+	// Idle collection draws from its own stream too.
+	rc := rand.New(rand.NewPCG(seed, 0x1d1ec011))
+	sc.IdleTTL = pick(rc, -1, time.Millisecond, 50*time.Millisecond, 300*time.Millisecond, 2*time.Second, 15*time.Second)
 	return sc
 }
 

@@ -104,6 +104,8 @@ type Result struct {
 	// effect (quarantine, pause, release, resume, skip); Skipped the rows
 	// skipped into the archive; Held rows moved aside by fires.
 	OpActions, OpApplied, Skipped int
+	// Collected counts idle targets whose figures alarms collected.
+	Collected int
 	// Requeued counts rows that requeues of archive entries committed.
 	Requeued int
 	// BlockedFull counts source checks that found the blocked set full

@@ -102,6 +102,7 @@ type tally struct {
 	Seeds, Bulk, Steps, Calls, Crashes, Committed, Delivered, Violations int
 	Checkpoints, Rewrites, NearLimit, NearSeeds                          int
 	OpActions, OpApplied, Skipped, Requeued                              int
+	Collected, CollectSeeds                                              int
 	Wide, WideFull                                                       int
 	Loose, LoosePages                                                    int
 	FailedSeeds                                                          []uint64
@@ -118,6 +119,10 @@ func (a *tally) add(res sim.Result) {
 	a.Checkpoints += res.Checkpoints
 	a.OpActions += res.OpActions
 	a.OpApplied += res.OpApplied
+	a.Collected += res.Collected
+	if res.Collected > 0 {
+		a.CollectSeeds++
+	}
 	a.Skipped += res.Skipped
 	a.Requeued += res.Requeued
 	a.Rewrites += res.Rewrites
@@ -158,6 +163,8 @@ func (a *tally) merge(b tally) {
 	a.NearSeeds += b.NearSeeds
 	a.OpActions += b.OpActions
 	a.OpApplied += b.OpApplied
+	a.Collected += b.Collected
+	a.CollectSeeds += b.CollectSeeds
 	a.Skipped += b.Skipped
 	a.Requeued += b.Requeued
 	a.Wide += b.Wide
@@ -168,8 +175,8 @@ func (a *tally) merge(b tally) {
 }
 
 func (a *tally) summary(store string, workers string, elapsed time.Duration) string {
-	return fmt.Sprintf("sim summary: store=%s seeds=%d (bulk %d, wide %d, %d filling the blocked set) steps=%d store_calls=%d crashes=%d rows_committed=%d rows_delivered=%d checkpoints=%d (rewriting 2+ pages %d, near the limit %d, in %d seeds) loose=%d (pages deleted loosely %d) operator_actions=%d (applied %d, rows skipped %d, rows requeued %d) violations=%d failed_seeds=%d workers=%s time=%s",
-		store, a.Seeds, a.Bulk, a.Wide, a.WideFull, a.Steps, a.Calls, a.Crashes, a.Committed, a.Delivered, a.Checkpoints, a.Rewrites, a.NearLimit, a.NearSeeds, a.Loose, a.LoosePages, a.OpActions, a.OpApplied, a.Skipped, a.Requeued, a.Violations, len(a.FailedSeeds), workers, elapsed.Round(time.Millisecond))
+	return fmt.Sprintf("sim summary: store=%s seeds=%d (bulk %d, wide %d, %d filling the blocked set) steps=%d store_calls=%d crashes=%d rows_committed=%d rows_delivered=%d checkpoints=%d (rewriting 2+ pages %d, near the limit %d, in %d seeds) loose=%d (pages deleted loosely %d) operator_actions=%d (applied %d, rows skipped %d, rows requeued %d) idle_targets_collected=%d (in %d seeds) violations=%d failed_seeds=%d workers=%s time=%s",
+		store, a.Seeds, a.Bulk, a.Wide, a.WideFull, a.Steps, a.Calls, a.Crashes, a.Committed, a.Delivered, a.Checkpoints, a.Rewrites, a.NearLimit, a.NearSeeds, a.Loose, a.LoosePages, a.OpActions, a.OpApplied, a.Skipped, a.Requeued, a.Collected, a.CollectSeeds, a.Violations, len(a.FailedSeeds), workers, elapsed.Round(time.Millisecond))
 }
 
 // check fails t for the tally's failing seeds, and when bulk scenarios
