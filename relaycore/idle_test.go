@@ -2,6 +2,7 @@ package relaycore_test
 
 import (
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -32,13 +33,22 @@ func idleItems(t *testing.T, e *env, target relaycore.Partition) int {
 	return n
 }
 
-// isSweep reports whether c is an idle-collection batch: the only one
-// guarded on both rs and os.
+// isSweep reports whether c is an idle-collection batch: the only one that
+// moves rs.swept_ms on from a value already set (a source's first
+// checkpoint sets it from 0). It does not look at the batch's guards, so a
+// sweep that lost one is still found.
 func isSweep(c call) bool {
-	if c.Op != "apply" || len(c.Batch.Preconditions) < 2 {
+	if c.Op != "apply" || len(c.Batch.Preconditions) == 0 || len(c.Batch.Writes) == 0 ||
+		c.Batch.Preconditions[0].Key != relaycore.KeyRS || c.Batch.Writes[0].Key != relaycore.KeyRS {
 		return false
 	}
-	return c.Batch.Preconditions[0].Key == relaycore.KeyRS && c.Batch.Preconditions[1].Key == relaycore.KeyOS
+	var was, now struct {
+		SweptMS int64 `json:"swept_ms"`
+	}
+	if json.Unmarshal(c.Batch.Preconditions[0].Value, &was) != nil || json.Unmarshal(c.Batch.Writes[0].Value, &now) != nil {
+		return false
+	}
+	return was.SweptMS != 0 && now.SweptMS != was.SweptMS
 }
 
 // A source relays to 40 targets (32 folded into os and rs, 8 with their
