@@ -67,7 +67,7 @@ func (s *Store) dueGSI(ctx context.Context, before int64, limit int) ([]relaycor
 				in.Limit = aws.Int32(int32(min(limit-got, 1<<30)))
 			}
 			var q *dynamodb.QueryOutput
-			err := s.retryRead(ctx, ds, func() error {
+			err := s.retrySafe(ctx, ds, func() error {
 				s.stats.queryCalls.Add(1)
 				var err error
 				q, err = s.client.Query(ctx, in, noSDKRetry)
@@ -119,7 +119,7 @@ func (s *Store) dueScan(ctx context.Context, before int64) ([]relaycore.DueEntry
 			ExclusiveStartKey:         start,
 		}
 		var sc *dynamodb.ScanOutput
-		err := s.retryRead(ctx, "due-scan", func() error {
+		err := s.retrySafe(ctx, "due-scan", func() error {
 			s.stats.scanCalls.Add(1)
 			var err error
 			sc, err = s.client.Scan(ctx, in, noSDKRetry)

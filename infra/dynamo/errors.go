@@ -35,7 +35,8 @@ const (
 	// failAmbiguous: sent, outcome unknown (lost response, timeout, 5xx,
 	// transaction in progress under the same token).
 	failAmbiguous
-	// failCondition: a TransactWriteItems condition was false; not applied.
+	// failCondition: a TransactWriteItems condition, or a PutItem's or
+	// DeleteItem's ConditionExpression, was false; not applied.
 	failCondition
 )
 
@@ -76,6 +77,10 @@ func classify(err error) failure {
 			return failThrottled
 		}
 		return failPermanent
+	}
+	var ccf *types.ConditionalCheckFailedException
+	if errors.As(err, &ccf) {
+		return failCondition
 	}
 	var se *smithy.SerializationError
 	if errors.As(err, &se) {

@@ -32,9 +32,11 @@ const (
 )
 
 // faultRT wraps the real transport and injects faults into successive
-// TransactWriteItems requests, recording each request's token and body.
+// requests of operation op (TransactWriteItems when empty), recording each
+// request's token and body.
 type faultRT struct {
 	next http.RoundTripper
+	op   string
 
 	mu     sync.Mutex
 	faults []fault
@@ -55,7 +57,11 @@ func (f *faultRT) sent() ([]string, [][]byte) {
 }
 
 func (f *faultRT) RoundTrip(r *http.Request) (*http.Response, error) {
-	body, ok, err := readBody(r, "TransactWriteItems")
+	op := f.op
+	if op == "" {
+		op = "TransactWriteItems"
+	}
+	body, ok, err := readBody(r, op)
 	if !ok {
 		return f.next.RoundTrip(r)
 	}
@@ -81,6 +87,9 @@ func (f *faultRT) RoundTrip(r *http.Request) (*http.Response, error) {
 	case throttle:
 		return apiError(r, 400, `{"__type":"com.amazonaws.dynamodb.v20120810#ThrottlingException","message":"Rate of requests exceeds the allowed throughput."}`), nil
 	case conflict:
+		if op != "TransactWriteItems" {
+			return apiError(r, 400, `{"__type":"com.amazonaws.dynamodb.v20120810#TransactionConflictException","message":"Transaction is ongoing for the item"}`), nil
+		}
 		reasons := make([]string, len(in.TransactItems))
 		for i := range reasons {
 			reasons[i] = `{"Code":"None"}`
@@ -90,7 +99,7 @@ func (f *faultRT) RoundTrip(r *http.Request) (*http.Response, error) {
 	case fail500:
 		return apiError(r, 500, internalError), nil
 	case denied:
-		return apiError(r, 400, `{"__type":"com.amazon.coral.service#AccessDeniedException","message":"User is not authorized to perform: dynamodb:TransactWriteItems"}`), nil
+		return apiError(r, 400, `{"__type":"com.amazon.coral.service#AccessDeniedException","message":"User is not authorized to perform: dynamodb:`+op+`"}`), nil
 	case invalid:
 		return apiError(r, 400, `{"__type":"com.amazon.coral.validate#ValidationException","message":"Transaction request cannot include multiple operations on one item"}`), nil
 	case drop:
@@ -105,10 +114,18 @@ func (f *faultRT) RoundTrip(r *http.Request) (*http.Response, error) {
 	return f.next.RoundTrip(r)
 }
 
-// newFaultRig is a rig whose transport injects faultRT's faults.
+// newFaultRig is a rig whose transport injects faultRT's faults into
+// TransactWriteItems requests.
 func newFaultRig(t *testing.T, maxAttempts int) *rig[*faultRT] {
 	t.Helper()
 	return newRig(t, &faultRT{next: http.DefaultTransport}, maxAttempts)
+}
+
+// newOpFaultRig is a rig whose transport injects faultRT's faults into
+// requests of operation op (PutItem, DeleteItem, GetItem).
+func newOpFaultRig(t *testing.T, op string, maxAttempts int) *rig[*faultRT] {
+	t.Helper()
+	return newRig(t, &faultRT{next: http.DefaultTransport, op: op}, maxAttempts)
 }
 
 // casBatch advances counter "n" from `from` to from+1, guarded, and logs a

@@ -69,7 +69,7 @@ func (s *Store) batchGet(ctx context.Context, p relaycore.Partition, keys []stri
 	stalls := 0 // rounds in a row that read nothing
 	for round := 1; ; round++ {
 		var resp *dynamodb.BatchGetItemOutput
-		err := s.retryRead(ctx, seed, func() error {
+		err := s.retrySafe(ctx, seed, func() error {
 			s.stats.batchGetCalls.Add(1)
 			var err error
 			resp, err = s.client.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{

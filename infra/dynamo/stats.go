@@ -16,8 +16,13 @@ import (
 type Stats struct {
 	// Requests sent, counting every attempt.
 	GetItem, BatchGetItem, Query, Scan, TransactWriteItems int64
-	// Transactions is the number of Apply calls that committed.
-	Transactions int64
+	PutItem, DeleteItem                                    int64
+	// Transactions is the number of Apply calls that committed as a
+	// TransactWriteItems, SingleWrites those that committed as one PutItem
+	// or DeleteItem (a batch on one key, see SingleItem), and Checks the
+	// precondition-only batches on one key whose preconditions held (one
+	// GetItem each).
+	Transactions, SingleWrites, Checks int64
 	// Retries counts attempts after the first; Throttled the attempts
 	// refused for throughput or a transaction conflict, and the
 	// BatchGetItem responses that left keys unprocessed; Ambiguous the
@@ -30,27 +35,31 @@ type Stats struct {
 	// DueScan reads are counted the same way over the items returned, which
 	// under-counts the items the filter dropped.
 	ReadUnits float64
-	// WriteUnits are the table's write units of committed transactions:
-	// 2 per started KB of each action's item.
+	// WriteUnits are the table's write units: 2 per started KB of each
+	// action's item in a committed transaction; 1 per started KB of the
+	// item of a single write, committed or refused by its condition
+	// (DynamoDB bills a refused conditional write by the existing item).
 	WriteUnits int64
 	// IndexWriteUnits are the due GSI's write units of committed
-	// transactions (an estimate, see docs/dynamodb.md).
+	// transactions and single writes (an estimate, see docs/dynamodb.md).
 	IndexWriteUnits int64
 	// CanceledWriteUnits are what transactions refused by a condition would
 	// have cost had they committed. DynamoDB does not publish what a
 	// canceled transaction is billed, so this is an upper bound kept apart.
 	CanceledWriteUnits int64
-	// UnsizedWrites counts puts and deletes of committed transactions whose
-	// previous item size the store could not know (no precondition named
-	// it). Their write units are lower bounds: DynamoDB bills a put by the
-	// larger of the old and new item and a delete by the deleted item.
+	// UnsizedWrites counts the puts and deletes counted in WriteUnits whose
+	// previous item size the store could not know: no precondition named
+	// it, or a refused single write's response carried no item. Their
+	// write units are lower
+	// bounds: DynamoDB bills a put by the larger of the old and new item
+	// and a delete by the deleted item.
 	UnsizedWrites int64
 }
 
 type counters struct {
 	getCalls, batchGetCalls, queryCalls, scanCalls  atomic.Int64
-	transactCalls                                   atomic.Int64
-	transactions                                    atomic.Int64
+	transactCalls, putCalls, deleteCalls            atomic.Int64
+	transactions, singleWrites, checks              atomic.Int64
 	retries, throttles, ambiguous, conditionFailed  atomic.Int64
 	readHalfUnits                                   atomic.Int64
 	writeUnits, indexWriteUnits, canceledWriteUnits atomic.Int64
@@ -64,7 +73,9 @@ func (s *Store) Stats() Stats {
 	return Stats{
 		GetItem: c.getCalls.Load(), BatchGetItem: c.batchGetCalls.Load(),
 		Query: c.queryCalls.Load(), Scan: c.scanCalls.Load(),
-		TransactWriteItems: c.transactCalls.Load(), Transactions: c.transactions.Load(),
+		TransactWriteItems: c.transactCalls.Load(),
+		PutItem:            c.putCalls.Load(), DeleteItem: c.deleteCalls.Load(),
+		Transactions: c.transactions.Load(), SingleWrites: c.singleWrites.Load(), Checks: c.checks.Load(),
 		Retries: c.retries.Load(), Throttled: c.throttles.Load(), Ambiguous: c.ambiguous.Load(),
 		ConditionFailed: c.conditionFailed.Load(),
 		ReadUnits:       float64(c.readHalfUnits.Load()) / 2,
@@ -73,13 +84,12 @@ func (s *Store) Stats() Stats {
 	}
 }
 
-// txCostEstimate is the capacity one transaction consumes if it commits.
-type txCostEstimate struct {
+// costEstimate is the capacity one Apply consumes if it commits.
+type costEstimate struct {
 	write, index, unsized int64
 }
 
-func (c *counters) committed(t txCostEstimate) {
-	c.transactions.Add(1)
+func (c *counters) committed(t costEstimate) {
 	c.writeUnits.Add(t.write)
 	c.indexWriteUnits.Add(t.index)
 	c.unsized.Add(t.unsized)
@@ -166,11 +176,13 @@ func writeUnits(size int) int64 { return max(1, int64((size+1023)/1024)) }
 // request: 1 per started 4 KB, at least 1 (reading nothing is billed).
 func readUnits(size int) int64 { return max(1, int64((size+4095)/4096)) }
 
-// txCost estimates a transaction's capacity from what the batch reveals:
-// a Value precondition tells the old item's size, Absent tells there was
-// none; otherwise the old size is unknown and counted as zero.
-func (s *Store) txCost(p relaycore.Partition, b relaycore.Batch, items []txItem) txCostEstimate {
-	var t txCostEstimate
+// writeCost estimates the capacity of items if they commit, at factor
+// write units per started KB of each item (2 in a transaction, 1 for a
+// single write), from what the batch reveals: a Value precondition tells
+// the old item's size, Absent tells there was none; otherwise the old size
+// is unknown and counted as zero.
+func (s *Store) writeCost(p relaycore.Partition, b relaycore.Batch, items []txItem, factor int64) costEstimate {
+	var t costEstimate
 	for _, it := range items {
 		old, known, absent := 0, false, false
 		for _, i := range it.pcs {
@@ -184,18 +196,18 @@ func (s *Store) txCost(p relaycore.Partition, b relaycore.Batch, items []txItem)
 		}
 		switch {
 		case it.write == nil:
-			t.write += 2 * writeUnits(old)
+			t.write += factor * writeUnits(old)
 		case it.write.Delete:
 			if !known {
 				t.unsized++
 			}
-			t.write += 2 * writeUnits(old)
+			t.write += factor * writeUnits(old)
 		default:
 			if !known {
 				t.unsized++
 			}
 			w := it.write
-			t.write += 2 * writeUnits(max(old, itemSize(p, w.Key, len(w.Value), w.Due)))
+			t.write += factor * writeUnits(max(old, itemSize(p, w.Key, len(w.Value), w.Due)))
 			if w.Due != 0 {
 				// Keys-only GSI: a new entry is one index write; replacing
 				// an entry whose due may have changed is a delete plus a

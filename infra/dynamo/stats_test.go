@@ -36,10 +36,11 @@ func TestCapacityFormulas(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	mustApply(relaycore.Batch{Writes: []relaycore.Write{{Key: "d", Value: []byte("xyz")}}})
+	mustApply(relaycore.Batch{Writes: []relaycore.Write{{Key: "d", Value: []byte("xyz")}, {Key: "e"}}})
 	base := s.Stats()
-	// d, 3-byte value: 1+1 + 1+1 + 1+3 = 8 bytes -> 1 KB -> 2 WCU (unsized: no precondition).
-	if base.WriteUnits != 2 || base.UnsizedWrites != 1 || base.IndexWriteUnits != 0 {
+	// d, 3-byte value: 1+1 + 1+1 + 1+3 = 8 bytes -> 1 KB -> 2 WCU; e, the
+	// same less v -> 2 WCU (both unsized: no precondition).
+	if base.WriteUnits != 4 || base.UnsizedWrites != 2 || base.IndexWriteUnits != 0 {
 		t.Fatalf("first batch: %+v", base)
 	}
 
@@ -72,21 +73,22 @@ func TestCapacityFormulas(t *testing.T) {
 	}
 
 	// Rewriting the alarm without knowing its old due may move its index
-	// entry: a delete and a put, 2 index WCU.
+	// entry: a delete and a put, 2 index WCU. A single write: 1 WCU.
+	w0 := s.Stats().WriteUnits
 	mustApply(relaycore.Batch{Writes: []relaycore.Write{{Key: "alarm", Value: []byte("{}"), Due: 1_764_000_060_000}}})
-	if got := s.Stats().IndexWriteUnits; got != 3 {
-		t.Errorf("index write units after a rewrite %d, want 3", got)
+	if st := s.Stats(); st.IndexWriteUnits != 3 || st.WriteUnits-w0 != 1 {
+		t.Errorf("index write units after a rewrite %d, want 3; write units %d, want 1", st.IndexWriteUnits, st.WriteUnits-w0)
 	}
 
-	// A failed condition costs nothing committed; its would-be cost is kept
-	// apart.
+	// A failed transaction costs nothing committed; its would-be cost is
+	// kept apart.
 	before := s.Stats()
-	err := s.Apply(ctx, "p", relaycore.Batch{Preconditions: []relaycore.Precondition{{Key: "g", Value: []byte("no")}}})
+	err := s.Apply(ctx, "p", relaycore.Batch{Preconditions: []relaycore.Precondition{{Key: "g", Value: []byte("no")}, {Key: "h", Absent: true}}})
 	if _, ok := relaycore.FailedPrecondition(err); !ok {
 		t.Fatalf("apply = %v", err)
 	}
 	after := s.Stats()
-	if after.WriteUnits != before.WriteUnits || after.CanceledWriteUnits-before.CanceledWriteUnits != 2 || after.ConditionFailed != 1 {
+	if after.WriteUnits != before.WriteUnits || after.CanceledWriteUnits-before.CanceledWriteUnits != 4 || after.ConditionFailed != 1 {
 		t.Errorf("after a condition failure: %+v", after)
 	}
 
@@ -112,6 +114,72 @@ func TestCapacityFormulas(t *testing.T) {
 	}
 	if got := s.Stats().ReadUnits - r0; got != 2 {
 		t.Errorf("read units of a 5 KB item %v, want 2", got)
+	}
+}
+
+// Single-item batches are billed as standard writes (1 WCU per started
+// KB), a refused one by the existing item, a precondition-only one as a
+// strongly consistent read.
+func TestCapacitySingleItem(t *testing.T) {
+	s, _ := newStore(t, dynamo.Options{})
+	ctx := t.Context()
+	apply := func(b relaycore.Batch) error { return s.Apply(ctx, "p", b) }
+	delta := func(f func()) dynamo.Stats {
+		t.Helper()
+		a := s.Stats()
+		f()
+		b := s.Stats()
+		return dynamo.Stats{WriteUnits: b.WriteUnits - a.WriteUnits, UnsizedWrites: b.UnsizedWrites - a.UnsizedWrites,
+			ReadUnits: b.ReadUnits - a.ReadUnits, CanceledWriteUnits: b.CanceledWriteUnits - a.CanceledWriteUnits,
+			SingleWrites: b.SingleWrites - a.SingleWrites, Checks: b.Checks - a.Checks}
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	v1000, v1500 := bytes.Repeat([]byte{1}, 1000), bytes.Repeat([]byte{1}, 1500)
+	for _, c := range []struct {
+		name string
+		f    func()
+		want dynamo.Stats
+	}{
+		// s: 1+1 + 1+1 + 1+1000 = 1004 B -> 1 KB, known new.
+		{"create", func() {
+			must(apply(relaycore.Batch{Preconditions: []relaycore.Precondition{{Key: "s", Absent: true}},
+				Writes: []relaycore.Write{{Key: "s", Value: v1000}}}))
+		}, dynamo.Stats{WriteUnits: 1, SingleWrites: 1}},
+		// max(1004, 1506) B -> 2 KB.
+		{"compare and swap", func() {
+			must(apply(relaycore.Batch{Preconditions: []relaycore.Precondition{{Key: "s", Value: v1000}},
+				Writes: []relaycore.Write{{Key: "s", Value: v1500}}}))
+		}, dynamo.Stats{WriteUnits: 2, SingleWrites: 1}},
+		// Billed by the existing item, which minidyn does not return: at
+		// least 1, unsized.
+		{"refused", func() {
+			err := apply(relaycore.Batch{Preconditions: []relaycore.Precondition{{Key: "s", Value: []byte("no")}},
+				Writes: []relaycore.Write{{Key: "s", Value: v1000}}})
+			if _, ok := relaycore.FailedPrecondition(err); !ok {
+				t.Fatalf("apply = %v", err)
+			}
+		}, dynamo.Stats{WriteUnits: 1, UnsizedWrites: 1}},
+		// A GetItem of 1506 B: 1 RCU, no write.
+		{"check", func() {
+			must(apply(relaycore.Batch{Preconditions: []relaycore.Precondition{{Key: "s", Value: v1500}}}))
+		}, dynamo.Stats{ReadUnits: 1, Checks: 1}},
+		{"unguarded put", func() {
+			must(apply(relaycore.Batch{Writes: []relaycore.Write{{Key: "u", Value: v1500}}}))
+		}, dynamo.Stats{WriteUnits: 2, UnsizedWrites: 1, SingleWrites: 1}},
+		// Deletes 1506 B -> 2 KB.
+		{"compare and delete", func() {
+			must(apply(relaycore.Batch{Preconditions: []relaycore.Precondition{{Key: "s", Value: v1500}},
+				Writes: []relaycore.Write{{Key: "s", Delete: true}}}))
+		}, dynamo.Stats{WriteUnits: 2, SingleWrites: 1}},
+	} {
+		if got := delta(c.f); got != c.want {
+			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
+		}
 	}
 }
 

@@ -183,7 +183,7 @@ func (s *Store) Get(ctx context.Context, p relaycore.Partition, key string) ([]b
 		return nil, false, nil
 	}
 	var out *dynamodb.GetItemOutput
-	err := s.retryRead(ctx, string(p)+"/"+key, func() error {
+	err := s.retrySafe(ctx, string(p)+"/"+key, func() error {
 		s.stats.getCalls.Add(1)
 		var err error
 		out, err = s.client.GetItem(ctx, &dynamodb.GetItemInput{
@@ -297,7 +297,7 @@ func (s *Store) Scan(ctx context.Context, p relaycore.Partition, req relaycore.S
 		Limit:                     aws.Int32(int32(min(limit+extra, 1<<30))),
 	}
 	var out *dynamodb.QueryOutput
-	err = s.retryRead(ctx, string(p)+"/"+lo, func() error {
+	err = s.retrySafe(ctx, string(p)+"/"+lo, func() error {
 		s.stats.queryCalls.Add(1)
 		var err error
 		out, err = s.client.Query(ctx, in, noSDKRetry)
@@ -379,10 +379,11 @@ func (s *Store) backoff(token string, n int) time.Duration {
 	return d/2 + time.Duration(j*float64(d/2))
 }
 
-// retryRead runs a read until it succeeds, fails for good, or runs out of
-// attempts. Every transient failure of a read is safe to retry. seed
-// decorrelates the default jitter of different reads.
-func (s *Store) retryRead(ctx context.Context, seed string, call func() error) error {
+// retrySafe runs a request that is safe to repeat whatever became of an
+// earlier attempt (a read) until it succeeds,
+// fails for good, or runs out of attempts. seed decorrelates the default
+// jitter of different calls.
+func (s *Store) retrySafe(ctx context.Context, seed string, call func() error) error {
 	var err error
 	for n := 1; ; n++ {
 		if cerr := ctx.Err(); cerr != nil {

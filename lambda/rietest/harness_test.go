@@ -279,7 +279,10 @@ func readEvent(t *testing.T, name string) []byte {
 	return data
 }
 
-// txRecord is one TransactWriteItems request seen by the recording proxy.
+// txRecord is one write request seen by the recording proxy: a
+// TransactWriteItems, or a PutItem or DeleteItem (infra/dynamo's request
+// for a batch on one key) recorded as a transaction of that one action
+// under a token of its own, so the checks below see every batch.
 type txRecord struct {
 	token  string
 	status int
@@ -348,10 +351,15 @@ func (r *rig) proxy(fn string) string {
 		for _, g := range grantsFor(fn, op, body) {
 			r.calls[g] = true
 		}
-		if op == "TransactWriteItems" {
+		switch op {
+		case "TransactWriteItems":
 			var in struct{ ClientRequestToken string }
 			_ = json.Unmarshal(body, &in)
 			r.txs = append(r.txs, txRecord{token: in.ClientRequestToken, status: rec.status, body: body})
+		case "PutItem", "DeleteItem":
+			action := map[string]string{"PutItem": "Put", "DeleteItem": "Delete"}[op]
+			r.txs = append(r.txs, txRecord{token: fmt.Sprintf("single-%d", len(r.txs)), status: rec.status,
+				body: fmt.Appendf(nil, `{"TransactItems":[{%q:%s}]}`, action, body)})
 		}
 	}))
 	r.t.Cleanup(srv.Close)
@@ -435,7 +443,7 @@ func (r *rig) committed() []txRecord {
 	return out
 }
 
-// txCount returns how many TransactWriteItems requests were sent to
+// txCount returns how many write requests (txRecord) were sent to
 // table ("" for any) and how many of them failed.
 func (r *rig) txCount(table string) (sent, failed int) {
 	r.t.Helper()
