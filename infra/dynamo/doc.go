@@ -25,6 +25,9 @@
 //     or, with preconditions only, one strongly consistent GetItem checked
 //     here. A ConditionalCheckFailedException is mapped back to the index
 //     of the failed precondition.
+//   - DeleteLoose (relaycore.LooseDeleter) is BatchWriteItem
+//     DeleteRequests, 25 keys a request, billed half a transactional
+//     delete.
 //   - Due is served by a sparse global secondary index (see DueMode).
 //
 // # Errors and retries
@@ -43,8 +46,8 @@
 // as ErrMaybeApplied, never as a *relaycore.ConditionFailedError: the
 // failed condition may be the first attempt's own write. (An unguarded
 // single write retried after an ambiguous attempt may land twice; every
-// engine batch is guarded.) Reads change nothing a repeat could break, so
-// every transient failure of them is retried.
+// engine batch is guarded.) Reads and loose deletes change nothing a
+// repeat could break, so every transient failure of them is retried.
 //
 // # Capacity
 //

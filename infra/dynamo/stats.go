@@ -16,18 +16,21 @@ import (
 type Stats struct {
 	// Requests sent, counting every attempt.
 	GetItem, BatchGetItem, Query, Scan, TransactWriteItems int64
-	PutItem, DeleteItem                                    int64
+	PutItem, DeleteItem, BatchWriteItem                    int64
 	// Transactions is the number of Apply calls that committed as a
 	// TransactWriteItems, SingleWrites those that committed as one PutItem
 	// or DeleteItem (a batch on one key, see SingleItem), and Checks the
 	// precondition-only batches on one key whose preconditions held (one
 	// GetItem each).
 	Transactions, SingleWrites, Checks int64
+	// LooseDeletes is the number of keys DeleteLoose deleted (or found
+	// absent): each distinct key once.
+	LooseDeletes int64
 	// Retries counts attempts after the first; Throttled the attempts
 	// refused for throughput or a transaction conflict, and the
-	// BatchGetItem responses that left keys unprocessed; Ambiguous the
-	// attempts whose outcome was unknown; ConditionFailed the Apply calls
-	// refused by a precondition.
+	// BatchGetItem and BatchWriteItem responses that left keys
+	// unprocessed; Ambiguous the attempts whose outcome was unknown;
+	// ConditionFailed the Apply calls refused by a precondition.
 	Retries, Throttled, Ambiguous, ConditionFailed int64
 	// ReadUnits are read capacity units: strongly consistent GetItem and
 	// Query at 1 per started 4 KB, GSI Query at 0.5 per started 4 KB,
@@ -38,7 +41,8 @@ type Stats struct {
 	// WriteUnits are the table's write units: 2 per started KB of each
 	// action's item in a committed transaction; 1 per started KB of the
 	// item of a single write, committed or refused by its condition
-	// (DynamoDB bills a refused conditional write by the existing item).
+	// (DynamoDB bills a refused conditional write by the existing item);
+	// 1 per key of DeleteLoose.
 	WriteUnits int64
 	// IndexWriteUnits are the due GSI's write units of committed
 	// transactions and single writes (an estimate, see docs/dynamodb.md).
@@ -49,8 +53,8 @@ type Stats struct {
 	CanceledWriteUnits int64
 	// UnsizedWrites counts the puts and deletes counted in WriteUnits whose
 	// previous item size the store could not know: no precondition named
-	// it, or a refused single write's response carried no item. Their
-	// write units are lower
+	// it, a refused single write's response carried no item, or a loose
+	// delete (priced at 1 unit per key). Their write units are lower
 	// bounds: DynamoDB bills a put by the larger of the old and new item
 	// and a delete by the deleted item.
 	UnsizedWrites int64
@@ -59,7 +63,9 @@ type Stats struct {
 type counters struct {
 	getCalls, batchGetCalls, queryCalls, scanCalls  atomic.Int64
 	transactCalls, putCalls, deleteCalls            atomic.Int64
+	batchWriteCalls                                 atomic.Int64
 	transactions, singleWrites, checks              atomic.Int64
+	looseDeletes                                    atomic.Int64
 	retries, throttles, ambiguous, conditionFailed  atomic.Int64
 	readHalfUnits                                   atomic.Int64
 	writeUnits, indexWriteUnits, canceledWriteUnits atomic.Int64
@@ -74,9 +80,10 @@ func (s *Store) Stats() Stats {
 		GetItem: c.getCalls.Load(), BatchGetItem: c.batchGetCalls.Load(),
 		Query: c.queryCalls.Load(), Scan: c.scanCalls.Load(),
 		TransactWriteItems: c.transactCalls.Load(),
-		PutItem:            c.putCalls.Load(), DeleteItem: c.deleteCalls.Load(),
+		PutItem:            c.putCalls.Load(), DeleteItem: c.deleteCalls.Load(), BatchWriteItem: c.batchWriteCalls.Load(),
 		Transactions: c.transactions.Load(), SingleWrites: c.singleWrites.Load(), Checks: c.checks.Load(),
-		Retries: c.retries.Load(), Throttled: c.throttles.Load(), Ambiguous: c.ambiguous.Load(),
+		LooseDeletes: c.looseDeletes.Load(),
+		Retries:      c.retries.Load(), Throttled: c.throttles.Load(), Ambiguous: c.ambiguous.Load(),
 		ConditionFailed: c.conditionFailed.Load(),
 		ReadUnits:       float64(c.readHalfUnits.Load()) / 2,
 		WriteUnits:      c.writeUnits.Load(), IndexWriteUnits: c.indexWriteUnits.Load(),

@@ -119,8 +119,8 @@ func TestCapacityFormulas(t *testing.T) {
 
 // Single-item batches are billed as standard writes (1 WCU per started
 // KB), a refused one by the existing item, a precondition-only one as a
-// strongly consistent read.
-func TestCapacitySingleItem(t *testing.T) {
+// strongly consistent read, and loose deletes 1 WCU per key.
+func TestCapacitySingleAndLoose(t *testing.T) {
 	s, _ := newStore(t, dynamo.Options{})
 	ctx := t.Context()
 	apply := func(b relaycore.Batch) error { return s.Apply(ctx, "p", b) }
@@ -131,7 +131,7 @@ func TestCapacitySingleItem(t *testing.T) {
 		b := s.Stats()
 		return dynamo.Stats{WriteUnits: b.WriteUnits - a.WriteUnits, UnsizedWrites: b.UnsizedWrites - a.UnsizedWrites,
 			ReadUnits: b.ReadUnits - a.ReadUnits, CanceledWriteUnits: b.CanceledWriteUnits - a.CanceledWriteUnits,
-			SingleWrites: b.SingleWrites - a.SingleWrites, Checks: b.Checks - a.Checks}
+			SingleWrites: b.SingleWrites - a.SingleWrites, Checks: b.Checks - a.Checks, LooseDeletes: b.LooseDeletes - a.LooseDeletes}
 	}
 	must := func(err error) {
 		t.Helper()
@@ -176,6 +176,10 @@ func TestCapacitySingleItem(t *testing.T) {
 			must(apply(relaycore.Batch{Preconditions: []relaycore.Precondition{{Key: "s", Value: v1500}},
 				Writes: []relaycore.Write{{Key: "s", Delete: true}}}))
 		}, dynamo.Stats{WriteUnits: 2, SingleWrites: 1}},
+		// 1 per key, u's 2 KB unknown to the store: lower bounds.
+		{"loose deletes", func() {
+			must(s.DeleteLoose(ctx, "p", []string{"u", "absent", "u", "s"}))
+		}, dynamo.Stats{WriteUnits: 3, UnsizedWrites: 3, LooseDeletes: 3}},
 	} {
 		if got := delta(c.f); got != c.want {
 			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)

@@ -380,7 +380,7 @@ func (s *Store) backoff(token string, n int) time.Duration {
 }
 
 // retrySafe runs a request that is safe to repeat whatever became of an
-// earlier attempt (a read) until it succeeds,
+// earlier attempt (a read, or DeleteLoose's deletes) until it succeeds,
 // fails for good, or runs out of attempts. seed decorrelates the default
 // jitter of different calls.
 func (s *Store) retrySafe(ctx context.Context, seed string, call func() error) error {

@@ -46,7 +46,8 @@ import (
 //   - BatchGetItem's refusal of a key listed twice for one table
 //     (ValidationException "Provided list of item keys contains
 //     duplicates"), which minidyn answers instead, so a client that sends
-//     duplicates fails here as it would on DynamoDB.
+//     duplicates fails here as it would on DynamoDB; likewise
+//     BatchWriteItem's refusal of a DeleteRequest key listed twice.
 //
 // minidyn's BatchGetItem is otherwise faithful enough: it accepts
 // ConsistentRead (every minidyn read is consistent), refuses more than 100
@@ -192,7 +193,7 @@ func (e *Endpoint) handle(w http.ResponseWriter, r *http.Request) {
 		e.tableMu.RLock()
 		defer e.tableMu.RUnlock()
 	}
-	if op != "TransactWriteItems" && op != "BatchGetItem" {
+	if op != "TransactWriteItems" && op != "BatchGetItem" && op != "BatchWriteItem" {
 		e.Mini.ServeHTTP(w, r)
 		return
 	}
@@ -201,8 +202,8 @@ func (e *Endpoint) handle(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	if op == "BatchGetItem" {
-		if duplicateBatchGetKeys(body) {
+	if op == "BatchGetItem" || op == "BatchWriteItem" {
+		if duplicateBatchKeys(op, body) {
 			writeAPIError(w, "ValidationException", "Provided list of item keys contains duplicates")
 			return
 		}
@@ -255,19 +256,46 @@ func (e *Endpoint) handle(w http.ResponseWriter, r *http.Request) {
 	rec.respond(w)
 }
 
-// duplicateBatchGetKeys reports whether a BatchGetItem request lists one
-// key twice for a table. Keys are compared canonically (the SDK writes a
-// key's attributes in random order).
-func duplicateBatchGetKeys(body []byte) bool {
-	var in struct {
-		RequestItems map[string]struct{ Keys []json.RawMessage }
+// duplicateBatchKeys reports whether a BatchGetItem request lists one key
+// twice for a table, or a BatchWriteItem request one DeleteRequest key.
+// Keys are compared canonically (the SDK writes a key's attributes in
+// random order). BatchWriteItem's PutRequests are not compared: telling
+// their keys apart from their other attributes needs the table's schema,
+// and the relay sends none.
+func duplicateBatchKeys(op string, body []byte) bool {
+	var keys map[string][]json.RawMessage
+	if op == "BatchGetItem" {
+		var in struct {
+			RequestItems map[string]struct{ Keys []json.RawMessage }
+		}
+		if json.Unmarshal(body, &in) != nil {
+			return false // minidyn reports the malformed request
+		}
+		keys = make(map[string][]json.RawMessage, len(in.RequestItems))
+		for t, r := range in.RequestItems {
+			keys[t] = r.Keys
+		}
+	} else {
+		var in struct {
+			RequestItems map[string][]struct {
+				DeleteRequest *struct{ Key json.RawMessage }
+			}
+		}
+		if json.Unmarshal(body, &in) != nil {
+			return false
+		}
+		keys = make(map[string][]json.RawMessage, len(in.RequestItems))
+		for t, rs := range in.RequestItems {
+			for _, r := range rs {
+				if r.DeleteRequest != nil {
+					keys[t] = append(keys[t], r.DeleteRequest.Key)
+				}
+			}
+		}
 	}
-	if json.Unmarshal(body, &in) != nil {
-		return false // minidyn reports the malformed request
-	}
-	for _, t := range in.RequestItems {
-		seen := make(map[string]bool, len(t.Keys))
-		for _, k := range t.Keys {
+	for _, ks := range keys {
+		seen := make(map[string]bool, len(ks))
+		for _, k := range ks {
 			c := string(CanonicalJSON(k))
 			if seen[c] {
 				return true

@@ -64,9 +64,10 @@ func TestTokenIdempotency(t *testing.T) {
 	}
 }
 
-// BatchGetItem refuses a key listed twice, as DynamoDB does (minidyn alone
-// answers it), and otherwise reads consistently what was just written.
-func TestBatchGetItemDuplicateKeys(t *testing.T) {
+// BatchGetItem and BatchWriteItem refuse a key listed twice, as DynamoDB
+// does (minidyn alone answers it), and BatchGetItem otherwise reads
+// consistently what was just written.
+func TestBatchDuplicateKeys(t *testing.T) {
 	ctx := t.Context()
 	e := dynamotest.Start(t)
 	c := e.Client(nil)
@@ -107,6 +108,29 @@ func TestBatchGetItemDuplicateKeys(t *testing.T) {
 	var api smithy.APIError
 	if _, err := get("a", "b", "a"); !errors.As(err, &api) || api.ErrorCode() != "ValidationException" {
 		t.Fatalf("batch get with a duplicate key = %v, want ValidationException", err)
+	}
+
+	// BatchWriteItem refuses a DeleteRequest key listed twice, and
+	// deletes nothing.
+	del := func(keys ...string) error {
+		var rs []types.WriteRequest
+		for _, k := range keys {
+			rs = append(rs, types.WriteRequest{DeleteRequest: &types.DeleteRequest{Key: key(k)}})
+		}
+		_, err := c.BatchWriteItem(ctx, &dynamodb.BatchWriteItemInput{RequestItems: map[string][]types.WriteRequest{"t": rs}})
+		return err
+	}
+	if err := del("a", "b", "a"); !errors.As(err, &api) || api.ErrorCode() != "ValidationException" {
+		t.Fatalf("batch write with a duplicate delete = %v, want ValidationException", err)
+	}
+	if out, err := get("a"); err != nil || len(out.Responses["t"]) != 1 {
+		t.Fatalf("a after a refused batch write: %+v, %v", out, err)
+	}
+	if err := del("a", "b"); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := get("a"); err != nil || len(out.Responses["t"]) != 0 {
+		t.Fatalf("a after its delete: %+v, %v", out, err)
 	}
 }
 

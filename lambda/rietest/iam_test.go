@@ -23,7 +23,7 @@ type grant struct{ fn, action, resource string }
 var tableIDs = map[string]string{sourceTable: "SourceTable", targetTable: "TargetTable"}
 
 // grantsFor derives the grants a DynamoDB request needs, following IAM's
-// rules: GetItem, BatchGetItem (per table) and Query are their own actions (a Query on an index is
+// rules: GetItem, BatchGetItem and BatchWriteItem (per table) and Query are their own actions (a Query on an index is
 // authorised on the index ARN), and TransactWriteItems has no action of
 // its own: each item needs PutItem, DeleteItem, UpdateItem or
 // ConditionCheckItem on its table.
@@ -53,11 +53,11 @@ func grantsFor(fn, op string, body []byte) []grant {
 			}
 		}
 		return out
-	case "BatchGetItem":
+	case "BatchGetItem", "BatchWriteItem":
 		// Authorised per table named in RequestItems.
 		var out []grant
 		for table := range in.RequestItems {
-			out = append(out, grant{fn, "dynamodb:BatchGetItem", res(table)})
+			out = append(out, grant{fn, "dynamodb:" + op, res(table)})
 		}
 		return out
 	case "Query", "Scan":

@@ -32,6 +32,10 @@
 //   - Partitions are isolated from each other, including name prefixes.
 //   - Due (when the store implements relaycore.DueIndex): maintained in the
 //     same batch as the item, oldest first, bounded by before and limit.
+//   - LooseDelete (when the store implements relaycore.LooseDeleter):
+//     present and absent keys, repeated keys, lists longer than DynamoDB's
+//     25 deletes per request, non-ASCII keys and an empty list; other
+//     partitions untouched; a deleted item leaves the due index.
 //   - Concurrency: compare-and-swap increments from many goroutines give
 //     exactly one winner per version.
 //   - Model: a seeded random sequence of batches matches a reference model.
@@ -72,6 +76,7 @@ func Run(t *testing.T, newStore func(t *testing.T) relaycore.Store) {
 		{"Limits", limitCases()},
 		{"Partitions", partitionCases()},
 		{"Due", dueCases()},
+		{"LooseDelete", looseDeleteCases()},
 		{"Concurrency", concurrencyCases()},
 		{"Model", modelCases()},
 	}

@@ -1,0 +1,120 @@
+package dynamo
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/relay-dev/relay/relaycore"
+)
+
+var _ relaycore.LooseDeleter = (*Store)(nil)
+
+// MaxBatchWriteItems is DynamoDB's limit on requests per BatchWriteItem;
+// DeleteLoose sends one request per MaxBatchWriteItems distinct keys.
+const MaxBatchWriteItems = 25
+
+// DeleteLoose implements relaycore.LooseDeleter with BatchWriteItem
+// DeleteRequests, MaxBatchWriteItems distinct keys each (a request naming
+// one key twice is a ValidationException, so duplicates are dropped
+// first). DynamoDB bills each delete 1 write unit per started KB of the
+// deleted item (1 for an absent one), half what a Delete in a
+// TransactWriteItems costs.
+//
+// Every key is checked before anything is sent: an empty key, a partition
+// name outside 1..MaxPartitionLen bytes or a key longer than DynamoDB's
+// sort-key limit once encoded is relaycore.ErrInvalidBatch, and nothing is
+// deleted. A delete is idempotent, so throttled, not-sent and ambiguous
+// requests are simply sent again with the store's back-off, and keys
+// DynamoDB leaves in UnprocessedItems are resent after a back-off; a round
+// that processes none of them counts as a failed attempt of the
+// RetryPolicy. When the attempts run out the error wraps
+// ErrRetriesExhausted and relaycore.ErrUnavailable, and any subset of the
+// keys may have been deleted.
+func (s *Store) DeleteLoose(ctx context.Context, p relaycore.Partition, keys []string) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("delete loose %s: %w", p, err)
+	}
+	todo := make([]string, 0, len(keys))
+	seen := make(map[string]struct{}, len(keys))
+	for _, k := range keys {
+		if err := checkKey(p, k); err != nil {
+			return fmt.Errorf("delete loose %s: key %q: %w", p, clip(k), err)
+		}
+		if _, dup := seen[k]; dup {
+			continue
+		}
+		seen[k] = struct{}{}
+		todo = append(todo, k)
+	}
+	for len(todo) > 0 {
+		n := min(len(todo), MaxBatchWriteItems)
+		if err := s.batchDelete(ctx, p, todo[:n]); err != nil {
+			return fmt.Errorf("delete loose %s: %w", p, err)
+		}
+		todo = todo[n:]
+	}
+	return nil
+}
+
+// batchDelete deletes up to MaxBatchWriteItems distinct keys, following
+// UnprocessedItems until every key was processed.
+func (s *Store) batchDelete(ctx context.Context, p relaycore.Partition, keys []string) error {
+	pending := make([]types.WriteRequest, len(keys))
+	for i, k := range keys {
+		pending[i] = types.WriteRequest{DeleteRequest: &types.DeleteRequest{Key: keyOf(p, k)}}
+	}
+	seed := string(p) + "/" + keys[0]
+	stalls := 0 // rounds in a row that processed nothing
+	for round := 1; ; round++ {
+		var resp *dynamodb.BatchWriteItemOutput
+		err := s.retrySafe(ctx, seed, func() error {
+			s.stats.batchWriteCalls.Add(1)
+			var err error
+			resp, err = s.client.BatchWriteItem(ctx, &dynamodb.BatchWriteItemInput{
+				RequestItems: map[string][]types.WriteRequest{s.table: pending},
+			}, noSDKRetry)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		left := resp.UnprocessedItems[s.table]
+		// The store does not know the deleted items' sizes: 1 unit each,
+		// a lower bound for items over 1 KB.
+		done := int64(max(0, len(pending)-len(left)))
+		s.stats.looseDeletes.Add(done)
+		s.stats.writeUnits.Add(done)
+		s.stats.unsized.Add(done)
+		if len(left) == 0 {
+			return nil
+		}
+		s.stats.throttles.Add(1)
+		if len(left) < len(pending) {
+			stalls = 0
+		} else {
+			stalls++
+		}
+		if stalls >= s.opts.Retry.MaxAttempts {
+			return fmt.Errorf("%w (%w) after %d attempts: %d keys unprocessed", ErrRetriesExhausted, relaycore.ErrUnavailable, stalls, len(left))
+		}
+		s.stats.retries.Add(1)
+		if err := s.opts.Sleep(ctx, s.backoff(seed, min(round, 30))); err != nil {
+			return fmt.Errorf("%w (%d keys unprocessed)", err, len(left))
+		}
+		pending = left
+	}
+}
+
+// clip shortens a key for an error message.
+func clip(k string) string {
+	if len(k) > 64 {
+		return k[:64] + "..."
+	}
+	return k
+}
