@@ -9,22 +9,39 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"sync"
 
+	"github.com/relay-dev/relay/infra/dynamo"
 	"github.com/relay-dev/relay/relaycore"
 )
 
-var _ relaycore.BatchGetter = (*Meter)(nil)
+var (
+	_ relaycore.BatchGetter  = (*Meter)(nil)
+	_ relaycore.LooseDeleter = (*Meter)(nil)
+)
 
 // Meter wraps a store and prices every request it sends with DynamoDB's
-// published formulas, for the item layout infra/dynamo writes (docs/
-// dynamodb.md): an item is its attribute names plus values, p (S), k (S),
-// v (B), and, for due-indexed items, due (N) and ds (S).
+// published formulas, for the requests and the item layout infra/dynamo
+// sends and writes (docs/dynamodb.md): an item is its attribute names plus
+// values, p (S), k (S), v (B), and, for due-indexed items, due (N) and ds
+// (S).
 //
-//   - TransactWriteItems: 2 write units per started KB of every item in the
-//     transaction; a put is billed on the larger of the old and new item, a
-//     delete on the deleted item, a ConditionCheck on the checked item.
+//   - TransactWriteItems (a batch on several keys): 2 write units per
+//     started KB of every item in the transaction; a put is billed on the
+//     larger of the old and new item, a delete on the deleted item, a
+//     ConditionCheck on the checked item.
+//   - PutItem and DeleteItem (a batch that writes one key, guarded only on
+//     it: dynamo.SingleItem): 1 write unit per started KB, a put on the
+//     larger of the old and new item, a delete on the deleted item, at
+//     least 1; refused by its condition, 1 per started KB of the existing
+//     item, at least 1.
+//   - A precondition-only batch on one key (dynamo.SingleItem) is a
+//     strongly consistent GetItem of the key.
+//   - BatchWriteItem deletes (DeleteLoose): 1 write unit per started KB of
+//     each deleted item, 1 for an absent one; one request per 25 distinct
+//     keys.
 //   - Strongly consistent GetItem: 1 read unit per started 4 KB; an absent
 //     item still costs 1. BatchGetItem prices each key the same way and
 //     takes one request per 100 distinct keys.
@@ -36,8 +53,8 @@ var _ relaycore.BatchGetter = (*Meter)(nil)
 // The meter keeps a shadow of item sizes so deletes and condition checks
 // are priced on the real old item. DynamoDB reports none of this from the
 // in-process endpoint (minidyn returns no ConsumedCapacity), and infra/
-// dynamo cannot size a transactional delete itself, which is why the
-// benchmark prices requests here.
+// dynamo cannot size a delete itself, which is why the benchmark prices
+// requests here.
 type Meter struct {
 	relaycore.Store
 
@@ -74,8 +91,10 @@ func numberSize(v int64) int {
 	return (d+1)/2 + 1
 }
 
-func writeUnits(size int) float64 { return float64(2 * ((max(size, 1) + 1023) / 1024)) }
-func readUnits(size int) float64  { return float64(max(1, (size+4095)/4096)) }
+// writeUnits is the write units of one item of size bytes: factor (2 in a
+// transaction, 1 otherwise) per started KB, at least one KB.
+func writeUnits(size, factor int) float64 { return float64(factor * ((max(size, 1) + 1023) / 1024)) }
+func readUnits(size int) float64          { return float64(max(1, (size+4095)/4096)) }
 
 func sk(p relaycore.Partition, key string) string { return string(p) + "\x00" + key }
 
@@ -121,42 +140,99 @@ func (m *Meter) Scan(ctx context.Context, p relaycore.Partition, req relaycore.S
 	return pg, err
 }
 
-// Apply implements relaycore.Store.
+// Apply implements relaycore.Store, priced as the TransactWriteItems,
+// PutItem, DeleteItem or GetItem infra/dynamo sends for b.
 func (m *Meter) Apply(ctx context.Context, p relaycore.Partition, b relaycore.Batch) error {
 	err := m.Store.Apply(ctx, p, b)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.Calls++
-	if err != nil {
+	single := dynamo.SingleItem(b)
+	switch {
+	case single && len(b.Writes) == 0:
+		m.ReadUnits += readUnits(m.sizes[sk(p, b.Preconditions[0].Key)])
+		return err
+	case single && err != nil:
+		if _, refused := relaycore.FailedPrecondition(err); refused {
+			m.WriteUnits += writeUnits(m.sizes[sk(p, b.Writes[0].Key)], 1)
+		}
+		return err
+	case err != nil:
 		return err // canceled transactions are not counted (DynamoDB publishes no price for them)
+	}
+	factor := 2
+	if single {
+		factor = 1
 	}
 	written := map[string]bool{}
 	for _, w := range b.Writes {
-		k := sk(p, w.Key)
 		written[w.Key] = true
-		old := m.sizes[k]
-		if oldDue, ok := m.dueItems[k]; ok {
-			m.IndexUnits += writeUnits(ItemSize(p, w.Key, 0, oldDue)) / 2
-			delete(m.dueItems, k)
-		}
 		if w.Delete {
-			m.WriteUnits += writeUnits(old)
-			delete(m.sizes, k)
+			m.delete(p, w.Key, factor)
 			continue
 		}
+		k := sk(p, w.Key)
+		m.unindex(p, w.Key)
 		n := ItemSize(p, w.Key, len(w.Value), w.Due)
-		m.WriteUnits += writeUnits(max(old, n))
+		m.WriteUnits += writeUnits(max(m.sizes[k], n), factor)
 		m.sizes[k] = n
 		if w.Due != 0 {
 			m.dueItems[k] = w.Due
-			m.IndexUnits += writeUnits(ItemSize(p, w.Key, 0, w.Due)) / 2
+			m.IndexUnits += writeUnits(ItemSize(p, w.Key, 0, w.Due), 1)
 		}
 	}
 	for _, pc := range b.Preconditions {
 		if !written[pc.Key] {
 			written[pc.Key] = true
-			m.WriteUnits += writeUnits(m.sizes[sk(p, pc.Key)])
+			m.WriteUnits += writeUnits(m.sizes[sk(p, pc.Key)], factor)
 		}
 	}
 	return nil
+}
+
+// DeleteLoose implements relaycore.LooseDeleter, priced as the
+// BatchWriteItem requests infra/dynamo sends; the wrapped store must be a
+// LooseDeleter too. On error any subset of the keys may be gone, so the
+// meter prices all of them but keeps their shadow sizes (a later delete is
+// then priced as if they were still there).
+func (m *Meter) DeleteLoose(ctx context.Context, p relaycore.Partition, keys []string) error {
+	ld, ok := m.Store.(relaycore.LooseDeleter)
+	if !ok {
+		return fmt.Errorf("meter: delete loose %s: %T is not a relaycore.LooseDeleter", p, m.Store)
+	}
+	err := ld.DeleteLoose(ctx, p, keys)
+	distinct := map[string]bool{}
+	for _, k := range keys {
+		distinct[k] = true
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.Calls += (len(distinct) + dynamo.MaxBatchWriteItems - 1) / dynamo.MaxBatchWriteItems
+	for k := range distinct {
+		if err != nil {
+			m.WriteUnits += writeUnits(m.sizes[sk(p, k)], 1)
+			continue
+		}
+		m.delete(p, k, 1)
+	}
+	return err
+}
+
+// delete prices the delete of key at factor write units per started KB of
+// the deleted item (at least 1) and forgets the item. m.mu is held.
+func (m *Meter) delete(p relaycore.Partition, key string, factor int) {
+	k := sk(p, key)
+	m.unindex(p, key)
+	m.WriteUnits += writeUnits(m.sizes[k], factor)
+	delete(m.sizes, k)
+}
+
+// unindex prices the removal of key's due-index entry, if it has one, by a
+// put or delete of the item. m.mu is held.
+func (m *Meter) unindex(p relaycore.Partition, key string) {
+	k := sk(p, key)
+	if oldDue, ok := m.dueItems[k]; ok {
+		m.IndexUnits += writeUnits(ItemSize(p, key, 0, oldDue), 1)
+		delete(m.dueItems, k)
+	}
 }
