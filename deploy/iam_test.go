@@ -93,6 +93,8 @@ var allowedResources = map[string][]string{
 	"dynamodb:PutItem":            {"${SourceTable.Arn}", "${TargetTable.Arn}"},
 	"dynamodb:DeleteItem":         {"${SourceTable.Arn}", "${TargetTable.Arn}"},
 	"dynamodb:ConditionCheckItem": {"${SourceTable.Arn}", "${TargetTable.Arn}"},
+	// Delivered outbox pages are deleted loosely (relaycore.LooseDeleter).
+	"dynamodb:BatchWriteItem": {"${SourceTable.Arn}"},
 	// Schedule names are data (one per alarm), so the grant is every
 	// schedule in the dedicated group and nothing outside it.
 	"scheduler:CreateSchedule": {"arn:${AWS::Partition}:scheduler:${AWS::Region}:${AWS::AccountId}:schedule/${RelayScheduleGroup}/*"},
