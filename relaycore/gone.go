@@ -27,7 +27,10 @@ import (
 //     were deleted and skips that);
 //   - Alarm deletes them before it looks for pages left, and its clear of
 //     the alarm record writes rs without the list;
-//   - InspectSource leaves them out, and SourceRelayState steps over them.
+//   - InspectSource leaves them out. SourceRelayState does not read rs (it
+//     answers from one scan of the partition's head): a ghost there makes
+//     its answer early (an older first row, not empty), which is still a
+//     lower bound, for as long as the ghost lasts.
 //
 // A crash between the checkpoint and the deletes leaves ghosts that the next
 // claimer deletes. Deleting a ghost is safe at any time, by anyone.
@@ -173,32 +176,6 @@ func rsWithoutGone(raw []byte) (Write, error) {
 	rs.Version++
 	rs.Gone, rs.GoneHeld = nil, nil
 	return Write{Key: KeyRS, Value: encodeJSON(rs)}, nil
-}
-
-// goneList reads rs.gone once, the first time a reader meets a page, for
-// readers that stop at the first live page (SourceRelayState).
-type goneList struct {
-	read bool
-	gone []uint64
-}
-
-// is reports whether page key is a ghost.
-func (g *goneList) is(ctx context.Context, st Store, source Partition, key string) (bool, error) {
-	if !g.read {
-		raw, found, err := st.Get(ctx, source, KeyRS)
-		if err != nil {
-			return false, fmt.Errorf("read rs: %w", err)
-		}
-		if found {
-			rs, err := decodeRS(raw)
-			if err != nil {
-				return false, err
-			}
-			g.gone = rs.Gone
-		}
-		g.read = true
-	}
-	return isGone(g.gone, key), nil
 }
 
 // goneMemo carries, across the fires of one alarm, the ghosts (keys) this

@@ -47,7 +47,6 @@ func sourceState(ctx context.Context, st Store, source Partition) (SourceState, 
 		qFound  bool
 		first   *Page
 		after   string
-		gone    goneList
 	)
 scan:
 	for {
@@ -62,11 +61,6 @@ scan:
 			case it.Key == layout.KeyHold:
 				qRaw, qFound = it.Value, true
 			case isPageKey(it.Key):
-				if ghost, err := gone.is(ctx, st, source, it.Key); err != nil {
-					return SourceState{}, fmt.Errorf("source state %s: %w", source, err)
-				} else if ghost {
-					continue
-				}
 				p, err := decodePage(it.Key, it.Value)
 				if err != nil {
 					return SourceState{}, fmt.Errorf("source state %s: %w", source, err)
