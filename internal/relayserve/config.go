@@ -38,6 +38,7 @@ const (
 	DefaultAlarmWorkers      = 4
 	DefaultSweepInterval     = time.Minute
 	DefaultClaimTTL          = 10 * time.Second
+	DefaultIdleTargetTTL     = 7 * 24 * time.Hour
 	DefaultDrainTimeout      = 30 * time.Second
 )
 
@@ -229,6 +230,15 @@ type Limits struct {
 	MaxConnections    int           `yaml:"max_connections"`
 }
 
+// idleTargetTTL is alarms.idle_target_ttl as relaycore.RelayHandler
+// takes it: 0 (never) is negative there, where 0 is the engine's default.
+func (a Alarms) idleTargetTTL() time.Duration {
+	if a.IdleTargetTTL == 0 {
+		return -1
+	}
+	return a.IdleTargetTTL
+}
+
 // Alarms tunes the alarm clock.
 type Alarms struct {
 	Workers       int           `yaml:"workers"`
@@ -243,6 +253,12 @@ type Alarms struct {
 	// on any of them; it bounds how long a replica's death holds back
 	// the sources it was firing (docs/serve.md, Replicas and failover).
 	ClaimTTL time.Duration `yaml:"claim_ttl"`
+	// IdleTargetTTL (alarms.idle_target_ttl, default 168h, 0: never) is
+	// how long a target with nothing pending or held must stay idle before
+	// an alarm collects its figures (relaycore.RelayHandler.IdleTargetTTL),
+	// so the store holds the figures of the targets in use rather than of
+	// every target ever relayed to.
+	IdleTargetTTL time.Duration `yaml:"idle_target_ttl"`
 	// Replica (alarms.replica, default <hostname>-<pid>) names this
 	// process among the replicas sharing one database: it seeds the
 	// order in which the sweep fires what it found (so replicas sweeping
@@ -267,7 +283,7 @@ func Default() Config {
 			WriteTimeout: DefaultWriteTimeout, IdleTimeout: DefaultIdleTimeout,
 			MaxConnections: DefaultMaxConnections,
 		},
-		Alarms:       Alarms{Workers: DefaultAlarmWorkers, SweepInterval: DefaultSweepInterval, ClaimTTL: DefaultClaimTTL},
+		Alarms:       Alarms{Workers: DefaultAlarmWorkers, SweepInterval: DefaultSweepInterval, ClaimTTL: DefaultClaimTTL, IdleTargetTTL: DefaultIdleTargetTTL},
 		Takedowns:    Takedowns{Overdue: takedowns.DefaultOverdue, CloseAfter: takedowns.DefaultCloseAfter},
 		DrainTimeout: DefaultDrainTimeout,
 		LogLevel:     "info",
@@ -460,6 +476,9 @@ func (c *Config) validate() []error {
 	}
 	if c.Alarms.ClaimTTL < time.Second || c.Alarms.ClaimTTL > 5*time.Minute {
 		bad(at("alarms", "claim_ttl"), "alarms.claim_ttl %v: want 1s..5m", c.Alarms.ClaimTTL)
+	}
+	if t := c.Alarms.IdleTargetTTL; t != 0 && (t < time.Hour || t > 87600*time.Hour) {
+		bad(at("alarms", "idle_target_ttl"), "alarms.idle_target_ttl %v: want 0 (never) or 1h..87600h", t)
 	}
 	if r := c.Alarms.Replica; len(r) > maxReplicaLen || !utf8.ValidString(r) || strings.ContainsFunc(r, func(c rune) bool { return unicode.IsSpace(c) || unicode.IsControl(c) }) {
 		bad(at("alarms", "replica"), "alarms.replica %q: want at most %d bytes of UTF-8 without spaces or control characters", r, maxReplicaLen)

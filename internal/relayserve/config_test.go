@@ -34,6 +34,28 @@ func TestParseDefaults(t *testing.T) {
 	}
 }
 
+// alarms.idle_target_ttl reaches the engine as a week by default, as
+// itself when set, and as never (negative) when 0, which the engine would
+// take for its default.
+func TestIdleTargetTTL(t *testing.T) {
+	for _, tc := range []struct {
+		yaml string
+		want time.Duration
+	}{
+		{"", 7 * 24 * time.Hour},
+		{"alarms: {idle_target_ttl: 36h}\n", 36 * time.Hour},
+		{"alarms: {idle_target_ttl: 0s}\n", -1},
+	} {
+		c, err := Parse([]byte(minimal + tc.yaml))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := c.Alarms.idleTargetTTL(); got != tc.want {
+			t.Errorf("%q: the engine gets %v, want %v", tc.yaml, got, tc.want)
+		}
+	}
+}
+
 // Each configuration is refused with a message naming the problem (and,
 // for yaml's own errors, the line).
 func TestParseRefuses(t *testing.T) {
@@ -67,6 +89,7 @@ func TestParseRefuses(t *testing.T) {
 		{"anonymous principal", minimal + "principals: {anonymous: {read: true}}\n", []string{"anonymous is reserved"}},
 		{"bad limits", minimal + "limits: {max_body_bytes: 10, read_timeout: -1s}\n", []string{"limits.max_body_bytes 10", "limits.read_timeout -1s"}},
 		{"claim ttl too short", minimal + "alarms: {claim_ttl: 100ms}\n", []string{"alarms.claim_ttl 100ms: want 1s..5m"}},
+		{"idle target ttl too short", minimal + "alarms: {idle_target_ttl: 30m}\n", []string{"alarms.idle_target_ttl 30m0s: want 0 (never) or 1h..87600h"}},
 		{"replica name with a space", minimal + "alarms: {replica: \"node a\"}\n", []string{`alarms.replica "node a": want at most 128 bytes`}},
 		{"replica name too long", minimal + "alarms: {replica: " + strings.Repeat("r", 129) + "}\n", []string{"alarms.replica", "at most 128 bytes"}},
 		{"bad log level", minimal + "log_level: loud\n", []string{`log_level "loud"`}},

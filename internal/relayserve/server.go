@@ -149,7 +149,7 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 	// A fire's targets are delivered together, so their batches share the
 	// file's group commit (infra/bolt): one fsync, not one per target.
 	relay := &relaycore.RelayHandler{Source: src, Target: dst, Budget: budget, Logger: log, ClaimTTL: cfg.Alarms.ClaimTTL,
-		DeliverConcurrency: 8, Hook: takedowns.Hook{Delay: cfg.Takedowns.Overdue}}
+		DeliverConcurrency: 8, Hook: takedowns.Hook{Delay: cfg.Takedowns.Overdue}, IdleTargetTTL: cfg.Alarms.idleTargetTTL()}
 	roots, err := takedownRoots(cfg)
 	if err != nil {
 		return err
