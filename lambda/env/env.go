@@ -46,6 +46,7 @@ const (
 	VarContinuationHops   = "CONTINUATION_HOPS"        // 0..fire.MaxContinuationHops (default fire.DefaultMaxHops)
 	VarFastKick           = "FAST_KICK"                // true | false (default true): the api function's fast kick
 	VarDeliverConcurrency = "DELIVER_CONCURRENCY"      // 1..MaxDeliverConcurrency (default DefaultDeliverConcurrency)
+	VarIdleTargetTTL      = "IDLE_TARGET_TTL"          // a Go duration, 1h..87600h, or 0h: never (default 168h)
 	VarMetricsNamespace   = "METRICS_NAMESPACE"        // CloudWatch namespace (default metrics.DefaultNamespace)
 	VarMetricsStack       = "METRICS_STACK"            // Stack dimension value (default "relay")
 	VarMetricsPerSource   = "METRICS_PER_SOURCE"       // true | false (default false): add the Source dimension
@@ -63,6 +64,9 @@ const DefaultDeliverConcurrency = 8
 // per fire (more could never overlap) and well within the SDK's default
 // connection pool.
 const MaxDeliverConcurrency = 32
+
+// DefaultIdleTargetTTL is IDLE_TARGET_TTL's default, the engine's: a week.
+const DefaultIdleTargetTTL = 7 * 24 * time.Hour
 
 // ErrConfig is wrapped by every error Parse returns.
 var ErrConfig = errors.New("invalid function configuration")
@@ -96,6 +100,9 @@ type Config struct {
 	// DeliverConcurrency is relaycore.RelayHandler.DeliverConcurrency for
 	// the fire and sweep functions' alarms.
 	DeliverConcurrency int
+	// IdleTargetTTL is relaycore.RelayHandler.IdleTargetTTL for the fire
+	// and sweep functions' alarms (negative: never).
+	IdleTargetTTL time.Duration
 	// MetricsNamespace, MetricsStack and MetricsPerSource configure the
 	// fire and sweep functions' EMF metrics (lambda/metrics).
 	MetricsNamespace string
@@ -194,6 +201,19 @@ func Parse(getenv func(string) string) (Config, error) {
 			bad("%s=%q: want an integer 1..%d (1: one target after another)", VarDeliverConcurrency, v, MaxDeliverConcurrency)
 		} else {
 			c.DeliverConcurrency = n
+		}
+	}
+
+	c.IdleTargetTTL = DefaultIdleTargetTTL
+	if v := get(VarIdleTargetTTL); v != "" {
+		d, err := time.ParseDuration(v)
+		switch {
+		case err == nil && d == 0:
+			c.IdleTargetTTL = -1 // never; 0 is the engine's default
+		case err != nil || d < time.Hour || d > 87600*time.Hour:
+			bad("%s=%q: want a duration 1h..87600h, or 0h (never)", VarIdleTargetTTL, v)
+		default:
+			c.IdleTargetTTL = d
 		}
 	}
 

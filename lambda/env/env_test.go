@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 
@@ -123,6 +124,26 @@ func TestParseFastKickAndConcurrency(t *testing.T) {
 		c, err := Parse(getenv(m))
 		if err != nil || c.DeliverConcurrency != want {
 			t.Errorf("DELIVER_CONCURRENCY=%q: %d, %v; want %d", in, c.DeliverConcurrency, err, want)
+		}
+	}
+}
+
+// IDLE_TARGET_TTL: a week by default, 0h never (negative for the engine,
+// whose 0 is its default), out of range refused.
+func TestParseIdleTargetTTL(t *testing.T) {
+	for in, want := range map[string]time.Duration{"": DefaultIdleTargetTTL, "36h": 36 * time.Hour, "0h": -1} {
+		m := valid()
+		m[VarIdleTargetTTL] = in
+		c, err := Parse(getenv(m))
+		if err != nil || c.IdleTargetTTL != want {
+			t.Errorf("IDLE_TARGET_TTL=%q: %v, %v; want %v", in, c.IdleTargetTTL, err, want)
+		}
+	}
+	for _, in := range []string{"30m", "-1h", "forever", "87601h"} {
+		m := valid()
+		m[VarIdleTargetTTL] = in
+		if _, err := Parse(getenv(m)); err == nil || !strings.Contains(err.Error(), VarIdleTargetTTL) {
+			t.Errorf("IDLE_TARGET_TTL=%q not refused: %v", in, err)
 		}
 	}
 }

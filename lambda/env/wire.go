@@ -158,6 +158,7 @@ func Wire(cfg Config, awsCfg aws.Config, logger *slog.Logger) (*Deps, error) {
 		Kicker:             kicker,
 		Logger:             logger,
 		DeliverConcurrency: cfg.DeliverConcurrency,
+		IdleTargetTTL:      cfg.IdleTargetTTL,
 		Hook:               takedowns.Hook{Delay: cfg.TakedownOverdue},
 	}
 	d.Takedowns = &takedowns.Owner{Relay: d.Relay, Roots: cfg.TakedownRoots, Logger: logger, CloseAfter: cfg.TakedownCloseAfter}
