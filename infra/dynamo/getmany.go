@@ -66,8 +66,8 @@ func (s *Store) batchGet(ctx context.Context, p relaycore.Partition, keys []stri
 		pending[i] = keyOf(p, k)
 	}
 	seed := string(p) + "/" + keys[0]
-	stalls := 0 // rounds in a row that read nothing
-	for round := 1; ; round++ {
+	rounds := unprocessed{s: s, seed: seed}
+	for {
 		var resp *dynamodb.BatchGetItemOutput
 		err := s.retrySafe(ctx, seed, func() error {
 			s.stats.batchGetCalls.Add(1)
@@ -102,19 +102,41 @@ func (s *Store) batchGet(ctx context.Context, p relaycore.Partition, keys []stri
 		if len(left) == 0 {
 			return nil
 		}
-		s.stats.throttles.Add(1)
-		if len(left) < len(pending) {
-			stalls = 0
-		} else {
-			stalls++
-		}
-		if stalls >= s.opts.Retry.MaxAttempts {
-			return fmt.Errorf("%w (%w) after %d attempts: %d keys unprocessed", ErrRetriesExhausted, relaycore.ErrUnavailable, stalls, len(left))
-		}
-		s.stats.retries.Add(1)
-		if err := s.opts.Sleep(ctx, s.backoff(seed, min(round, 30))); err != nil {
-			return fmt.Errorf("%w (%d keys unprocessed)", err, len(left))
+		if err := rounds.resend(ctx, len(pending), len(left)); err != nil {
+			return err
 		}
 		pending = left
 	}
+}
+
+// unprocessed paces the resends of what a batch request left unprocessed
+// (BatchGetItem's UnprocessedKeys, BatchWriteItem's UnprocessedItems: what
+// DynamoDB returns when throttled): back-off between rounds, and an error
+// once MaxAttempts rounds in a row processed nothing.
+type unprocessed struct {
+	s      *Store
+	seed   string
+	round  int
+	stalls int // rounds in a row that processed nothing
+}
+
+// resend records a round that left left of sent keys unprocessed and waits
+// before the next one.
+func (u *unprocessed) resend(ctx context.Context, sent, left int) error {
+	s := u.s
+	u.round++
+	s.stats.throttles.Add(1)
+	if left < sent {
+		u.stalls = 0
+	} else {
+		u.stalls++
+	}
+	if u.stalls >= s.opts.Retry.MaxAttempts {
+		return fmt.Errorf("%w (%w) after %d attempts: %d keys unprocessed", ErrRetriesExhausted, relaycore.ErrUnavailable, u.stalls, left)
+	}
+	s.stats.retries.Add(1)
+	if err := s.opts.Sleep(ctx, s.backoff(u.seed, min(u.round, 30))); err != nil {
+		return fmt.Errorf("%w (%d keys unprocessed)", err, left)
+	}
+	return nil
 }

@@ -70,8 +70,8 @@ func (s *Store) batchDelete(ctx context.Context, p relaycore.Partition, keys []s
 		pending[i] = types.WriteRequest{DeleteRequest: &types.DeleteRequest{Key: keyOf(p, k)}}
 	}
 	seed := string(p) + "/" + keys[0]
-	stalls := 0 // rounds in a row that processed nothing
-	for round := 1; ; round++ {
+	rounds := unprocessed{s: s, seed: seed}
+	for {
 		var resp *dynamodb.BatchWriteItemOutput
 		err := s.retrySafe(ctx, seed, func() error {
 			s.stats.batchWriteCalls.Add(1)
@@ -94,18 +94,8 @@ func (s *Store) batchDelete(ctx context.Context, p relaycore.Partition, keys []s
 		if len(left) == 0 {
 			return nil
 		}
-		s.stats.throttles.Add(1)
-		if len(left) < len(pending) {
-			stalls = 0
-		} else {
-			stalls++
-		}
-		if stalls >= s.opts.Retry.MaxAttempts {
-			return fmt.Errorf("%w (%w) after %d attempts: %d keys unprocessed", ErrRetriesExhausted, relaycore.ErrUnavailable, stalls, len(left))
-		}
-		s.stats.retries.Add(1)
-		if err := s.opts.Sleep(ctx, s.backoff(seed, min(round, 30))); err != nil {
-			return fmt.Errorf("%w (%d keys unprocessed)", err, len(left))
+		if err := rounds.resend(ctx, len(pending), len(left)); err != nil {
+			return err
 		}
 		pending = left
 	}
