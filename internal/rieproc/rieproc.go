@@ -222,3 +222,23 @@ func (h *headBuffer) String() string {
 	defer h.mu.Unlock()
 	return h.b.String()
 }
+
+// Buffer is an Output that keeps everything written, safe to read while
+// the process writes (for a test's failure report and its log checks).
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+// String is everything written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}

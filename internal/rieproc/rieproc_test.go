@@ -7,7 +7,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -19,24 +18,6 @@ func emulator(t *testing.T) string {
 		t.Skip("RELAY_RIE is not set (make test sets it to the pinned emulator)")
 	}
 	return p
-}
-
-// syncBuffer is a concurrency-safe Output.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // The invariant: a port another process holds when the emulator binds it
@@ -63,7 +44,7 @@ func TestStartSurvivesATakenPort(t *testing.T) {
 				return freeAddr()
 			}
 			defer func() { pickAddr = freeAddr }()
-			out := &syncBuffer{}
+			out := &Buffer{}
 			p, err := Start(Config{RIE: rie, Bootstrap: "/bin/true", Home: t.TempDir(), Timeout: 5 * time.Second, Output: out})
 			if err != nil {
 				t.Fatalf("Start: %v", err)

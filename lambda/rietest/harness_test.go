@@ -150,29 +150,11 @@ func needTools(t *testing.T) {
 	}
 }
 
-// syncBuffer collects a process's output for failure reports.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // function is one bootstrap running under the emulator.
 type function struct {
 	id     string
 	invURL string
-	log    *syncBuffer
+	log    *rieproc.Buffer
 	// invoked counts invocations made through invoke (see settled).
 	invoked atomic.Int64
 }
@@ -204,7 +186,7 @@ func (f *function) settled(t *testing.T) string {
 // listens.
 func start(t *testing.T, id string, env map[string]string) *function {
 	t.Helper()
-	f := &function{id: id, log: &syncBuffer{}}
+	f := &function{id: id, log: &rieproc.Buffer{}}
 	// HOME is empty: no shared AWS config files leak in.
 	p, err := rieproc.Start(rieproc.Config{RIE: built.rie, Bootstrap: built.bootstraps[id], Env: env,
 		Home: t.TempDir(), Timeout: 60 * time.Second, Output: f.log})
