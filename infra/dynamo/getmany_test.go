@@ -14,6 +14,7 @@ import (
 	"github.com/truora/minidyn/server"
 
 	"github.com/relay-dev/relay/infra/dynamo"
+	"github.com/relay-dev/relay/infra/dynamoemu"
 	"github.com/relay-dev/relay/relaycore"
 )
 
@@ -121,20 +122,7 @@ func TestGetManyRetriesThrottlingAnd5xx(t *testing.T) {
 func TestGetManyFollowsUnprocessedKeys(t *testing.T) {
 	r := newBatchRig(t, 3)
 	keys := r.fill(t, 10)
-	var rounds atomic.Int64
-	r.ep.Mini.EmulateUnprocessedItems(rigTable, func(n int, _ map[string]*server.AttributeValue) bool {
-		if n == 0 {
-			rounds.Add(1)
-		}
-		// First round: every other key; second round: the first key.
-		switch rounds.Load() {
-		case 1:
-			return n%2 == 0
-		case 2:
-			return n == 0
-		}
-		return false
-	})
+	leaveUnprocessed(r.ep)
 	m, err := r.store.GetMany(t.Context(), "p", append(keys, "absent"))
 	if err != nil {
 		t.Fatal(err)
@@ -185,4 +173,23 @@ func TestGetManyReadUnits(t *testing.T) {
 	if got := s.Stats().ReadUnits - r0; got != 1+2+1 {
 		t.Fatalf("read units %v, want 4", got)
 	}
+}
+
+// leaveUnprocessed makes the endpoint leave keys of batch requests
+// unprocessed, as DynamoDB does when throttled: the first round every
+// other key, the second round the first key, none after.
+func leaveUnprocessed(ep *dynamoemu.Endpoint) {
+	var rounds atomic.Int64
+	ep.Mini.EmulateUnprocessedItems(rigTable, func(n int, _ map[string]*server.AttributeValue) bool {
+		if n == 0 {
+			rounds.Add(1)
+		}
+		switch rounds.Load() {
+		case 1:
+			return n%2 == 0
+		case 2:
+			return n == 0
+		}
+		return false
+	})
 }

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 
 	"github.com/truora/minidyn/server"
@@ -127,20 +126,7 @@ func TestDeleteLooseSplitsAndDedupes(t *testing.T) {
 func TestDeleteLooseFollowsUnprocessedItems(t *testing.T) {
 	r := newLooseRig(t, 3)
 	keys := r.fill(t, 10)
-	var rounds atomic.Int64
-	r.ep.Mini.EmulateUnprocessedItems(rigTable, func(n int, _ map[string]*server.AttributeValue) bool {
-		if n == 0 {
-			rounds.Add(1)
-		}
-		// First round: every other key; second round: the first key.
-		switch rounds.Load() {
-		case 1:
-			return n%2 == 0
-		case 2:
-			return n == 0
-		}
-		return false
-	})
+	leaveUnprocessed(r.ep)
 	if err := r.store.DeleteLoose(t.Context(), "p", keys[:8]); err != nil {
 		t.Fatal(err)
 	}
