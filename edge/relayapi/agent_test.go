@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -38,13 +37,7 @@ func TestRunThroughOutage(t *testing.T) {
 	f.put("seg-2", []byte("two"))
 	o := f.srv.AddOrder("edge-a", "seg-1", sha, "td-1", "r")
 	f.srv.Down()
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { f.agent.Run(ctx) })
-	defer func() {
-		cancel()
-		wg.Wait()
-	}()
+	f.run()
 	eventually(t, "each job failing", func() bool {
 		st := f.agent.Status()
 		return st.Holdings.Failures > 1 && st.Orders.Failures > 1 && st.Holdings.NextAttempt != nil

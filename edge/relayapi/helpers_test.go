@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -163,4 +164,15 @@ func (f *fixture) held() map[string]string {
 		}
 	}
 	return out
+}
+
+// run runs the agent until the test ends.
+func (f *fixture) run() {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { f.agent.Run(ctx) })
+	f.t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+	})
 }

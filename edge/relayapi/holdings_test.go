@@ -7,7 +7,6 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -69,13 +68,7 @@ func TestHoldingsDifference(t *testing.T) {
 func TestHoldingsReportedOnStore(t *testing.T) {
 	f := newFixture(t, "edge-a", func(c *config.RelayAPI) { c.ReportInterval, c.ReportDelay = time.Hour, time.Millisecond })
 	f.put("seg-1", []byte("one"))
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { f.agent.Run(ctx) })
-	defer func() {
-		cancel()
-		wg.Wait()
-	}()
+	f.run()
 	eventually(t, "seg-1 reported by the pass at start", func() bool { return f.held()["seg-1"] != "" })
 	if err := f.store.Evict("seg-1"); err != nil {
 		t.Fatal(err)
