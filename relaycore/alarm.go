@@ -55,27 +55,24 @@ func (h *RelayHandler) Alarm(ctx context.Context, source Partition) (AlarmResult
 func (f FireResult) continues() bool { return f.More && f.Progress }
 
 func (h *RelayHandler) rearm(ctx context.Context, source Partition, last FireResult, ar *AlarmResult, memo *goneMemo) error {
-	log := loggerOr(h.Logger)
 	for attempt := 0; attempt < 4; attempt++ {
 		// rs first: a fire or operator that puts a retry marker writes rs
 		// in the same batch, so the clear below, guarded on this rs, cannot
 		// strand a marker put after the outbox and markers were read.
-		rsRaw, rsFound, err := h.Source.Get(ctx, source, KeyRS)
-		if err != nil {
+		var v alarmView
+		var err error
+		if v.rsRaw, v.rsFound, err = h.Source.Get(ctx, source, KeyRS); err != nil {
 			return fmt.Errorf("alarm %s: read rs: %w", source, err)
 		}
-		osRaw, osFound, err := h.Source.Get(ctx, source, KeyOS)
-		if err != nil {
+		if v.osRaw, v.osFound, err = h.Source.Get(ctx, source, KeyOS); err != nil {
 			return fmt.Errorf("alarm %s: read os: %w", source, err)
 		}
-		alarmRaw, alarmFound, err := h.Source.Get(ctx, source, KeyAlarm)
-		if err != nil {
+		if v.alarmRaw, v.alarmFound, err = h.Source.Get(ctx, source, KeyAlarm); err != nil {
 			return fmt.Errorf("alarm %s: read alarm: %w", source, err)
 		}
 		// Ghosts (gone.go) are not pages left: delete any this alarm did
 		// not, before looking.
-		gone, err := h.rsGhostsDeleted(ctx, source, rsRaw, rsFound, memo)
-		if err != nil {
+		if v.gone, err = h.rsGhostsDeleted(ctx, source, v.rsRaw, v.rsFound, memo); err != nil {
 			return fmt.Errorf("alarm %s: %w", source, err)
 		}
 		empty, err := outboxEmpty(ctx, h.Source, source)
@@ -91,83 +88,131 @@ func (h *RelayHandler) rearm(ctx context.Context, source Partition, last FireRes
 				empty = false
 			}
 		}
+		var again bool
 		if empty {
-			if !alarmFound {
-				ar.Cleared = true
-				return nil
-			}
-			caps := h.Source.Capabilities()
-			gcPre, gcDel, err := expiredIdem(ctx, h.Source, source, unixMS(h.clock().Now()), 3, caps.ItemSize(source, KeyAlarm, 0)+caps.ItemSize(source, KeyRS, len(rsRaw)))
-			if err != nil {
-				return fmt.Errorf("alarm %s: %w", source, err)
-			}
-			rsPre := Precondition{Key: KeyRS, Absent: true}
-			if rsFound {
-				rsPre = Precondition{Key: KeyRS, Value: rsRaw}
-			}
-			writes := []Write{{Key: KeyAlarm, Delete: true}}
-			if len(gone) > 0 {
-				// The guard on rs becomes a write of it without the list
-				// (the ghosts are deleted): the same units, and the next
-				// claim has nothing to look for.
-				if w, err := rsWithoutGone(rsRaw); err == nil {
-					writes = append(writes, w)
-				}
-			}
-			err = h.Source.Apply(ctx, source, Batch{
-				Preconditions: append([]Precondition{osGuard(osRaw, osFound), {Key: KeyAlarm, Value: alarmRaw}, rsPre}, gcPre...),
-				Writes:        append(writes, gcDel...),
-			})
-			if err == nil {
-				ar.Cleared = true
-				return nil
-			}
-			if _, ok := FailedPrecondition(err); ok || MayBeApplied(err) {
-				continue // an append or another alarm got in: look again
-			}
-			return fmt.Errorf("alarm %s: clear: %w", source, err)
+			again, err = h.clearAlarm(ctx, source, v, ar)
+		} else {
+			again, err = h.rearmAt(ctx, source, v, last, ar)
 		}
-		due := last.NextDueMS
-		if due == 0 {
-			due = unixMS(h.clock().Now())
+		if !again {
+			return err
 		}
-		if r := last.NextRetryMS; r > 0 && r < due {
-			due = max(r, unixMS(h.clock().Now()))
-		}
-		pre := Precondition{Key: KeyAlarm, Absent: true}
-		if alarmFound {
-			pre = Precondition{Key: KeyAlarm, Value: alarmRaw}
-			if a, err := decodeAlarm(alarmRaw); err == nil && a.DueMS == due {
-				ar.NextDueMS = due
-				h.kick(ctx, source, due)
-				return nil
-			}
-		}
-		aw := alarmWrite(due)
-		gcPre, gcDel, err := expiredIdem(ctx, h.Source, source, unixMS(h.clock().Now()), 1, h.Source.Capabilities().ItemSize(source, KeyAlarm, len(aw.Value)))
-		if err != nil {
-			return fmt.Errorf("alarm %s: %w", source, err)
-		}
-		err = h.Source.Apply(ctx, source, Batch{Preconditions: append([]Precondition{pre}, gcPre...), Writes: append([]Write{aw}, gcDel...)})
-		if i, ok := FailedPrecondition(err); ok && i > 0 {
-			continue // an expired idempotency record was reused meanwhile: look again
-		}
-		if _, ok := FailedPrecondition(err); ok {
-			// An enqueue re-armed it meanwhile (due at its commit time,
-			// never later than ours matters) and kicked: keep theirs.
-			return nil
-		}
-		if err != nil && !MayBeApplied(err) {
-			return fmt.Errorf("alarm %s: re-arm: %w", source, err)
-		}
-		if err != nil {
-			log.Warn("relay alarm re-arm outcome unknown; the old alarm or the sweeper covers it", "source", string(source), "err", err)
-		}
-		ar.NextDueMS = due
-		h.kick(ctx, source, due)
-		return nil
 	}
 	return fmt.Errorf("alarm %s: clear: %w", source, ErrContention)
+}
+
+// alarmView is what rearm read of the source: rs, os and the alarm as
+// stored, and the ghosts it deleted.
+type alarmView struct {
+	rsRaw, osRaw, alarmRaw       []byte
+	rsFound, osFound, alarmFound bool
+	gone                         []string
+}
+
+// clearAlarm deletes the alarm of a source whose outbox rearm found empty,
+// guarded on rs, os and the alarm as read. again: something got in
+// meanwhile (an append, another alarm); look again.
+func (h *RelayHandler) clearAlarm(ctx context.Context, source Partition, v alarmView, ar *AlarmResult) (again bool, err error) {
+	if !v.alarmFound {
+		ar.Cleared = true
+		return false, nil
+	}
+	// The clear writes os (osBump): an enqueue that kept the alarm as due
+	// fails its os guard and arms a new one.
+	osPre, osW, err := osBump(v.osRaw, v.osFound)
+	if err != nil {
+		return false, fmt.Errorf("alarm %s: %w", source, err)
+	}
+	caps := h.Source.Capabilities()
+	gcPre, gcDel, err := expiredIdem(ctx, h.Source, source, unixMS(h.clock().Now()), 3,
+		caps.ItemSize(source, KeyAlarm, 0)+caps.ItemSize(source, KeyRS, len(v.rsRaw))+caps.ItemSize(source, KeyOS, len(osW.Value)))
+	if err != nil {
+		return false, fmt.Errorf("alarm %s: %w", source, err)
+	}
+	rsPre := Precondition{Key: KeyRS, Absent: true}
+	if v.rsFound {
+		rsPre = Precondition{Key: KeyRS, Value: v.rsRaw}
+	}
+	writes := []Write{{Key: KeyAlarm, Delete: true}, osW}
+	if len(v.gone) > 0 {
+		// The guard on rs becomes a write of it without the list (the
+		// ghosts are deleted): the same units, and the next claim has
+		// nothing to look for.
+		if w, err := rsWithoutGone(v.rsRaw); err == nil {
+			writes = append(writes, w)
+		}
+	}
+	err = h.Source.Apply(ctx, source, Batch{
+		Preconditions: append([]Precondition{osPre, {Key: KeyAlarm, Value: v.alarmRaw}, rsPre}, gcPre...),
+		Writes:        append(writes, gcDel...),
+	})
+	if err == nil {
+		ar.Cleared = true
+		return false, nil
+	}
+	if _, ok := FailedPrecondition(err); ok || MayBeApplied(err) {
+		return true, nil
+	}
+	return false, fmt.Errorf("alarm %s: clear: %w", source, err)
+}
+
+// rearmAt re-arms the alarm of a source with rows left: due now after
+// progress, else at the fire's back-off or its earliest retry, and kicks.
+// A back-off (due past now) writes os too (osBump), so an enqueue that kept
+// the alarm as due is re-planned rather than left behind the back-off.
+// again: an expired idempotency record or os changed meanwhile.
+func (h *RelayHandler) rearmAt(ctx context.Context, source Partition, v alarmView, last FireResult, ar *AlarmResult) (again bool, err error) {
+	nowMS := unixMS(h.clock().Now())
+	due := last.NextDueMS
+	if due == 0 {
+		due = nowMS
+	}
+	if r := last.NextRetryMS; r > 0 && r < due {
+		due = max(r, nowMS)
+	}
+	pre := Precondition{Key: KeyAlarm, Absent: true}
+	if v.alarmFound {
+		pre = Precondition{Key: KeyAlarm, Value: v.alarmRaw}
+		if a, err := decodeAlarm(v.alarmRaw); err == nil && a.DueMS == due {
+			ar.NextDueMS = due
+			h.kick(ctx, source, due)
+			return false, nil
+		}
+	}
+	aw := alarmWrite(due)
+	batch := Batch{Preconditions: []Precondition{pre}, Writes: []Write{aw}}
+	fixed := h.Source.Capabilities().ItemSize(source, KeyAlarm, len(aw.Value))
+	if due > nowMS {
+		osPre, osW, err := osBump(v.osRaw, v.osFound)
+		if err != nil {
+			return false, fmt.Errorf("alarm %s: %w", source, err)
+		}
+		batch.Preconditions, batch.Writes = append(batch.Preconditions, osPre), append(batch.Writes, osW)
+		fixed += h.Source.Capabilities().ItemSize(source, KeyOS, len(osW.Value))
+	}
+	gcPre, gcDel, err := expiredIdem(ctx, h.Source, source, nowMS, len(batch.Writes), fixed)
+	if err != nil {
+		return false, fmt.Errorf("alarm %s: %w", source, err)
+	}
+	batch.Preconditions, batch.Writes = append(batch.Preconditions, gcPre...), append(batch.Writes, gcDel...)
+	err = h.Source.Apply(ctx, source, batch)
+	if i, ok := FailedPrecondition(err); ok && i > 0 {
+		return true, nil // os or an expired idempotency record changed meanwhile: look again
+	}
+	if _, ok := FailedPrecondition(err); ok {
+		// An enqueue re-armed it meanwhile (due at its commit time, never
+		// later than ours matters) and kicked: keep theirs.
+		return false, nil
+	}
+	if err != nil && !MayBeApplied(err) {
+		return false, fmt.Errorf("alarm %s: re-arm: %w", source, err)
+	}
+	if err != nil {
+		loggerOr(h.Logger).Warn("relay alarm re-arm outcome unknown; the old alarm or the sweeper covers it", "source", string(source), "err", err)
+	}
+	ar.NextDueMS = due
+	h.kick(ctx, source, due)
+	return false, nil
 }
 
 func (h *RelayHandler) kick(ctx context.Context, source Partition, due int64) {
@@ -269,4 +314,19 @@ func (a *AlarmResult) add(f FireResult) {
 	if !f.Busy {
 		a.Blocked, a.Hold = f.Blocked, f.Hold
 	}
+}
+
+// osBump is the guard and write of os (its version bumped) that every
+// delete of the alarm and every move of it past its writer's clock carries.
+// An enqueue that finds the alarm due keeps it without checking it
+// (planEnqueue) and relies on its own os guard to learn that the alarm went
+// or moved later; on DynamoDB the bump costs the same units as the check of
+// os these batches made before (a transactional item billed on its size).
+func osBump(raw []byte, found bool) (Precondition, Write, error) {
+	o, err := decodeOS(raw, found)
+	if err != nil {
+		return Precondition{}, Write{}, err
+	}
+	o.Version++
+	return osGuard(raw, found), Write{Key: KeyOS, Value: encodeJSON(o)}, nil
 }

@@ -113,6 +113,7 @@ func (h *RelayHandler) deliverTarget(ctx context.Context, source Partition, tw *
 			fail(ErrorClassTooLarge, "row does not fit one target batch", fmt.Errorf("row %d: %w", pending[0].Seq, ErrBatchTooLarge))
 			return
 		}
+		n, trimmed := tw.trimLastCall(spent, b, pending, n)
 		hookWrites, n, ok := h.askHook(ctx, source, tw.target, pending, n, attempt, tc, fail)
 		if !ok {
 			return
@@ -132,6 +133,9 @@ func (h *RelayHandler) deliverTarget(ctx context.Context, source Partition, tw *
 			spent.count(func() { spent.delivered += n })
 			tw.dt, raw, found = last, encodeRH(last), true
 			pending = pending[n:]
+			if trimmed {
+				return // not a failure: the cursor pauses before the rows trimmed
+			}
 			continue
 		}
 		_, cond := FailedPrecondition(err)
@@ -304,4 +308,42 @@ func targetBatch(rhKey string, rhRaw []byte, rhFound bool, last uint64, rows []R
 	writes = append(writes, hookWrites...)
 	writes = append(writes, Write{Key: rhKey, Value: encodeRH(last)})
 	return Batch{Preconditions: []Precondition{pre}, Writes: writes}
+}
+
+// trimLastCall: the fire's last call for tw's target (its rows or its
+// calls end with pending[:n]) ends at a page end when one lies within it
+// (toPageEnd); trimmed says the rows after it wait for the next fire.
+func (tw *targetWork) trimLastCall(spent *fireSpend, b RelayBudget, pending []Row, n int) (int, bool) {
+	if n < len(pending) && !spent.lastCall(b, tw.target) {
+		return n, false
+	}
+	m := tw.toPageEnd(pending, n)
+	return m, m < n
+}
+
+// toPageEnd trims the fire's last apply for a target, pending[:n], to end
+// with the last row of a page when one ends within it. A page the fire
+// leaves partly delivered is rewritten by the checkpoint with its
+// remaining rows (checkpointBatch.clean): on DynamoDB a transactional put
+// billed at 2 units per started KB, and its delete later, for rows the next
+// fire delivers anyway. The rows trimmed wait for that fire, which starts
+// at a page boundary; no extra apply call is made in this one. n itself
+// when no page ends within pending[:n] (the call is then worth making).
+func (tw *targetWork) toPageEnd(pending []Row, n int) int {
+	for i := n; i > 0; i-- {
+		seq := pending[i-1].Seq
+		j, found := slices.BinarySearchFunc(tw.pages, seq, func(p *Page, s uint64) int {
+			if p.Last() < s {
+				return -1
+			}
+			if p.First > s {
+				return 1
+			}
+			return 0
+		})
+		if found && tw.pages[j].Last() == seq {
+			return i
+		}
+	}
+	return n
 }

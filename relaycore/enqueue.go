@@ -412,15 +412,19 @@ func planEnqueue(snap RelayEnqueueSnapshot, rows []Row, caps Capabilities, cfg E
 		sb.Batch.Writes = append(sb.Batch.Writes, Write{Key: KeyOS}) // its value once addPages folded the counters
 		// The relay kick: the durable alarm due now. When the alarm is
 		// already due by then (later links of a chain, an enqueue in the
-		// same millisecond, a wake-up still pending), the batch guards it
-		// unchanged instead of rewriting it: a wake-up at least as early, no
+		// same millisecond, a wake-up still pending), the batch keeps it
+		// without rewriting or checking it: a wake-up at least as early, no
 		// due-index churn, and a pending wake-up is never postponed (by a
-		// writer whose clock runs ahead, say). If it changes meanwhile the
-		// guard fails and the rows are re-planned.
+		// writer whose clock runs ahead, say). The os guard covers it: every
+		// delete of the alarm and every move of it past its writer's clock
+		// writes os in the same batch (Alarm's clear and back-off re-arm,
+		// osBump), so if the alarm goes or moves later meanwhile the guard
+		// fails and the rows are re-planned. A check of the alarm would cost
+		// a transactional item per batch (2 write units on DynamoDB) for
+		// what the os guard already says.
 		// A backed-off alarm whose back-off concerns every target of the
-		// rows is kept and guarded the same way (readBackoff).
+		// rows is kept the same way (readBackoff).
 		if a, err := decodeAlarm(alarm); alarm != nil && err == nil && (a.DueMS <= dueMS || snap.backingOff) {
-			sb.Batch.Preconditions = append(sb.Batch.Preconditions, Precondition{Key: KeyAlarm, Value: alarm})
 			sb.AlarmDueMS, sb.backingOff = a.DueMS, a.DueMS > dueMS
 		} else {
 			aw := alarmWrite(dueMS)

@@ -2,6 +2,7 @@ package relaycore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -23,7 +24,8 @@ func (k *recordingKicker) Kick(_ context.Context, _ relaycore.Partition, due int
 }
 
 // alarmItems says how one enqueue batch carries its relay kick: a put of
-// the alarm record, or a guard that it holds exactly that due time.
+// the alarm record, or a guard that it holds exactly that due time (which
+// it no longer needs: the os guard covers the alarm).
 func alarmItems(b relaycore.Batch) (puts, guards int) {
 	for _, w := range b.Writes {
 		if w.Key == relaycore.KeyAlarm {
@@ -39,9 +41,11 @@ func alarmItems(b relaycore.Batch) (puts, guards int) {
 }
 
 // Every enqueue batch carries exactly one relay kick. The alarm is written
-// when it is absent or due later than now; a later link of the chain guards
-// the record it finds already due instead of rewriting it, and so do an
-// enqueue in the same millisecond and one while a wake-up is still pending.
+// when it is absent or due later than now; a later link of the chain keeps
+// the record it finds already due, neither rewriting nor checking it (its
+// os guard covers the alarm: TestEnqueueRacingAlarmClearReplans), and so do
+// an enqueue in the same millisecond and one while a wake-up is still
+// pending.
 // Exactly one fast-path kick per commit.
 func TestEnqueueBatchCarriesOneRelayKick(t *testing.T) {
 	e := newEnv(t, "free")
@@ -68,17 +72,17 @@ func TestEnqueueBatchCarriesOneRelayKick(t *testing.T) {
 	if p, g := alarmItems(batches[0]); p != 1 || g != 0 {
 		t.Fatalf("first link: %d alarm puts, %d guards; want the alarm written", p, g)
 	}
-	if p, g := alarmItems(batches[1]); p != 0 || g != 1 {
-		t.Fatalf("second link: %d alarm puts, %d guards; want the unchanged alarm guarded", p, g)
+	if p, g := alarmItems(batches[1]); p != 0 || g != 0 {
+		t.Fatalf("second link: %d alarm puts, %d guards; want the alarm kept as it is", p, g)
 	}
 	commit([]relaycore.Row{put("t", "k", "same ms")})
-	if p, g := alarmItems(batches[2]); p != 0 || g != 1 {
+	if p, g := alarmItems(batches[2]); p != 0 || g != 0 {
 		t.Fatalf("same-millisecond enqueue: %d puts, %d guards", p, g)
 	}
 	e.clock.Advance(time.Millisecond)
 	res = commit([]relaycore.Row{put("t", "k", "later")})
-	if p, g := alarmItems(batches[3]); p != 0 || g != 1 {
-		t.Fatalf("later enqueue: %d puts, %d guards; want the already-due alarm guarded, not postponed", p, g)
+	if p, g := alarmItems(batches[3]); p != 0 || g != 0 {
+		t.Fatalf("later enqueue: %d puts, %d guards; want the already-due alarm kept, not postponed", p, g)
 	}
 	if a := e.inspect(e.source).Alarm; a == nil || a.DueMS != res.AlarmDueMS || a.DueMS >= e.clock.Now().UnixMilli() {
 		t.Fatalf("alarm %+v, want the earlier due %d", a, res.AlarmDueMS)
@@ -151,24 +155,32 @@ func TestEnqueueKickDecision(t *testing.T) {
 	commit(relaycore.KickNone)
 }
 
-// If the alarm changes between two links (an Alarm re-armed it), the second
-// link's guard fails and its rows are re-planned: they are committed once,
-// with a wake-up due no later than their commit.
-func TestEnqueueAlarmGuardRaceReplans(t *testing.T) {
+// An enqueue that finds the alarm already due keeps it without checking it
+// and relies on its os guard: the alarm's clear writes os. Here an Alarm
+// delivers the outbox and clears the alarm between the enqueue's read and
+// its commit (the real race: a fire ending as rows arrive); the enqueue's
+// guard fails, its rows are re-planned and arm a new alarm. Were the clear
+// not to write os, the rows would be committed with no alarm at all, to wait
+// for the source's next enqueue.
+func TestEnqueueRacingAlarmClearReplans(t *testing.T) {
 	e := newEnv(t, "free")
+	e.enqueue(put("t", "k1", "v1"))
+	alarm := &relaycore.RelayHandler{Source: e.src, Target: e.tgt, Budget: e.h.Budget, Clock: e.clock}
 	applies := 0
 	e.srcF.set(func(c call) error {
 		if c.Op != "apply" {
 			return nil
 		}
-		applies++
-		if applies == 2 { // before the second link: an alarm handler re-arms
-			return e.src.Apply(e.ctx, e.source, relaycore.Batch{Writes: []relaycore.Write{{Key: relaycore.KeyAlarm, Value: []byte(`{"due_ms":1}`), Due: 1}}})
+		if applies++; applies == 1 {
+			ar, err := alarm.Alarm(e.ctx, e.source)
+			if err == nil && !ar.Cleared {
+				err = fmt.Errorf("alarm %+v did not clear", ar)
+			}
+			return err
 		}
 		return nil
 	}, nil)
-	rows := chainRows(300, "a")
-	res, err := relaycore.CommitRelayRows(e.ctx, e.srcF, e.clock, e.source, nil, time.Time{}, rows, relaycore.EnqueueConfig{})
+	res, err := relaycore.CommitRelayRows(e.ctx, e.srcF, e.clock, e.source, nil, time.Time{}, []relaycore.Row{put("t", "k2", "v2")}, relaycore.EnqueueConfig{})
 	e.srcF.set(nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -177,11 +189,58 @@ func TestEnqueueAlarmGuardRaceReplans(t *testing.T) {
 		t.Fatalf("replans = %d, want 1", res.Replans)
 	}
 	v := e.inspect(e.source)
-	if n := len(v.Rows()); n != 300 {
-		t.Fatalf("%d rows in the outbox, want 300", n)
+	if n := len(v.Rows()); n != 1 {
+		t.Fatalf("%d rows in the outbox, want the racing enqueue's 1", n)
 	}
 	if v.Alarm == nil || v.Alarm.DueMS > res.AlarmDueMS {
 		t.Fatalf("alarm %+v after the race, want one due by %d", v.Alarm, res.AlarmDueMS)
 	}
-	e.drain(e.source, 50)
+	e.drain(e.source, 5)
+	if got, _ := e.target("t", "k2"); got != "v2" {
+		t.Fatalf("target k2 = %q after the drain, want v2", got)
+	}
+}
+
+// The same for a back-off: an Alarm whose fire made no progress (its one
+// target failing) moves the alarm past now between an enqueue's read and
+// its commit, writing os; the enqueue, whose rows are for a healthy target
+// the back-off does not concern, is re-planned and moves the alarm back to
+// now instead of leaving its rows to wait out the back-off.
+func TestEnqueueRacingBackoffReplans(t *testing.T) {
+	e := newEnv(t, "free")
+	e.enqueue(put("down", "k1", "v1"))
+	e.tgtF.set(func(c call) error {
+		if c.Op == "apply" && c.P == "down" {
+			return errors.New("target down")
+		}
+		return nil
+	}, nil)
+	alarm := &relaycore.RelayHandler{Source: e.src, Target: e.tgtF, Budget: e.h.Budget, Clock: e.clock}
+	applies := 0
+	var backoff relaycore.AlarmResult
+	e.srcF.set(func(c call) error {
+		if c.Op != "apply" {
+			return nil
+		}
+		if applies++; applies == 1 {
+			var err error
+			backoff, err = alarm.Alarm(e.ctx, e.source)
+			return err
+		}
+		return nil
+	}, nil)
+	res, err := relaycore.CommitRelayRows(e.ctx, e.srcF, e.clock, e.source, nil, time.Time{}, []relaycore.Row{put("up", "k2", "v2")}, relaycore.EnqueueConfig{})
+	e.srcF.set(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now := e.clock.Now().UnixMilli(); backoff.NextDueMS <= now {
+		t.Fatalf("the racing alarm re-armed at %d, not past now %d: no back-off to race", backoff.NextDueMS, now)
+	}
+	if res.Replans != 1 {
+		t.Fatalf("replans = %d, want 1", res.Replans)
+	}
+	if v := e.inspect(e.source); v.Alarm == nil || v.Alarm.DueMS > e.clock.Now().UnixMilli() {
+		t.Fatalf("alarm %+v after the race, want it due now (%d), not at the back-off", v.Alarm, e.clock.Now().UnixMilli())
+	}
 }

@@ -177,6 +177,14 @@ func (s *fireSpend) reserve(b RelayBudget, target Partition) bool {
 	return true
 }
 
+// lastCall reports whether the call just reserved for target is the last
+// one its budget allows in this fire.
+func (s *fireSpend) lastCall(b RelayBudget, target Partition) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.callsLeft(b, target) == 0
+}
+
 // unreserve gives back a reserved call that was not made.
 func (s *fireSpend) unreserve(target Partition) {
 	s.mu.Lock()
