@@ -1,6 +1,7 @@
 package relaycore
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 
@@ -116,6 +117,9 @@ func (h *RelayHandler) clearAlarm(ctx context.Context, source Partition, v alarm
 	if !v.alarmFound {
 		ar.Cleared = true
 		return false, nil
+	}
+	if h.looseDeleter() != nil {
+		return h.clearSingles(ctx, source, v, ar)
 	}
 	// The clear writes os (osBump): an enqueue that kept the alarm as due
 	// fails its os guard and arms a new one.
@@ -329,4 +333,83 @@ func osBump(raw []byte, found bool) (Precondition, Write, error) {
 	}
 	o.Version++
 	return osGuard(raw, found), Write{Key: KeyOS, Value: encodeJSON(o)}, nil
+}
+
+// clearSingles is clearAlarm on a store that bills a transaction twice what
+// it bills the same writes sent one by one (a LooseDeleter: DynamoDB). The
+// clear's one batch there costs 2 units per item (the alarm's delete and
+// the guards on os and rs: 6 and the index entry), about a tenth of a unit
+// per row when every 20-row enqueue is cleared after; in three single
+// writes it costs half:
+//
+//  1. os, version bumped and Clearing set, guarded on the os read: an
+//     enqueue that read os before fails its guard; one that reads it after
+//     rewrites the alarm if it keeps it (planEnqueue).
+//  2. the alarm's delete, guarded on the value read: it fails if any
+//     enqueue wrote the alarm meanwhile, so no enqueue's rows are left
+//     without one. An enqueue of step 1's os that did not write the alarm
+//     found it absent, which means this delete happened first.
+//  3. rs, read again (or written without the list of ghosts, guarded on
+//     the value read, when it lists any, which is what the batch did), and
+//     os read again: a retry marker put or an append of an older release
+//     (which checks the alarm instead of rewriting it) meanwhile shows
+//     here, and the alarm is looked at again and re-armed.
+//
+// A crash between steps leaves os saying Clearing, which the next enqueue
+// resets (it writes the alarm); between 2 and 3 it can miss a retry marker
+// that a second alarm's fire put meanwhile if that alarm crashes too before
+// its own re-arm. Expired idempotency records are deleted after, in a
+// batch of their own when there are any.
+func (h *RelayHandler) clearSingles(ctx context.Context, source Partition, v alarmView, ar *AlarmResult) (again bool, err error) {
+	o, err := decodeOS(v.osRaw, v.osFound)
+	if err != nil {
+		return false, fmt.Errorf("alarm %s: %w", source, err)
+	}
+	o.Version++
+	o.Clearing = true
+	osAfter := encodeJSON(o)
+	err = h.Source.Apply(ctx, source, Batch{Preconditions: []Precondition{osGuard(v.osRaw, v.osFound)}, Writes: []Write{{Key: KeyOS, Value: osAfter}}})
+	if again, err := clearStep(source, "mark os", err); again || err != nil {
+		return again, err
+	}
+	err = h.Source.Apply(ctx, source, Batch{Preconditions: []Precondition{{Key: KeyAlarm, Value: v.alarmRaw}}, Writes: []Write{{Key: KeyAlarm, Delete: true}}})
+	if again, err := clearStep(source, "delete alarm", err); again || err != nil {
+		return again, err
+	}
+	// The alarm is gone: from here a failure looks again, which re-arms it
+	// if anything is left.
+	if len(v.gone) > 0 {
+		if w, werr := rsWithoutGone(v.rsRaw); werr == nil {
+			if err := h.Source.Apply(ctx, source, Batch{Preconditions: []Precondition{{Key: KeyRS, Value: v.rsRaw}}, Writes: []Write{w}}); err != nil {
+				return true, nil
+			}
+			v.rsRaw = w.Value
+		}
+	}
+	now, err := GetMany(ctx, h.Source, source, []string{KeyOS, KeyRS})
+	if err != nil {
+		return true, nil
+	}
+	if rs, found := now[KeyRS]; found != v.rsFound || !bytes.Equal(rs, v.rsRaw) || !bytes.Equal(now[KeyOS], osAfter) {
+		return true, nil
+	}
+	ar.Cleared = true
+	if gcPre, gcDel, err := expiredIdem(ctx, h.Source, source, unixMS(h.clock().Now()), 0, 0); err == nil && len(gcDel) > 0 {
+		if err := h.Source.Apply(ctx, source, Batch{Preconditions: gcPre, Writes: gcDel}); err != nil {
+			loggerOr(h.Logger).Warn("relay idempotency record collection failed; the next clear tries again", "source", string(source), "err", err)
+		}
+	}
+	return false, nil
+}
+
+// clearStep classifies a clearSingles step's outcome: a lost guard or an
+// outcome unknown looks again (the next look reads what is there).
+func clearStep(source Partition, step string, err error) (again bool, _ error) {
+	if err == nil {
+		return false, nil
+	}
+	if _, ok := FailedPrecondition(err); ok || MayBeApplied(err) {
+		return true, nil
+	}
+	return false, fmt.Errorf("alarm %s: clear: %s: %w", source, step, err)
 }

@@ -400,6 +400,7 @@ func planEnqueue(snap RelayEnqueueSnapshot, rows []Row, caps Capabilities, cfg E
 		next.NextSeq = pages[j-1].first + uint64(len(pages[j-1].rows))
 		next.Version++
 		next.LastCommitMS = commitMS
+		next.Clearing = false // the batch writes the alarm, or finds no clear under way
 		next.Recent = append(slices.Clone(prevOS.Recent), tag)
 		if len(next.Recent) > recentTags {
 			next.Recent = next.Recent[len(next.Recent)-recentTags:]
@@ -424,8 +425,17 @@ func planEnqueue(snap RelayEnqueueSnapshot, rows []Row, caps Capabilities, cfg E
 		// what the os guard already says.
 		// A backed-off alarm whose back-off concerns every target of the
 		// rows is kept the same way (readBackoff).
+		// While os says an alarm clear of single writes may be under way
+		// (Clearing), keeping the alarm means rewriting it at the same due
+		// time: the clear's delete is guarded on the alarm's value, and so
+		// fails (alarm.go, clearSingles).
 		if a, err := decodeAlarm(alarm); alarm != nil && err == nil && (a.DueMS <= dueMS || snap.backingOff) {
 			sb.AlarmDueMS, sb.backingOff = a.DueMS, a.DueMS > dueMS
+			if prevOS.Clearing {
+				aw := alarmRewrite(a.DueMS, tag)
+				sb.Batch.Writes = append(sb.Batch.Writes, aw)
+				alarm = aw.Value
+			}
 		} else {
 			aw := alarmWrite(dueMS)
 			sb.Batch.Writes = append(sb.Batch.Writes, aw)
@@ -460,12 +470,12 @@ func batchFixed(snap RelayEnqueueSnapshot, caps Capabilities) (*Precondition, in
 	if leasePre != nil {
 		fixedItems++
 	}
-	osMax := OutboxState{NextSeq: math.MaxUint64, Version: math.MaxUint64, LastCommitMS: math.MaxInt64, LeaseRequired: true}
+	osMax := OutboxState{NextSeq: math.MaxUint64, Version: math.MaxUint64, LastCommitMS: math.MaxInt64, LeaseRequired: true, Clearing: true}
 	for range recentTags {
 		osMax.Recent = append(osMax.Recent, strings.Repeat("x", maxTagLen))
 	}
 	fixedBytes := caps.ItemSize(snap.Source, KeyOS, len(encodeJSON(osMax))+osFoldBytes(caps)) +
-		caps.ItemSize(snap.Source, KeyAlarm, len(alarmWrite(math.MaxInt64).Value))
+		caps.ItemSize(snap.Source, KeyAlarm, len(alarmRewrite(math.MaxInt64, strings.Repeat("x", maxTagLen)).Value))
 	return leasePre, fixedItems, fixedBytes
 }
 

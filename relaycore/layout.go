@@ -59,6 +59,12 @@ type OutboxState struct {
 	// Targets holds the enqueue-side counters of up to 32 targets, sorted
 	// by hex name, in place of their t/<hex>/e records (fold.go).
 	Targets []foldedEnq `json:"targets,omitempty"`
+	// Clearing is set by the first step of an alarm clear made of single
+	// writes (clearSingles): until a batch writes the alarm again, an
+	// enqueue that keeps the alarm must rewrite it (same due time, a new
+	// nonce) so that the clear's delete, guarded on the alarm's value,
+	// fails. Every write of the alarm by an enqueue resets it.
+	Clearing bool `json:"clr,omitempty"`
 }
 
 func emptyOS() OutboxState { return OutboxState{NextSeq: 1} }
@@ -220,6 +226,10 @@ func decodeRS(raw []byte) (RelayState, error) {
 // AlarmRecord is the durable alarm: the source's fire is due at DueMS.
 type AlarmRecord struct {
 	DueMS int64 `json:"due_ms"`
+	// Nonce (optional) makes a rewrite at the same due time a new value:
+	// an enqueue that keeps the alarm during a clear (OutboxState.Clearing)
+	// writes one so the clear's guarded delete fails.
+	Nonce string `json:"n,omitempty"`
 }
 
 func decodeAlarm(raw []byte) (AlarmRecord, error) {
@@ -235,6 +245,14 @@ func alarmWrite(dueMS int64) Write {
 		dueMS = 1 // Write.Due == 0 means "not indexed"
 	}
 	return Write{Key: KeyAlarm, Value: encodeJSON(AlarmRecord{DueMS: dueMS}), Due: dueMS}
+}
+
+// alarmRewrite is the alarm at the same due time with a new value: what an
+// enqueue keeping the alarm writes while os says a clear may be under way.
+func alarmRewrite(dueMS int64, nonce string) Write {
+	w := alarmWrite(dueMS)
+	w.Value = encodeJSON(AlarmRecord{DueMS: w.Due, Nonce: nonce})
+	return w
 }
 
 func encodeRH(seq uint64) []byte { return strconv.AppendUint(nil, seq, 10) }

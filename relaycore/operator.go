@@ -268,19 +268,22 @@ func (o *opRun) putRec(before, r targetRec) {
 
 // wake makes the source's durable alarm due now (guarded on the alarm as
 // read), so held rows released for redrive go out without waiting for the
-// sweeper, and kicks after the commit.
+// sweeper, and kicks after the commit. An alarm already due is rewritten at
+// its due time rather than only checked, so that an alarm clear of single
+// writes under way (clearSingles), whose delete is guarded on the alarm's
+// value, fails instead of leaving the released rows without a wake-up.
 func (o *opRun) wake() error {
 	raw, found, err := o.h.Source.Get(o.ctx, o.source, KeyAlarm)
 	if err != nil {
 		return fmt.Errorf("%s: read alarm: %w", o.source, err)
 	}
 	if found {
+		o.pre = append(o.pre, Precondition{Key: KeyAlarm, Value: raw})
 		if a, err := decodeAlarm(raw); err == nil && a.DueMS <= o.now {
-			o.pre = append(o.pre, Precondition{Key: KeyAlarm, Value: raw})
+			o.writes = append(o.writes, alarmRewrite(a.DueMS, newNonce()))
 			o.kick = true
 			return nil
 		}
-		o.pre = append(o.pre, Precondition{Key: KeyAlarm, Value: raw})
 	} else {
 		o.pre = append(o.pre, Precondition{Key: KeyAlarm, Absent: true})
 	}
