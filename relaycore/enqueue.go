@@ -553,7 +553,7 @@ func planPages(source Partition, seq uint64, rows []Row, caps Capabilities, cfg 
 		}
 		groups[r.Target] = append(groups[r.Target], i)
 	}
-	var codec pageCodec
+	codec := codecFor(caps)
 	var pages []plannedPage
 	for _, t := range order {
 		idx := groups[t]
@@ -611,7 +611,7 @@ func packPage(codec *pageCodec, source, target Partition, first uint64, rows []R
 	}
 	best := plannedPage{target: target, first: first, rows: idx[:n0]}
 	best.flags, best.body = codec.body(sub(n0))
-	if n0 < maxN {
+	if n0 < maxN && !codec.plain {
 		// Grow: lo fits, hi (when known) does not.
 		lo, hi, hiKnown := n0, maxN+1, false
 		for probes := 0; hi-lo > 1 && probes < 24; probes++ {

@@ -509,7 +509,7 @@ func (h *RelayHandler) Skip(ctx context.Context, source Partition, req SkipReque
 		}
 		caps := h.Source.Capabilities()
 		before := r
-		var codec pageCodec
+		codec := codecFor(caps)
 		items2, bytes2 := 4, caps.ItemSize(source, KeyRS, rsMaxBytes)+caps.ItemSize(source, layout.KeyHold, holdMaxBytes)+
 			caps.ItemSize(source, targetStateKey(req.Target), targetRecMaxBytes)+2*caps.ItemSize(source, retryKey(0, req.Target), 0)+
 			caps.ItemSize(source, deadKey(first), 2048+2*MaxReasonLen)

@@ -85,11 +85,16 @@ func (p Page) Last() uint64 { return p.First + uint64(len(p.Rows)) - 1 }
 
 // pageCodec encodes pages, reusing one DEFLATE compressor across pages
 // because its state (about 800 KB) is too large to allocate per page. The
-// zero value is ready; it is not safe for concurrent use.
+// zero value is ready and compresses; it is not safe for concurrent use.
 type pageCodec struct {
-	zw   *flate.Writer
-	zbuf bytes.Buffer
+	// plain: never compress (Capabilities.UncompressedPages).
+	plain bool
+	zw    *flate.Writer
+	zbuf  bytes.Buffer
 }
+
+// codecFor is a page codec for a store with caps.
+func codecFor(caps Capabilities) pageCodec { return pageCodec{plain: caps.UncompressedPages} }
 
 // encodePage encodes p in the current format (a one-off codec).
 func encodePage(p Page) []byte {
@@ -103,12 +108,12 @@ func (c *pageCodec) encode(p Page) []byte {
 }
 
 // body returns the page body for rows and its flags: the row section,
-// DEFLATE-compressed when it is at least minCompressBytes (and at most
-// maxPageRawBytes) long and compression shortens it. The result never
-// aliases the codec's buffers.
+// DEFLATE-compressed when the codec compresses, the section is at least
+// minCompressBytes (and at most maxPageRawBytes) long and compression
+// shortens it. The result never aliases the codec's buffers.
 func (c *pageCodec) body(rows []Row) (byte, []byte) {
 	raw := appendRowSection(nil, rows)
-	if len(raw) < minCompressBytes || len(raw) > maxPageRawBytes {
+	if c.plain || len(raw) < minCompressBytes || len(raw) > maxPageRawBytes {
 		return 0, raw
 	}
 	c.zbuf.Reset()

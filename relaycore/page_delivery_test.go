@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/relay-dev/relay/infra/mem"
 	"github.com/relay-dev/relay/relaycore"
 	"github.com/relay-dev/relay/relaycore/internal/layout"
 )
@@ -26,6 +27,58 @@ func TestCompressedPagesPartlyDelivered(t *testing.T) {
 	if len(v.Pages) >= 600/60 {
 		t.Fatalf("%d pages for 600 compressible rows: not compressed?", len(v.Pages))
 	}
+	drainRewriting(t, e, rows, pageDeflate)
+}
+
+// On a store with Capabilities.UncompressedPages no page is compressed,
+// neither as enqueued nor as rewritten by a fire that delivered part of it,
+// though the rows compress (the same rows are compressed on the default
+// store), and every row is delivered.
+func TestUncompressedPagesPartlyDelivered(t *testing.T) {
+	var rows []relaycore.Row
+	for i := 0; i < 900; i++ {
+		rows = append(rows, put("t", fmt.Sprintf("user/%06d", i), fmt.Sprintf(`{"n":%d}`, i%7)))
+	}
+	// The default store compresses these rows.
+	d := newEnv(t, "free")
+	d.enqueue(rows...)
+	for _, p := range d.inspect(d.source).Pages {
+		if raw, _, _ := d.src.Get(d.ctx, d.source, p.Key); raw[1] != pageDeflate {
+			t.Fatalf("default store: page %s flags %d; the rows no longer compress, so the test shows nothing", p.Key, raw[1])
+		}
+	}
+
+	e := newEnv(t, "free")
+	caps := mem.DefaultCapabilities
+	caps.UncompressedPages = true
+	e.src = mem.New(caps)
+	e.srcF = &faultStore{Store: e.src}
+	e.h.Source = e.srcF
+	e.enqueue(rows...)
+	v := e.inspect(e.source)
+	if len(v.Pages) < 2 {
+		t.Fatalf("%d pages; want several", len(v.Pages))
+	}
+	for _, p := range v.Pages {
+		raw, _, _ := e.src.Get(e.ctx, e.source, p.Key)
+		if raw[1] != 0 {
+			t.Fatalf("page %s: flags %d, want uncompressed", p.Key, raw[1])
+		}
+		if caps.ItemSize(e.source, p.Key, len(raw)) > 8192 {
+			t.Fatalf("page %s: %d bytes, over the default page budget", p.Key, len(raw))
+		}
+	}
+	drainRewriting(t, e, rows, 0)
+}
+
+// pageDeflate is relaycore's flag of a compressed page body.
+const pageDeflate = 1
+
+// drainRewriting runs e's alarms until its source is drained, checking
+// that at least one page was partly delivered and rewritten, every rewrite
+// with the page flags want, and finally that every row reached its target.
+func drainRewriting(t *testing.T, e *env, rows []relaycore.Row, want byte) {
+	t.Helper()
 	rewritten := false
 	for alarms := 0; ; alarms++ {
 		v := e.inspect(e.source)
@@ -47,8 +100,8 @@ func TestCompressedPagesPartlyDelivered(t *testing.T) {
 			if first, ok := before[p.Key]; ok && first != p.First {
 				rewritten = true
 				raw, _, _ := e.src.Get(e.ctx, e.source, p.Key)
-				if raw[0] != 2 || raw[1] != 1 {
-					t.Fatalf("rewritten page %s is format %d flags %d, want compressed format 2", p.Key, raw[0], raw[1])
+				if raw[0] != 2 || raw[1] != want {
+					t.Fatalf("rewritten page %s is format %d flags %d, want format 2 flags %d", p.Key, raw[0], raw[1], want)
 				}
 			}
 		}

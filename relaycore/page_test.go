@@ -347,6 +347,10 @@ func TestPlanPagesFillBelowBudget(t *testing.T) {
 		{name: "random", caps: dynamoLike, minFill: 0.9, minRowsPage: 30},
 		{name: "records/small-item-limit", caps: Capabilities{MaxItemBytes: 3000, ItemOverhead: 32}, compress: true, minRowsPage: 12},
 		{name: "records/unlimited", caps: Capabilities{}, cfg: EnqueueConfig{PageBytes: 2048}, compress: true, minFill: 0.9, minRowsPage: 30},
+		// A store that takes pages uncompressed (infra/postgres): filled as
+		// close to the budget with the rows as they are.
+		{name: "records/uncompressed", caps: Capabilities{MaxBatchItems: 256, MaxBatchBytes: 8 << 20, MaxItemBytes: 1 << 20, ItemOverhead: 32, UncompressedPages: true}, compress: true, minFill: 0.95, minRowsPage: 30},
+		{name: "records/uncompressed/small-item-limit", caps: Capabilities{MaxItemBytes: 3000, ItemOverhead: 32, UncompressedPages: true}, compress: true, minRowsPage: 12},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var rows []Row
@@ -381,6 +385,9 @@ func TestPlanPagesFillBelowBudget(t *testing.T) {
 						t.Fatalf("page %d holds row %d, want %d", i, ri, want)
 					}
 					next[pg.target]++
+				}
+				if tc.caps.UncompressedPages && pg.flags != 0 {
+					t.Fatalf("page %d: flags %d on a store that takes pages uncompressed", i, pg.flags)
 				}
 				value := assemblePage(pg.first, 1_800_000_000_000, strings.Repeat("x", maxTagLen), pg.target, pg.flags, pg.body)
 				size := tc.caps.ItemSize(source, layout.PageKey(pg.first), len(value))

@@ -77,6 +77,16 @@ type Capabilities struct {
 	// and keep their order). ItemSize then counts those bytes twice, so the
 	// overhead can stay exact for the common ASCII keys.
 	WideNonASCII bool
+	// UncompressedPages means the engine stores row pages without
+	// compressing them (docs/layout.md, "Row pages"): for a store that
+	// neither bills nor limits by the KB (infra/postgres), DEFLATE would
+	// spend the relay's CPU on every enqueue and fire to save bytes that
+	// cost nothing. Pages are still bounded by the page budget and these
+	// limits as stored; every engine reads compressed and uncompressed
+	// pages alike, so the flag may differ between releases or replicas
+	// on one store. False (the default): pages are compressed where that
+	// shortens them, as on DynamoDB, where page bytes are most of the bill.
+	UncompressedPages bool
 }
 
 // ItemSize is the size the store accounts for one item. Planners use it to

@@ -38,7 +38,8 @@ var migrations = []migration{
 			// bytea compares bytewise (memcmp, then length), which is the
 			// engine's key order (Go string order): no collation to get
 			// wrong. STORAGE EXTERNAL would skip compressing values; row
-			// pages compress well, so the default (EXTENDED) stays.
+			// pages (stored uncompressed by the engine here) compress
+			// well, so the default (EXTENDED) stays.
 			`CREATE TABLE relay_items (
 				store text NOT NULL,
 				part  bytea NOT NULL,
