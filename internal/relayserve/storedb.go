@@ -109,7 +109,8 @@ const (
 )
 
 // postgresPool builds the pool the configuration describes: max_conns,
-// the statement timeout as a session default, and cancelled contexts
+// the statement timeout as a session default, the store's session
+// settings (postgres.ConfigurePool; the DSN's own win), and cancelled contexts
 // turned into cancel requests, so a request or fire that gives up stops
 // its query on the server too, rather than only cutting the socket while
 // the server finishes and commits it (docs/postgres.md). It connects
@@ -126,6 +127,7 @@ func postgresPool(ctx context.Context, p Postgres) (pool *pgxpool.Pool, where st
 	if rp["application_name"] == "" {
 		rp["application_name"] = "relay serve"
 	}
+	postgres.ConfigurePool(pc)
 	pc.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: cancelDeadlineDelay}
 	}

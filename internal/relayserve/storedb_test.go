@@ -323,10 +323,12 @@ func TestCancelledContextCancelsQuery(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	var timeout, app string
-	if err := pool.QueryRow(t.Context(), `SELECT current_setting('statement_timeout'), current_setting('application_name')`).Scan(&timeout, &app); err != nil ||
-		timeout != "1min" || app != "relay serve" {
-		t.Fatalf("statement_timeout %q, application_name %q, %v; want 1min, relay serve", timeout, app, err)
+	var timeout, app, plans, seqscan string
+	if err := pool.QueryRow(t.Context(), `SELECT current_setting('statement_timeout'), current_setting('application_name'),
+		current_setting('plan_cache_mode'), current_setting('enable_seqscan')`).Scan(&timeout, &app, &plans, &seqscan); err != nil ||
+		timeout != "1min" || app != "relay serve" || plans != "force_generic_plan" || seqscan != "off" {
+		t.Fatalf("statement_timeout %q, application_name %q, plan_cache_mode %q, enable_seqscan %q, %v; want 1min, relay serve, force_generic_plan, off (postgres.ConfigurePool)",
+			timeout, app, plans, seqscan, err)
 	}
 	admin := pgtest.Pool(t, dsn, 1)
 	ctx, cancel := context.WithCancel(t.Context())

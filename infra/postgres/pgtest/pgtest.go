@@ -41,7 +41,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relay-dev/relay/infra/postgres/internal/session"
 )
 
 // RequireEnv names the environment variable that turns a missing
@@ -153,7 +156,8 @@ func NewDatabase(tb testing.TB) string {
 }
 
 // Pool connects to dsn with at most maxConns connections (0: 8) and closes
-// the pool when tb ends.
+// the pool when tb ends. Its sessions have the server's defaults (not
+// postgres.ConfigurePool's settings).
 func Pool(tb testing.TB, dsn string, maxConns int) *pgxpool.Pool {
 	tb.Helper()
 	cfg, err := pgxpool.ParseConfig(dsn)
@@ -195,7 +199,9 @@ func (c *Cluster) admin(sql string) error {
 // SharedDatabase returns a pool on one database that every caller in the
 // test binary shares (created on first use, closed by Main with the
 // cluster). Tests that share it must keep to their own names (infra/postgres
-// tests give each store a unique name).
+// tests give each store a unique name). Its sessions have the store's
+// settings (postgres.ConfigurePool), as relay serve's do; Pool's have the
+// server's defaults.
 func SharedDatabase(tb testing.TB) *pgxpool.Pool {
 	tb.Helper()
 	c := Get(tb)
@@ -207,7 +213,7 @@ func SharedDatabase(tb testing.TB) *pgxpool.Pool {
 	if err := c.admin("CREATE DATABASE shared TEMPLATE template0"); err != nil {
 		tb.Fatalf("pgtest: create the shared database: %v", err)
 	}
-	pool, err := c.connect(context.Background(), "shared", 16)
+	pool, err := c.connect(context.Background(), "shared", 16, session.Configure)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -227,10 +233,13 @@ func (c *Cluster) Version() string { return c.version }
 // Log is what the server has written to its log so far.
 func (c *Cluster) Log() string { return c.log.String() }
 
-func (c *Cluster) connect(ctx context.Context, db string, maxConns int) (*pgxpool.Pool, error) {
+func (c *Cluster) connect(ctx context.Context, db string, maxConns int, configure ...func(*pgconn.Config)) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(c.DSN(db))
 	if err != nil {
 		return nil, err
+	}
+	for _, f := range configure {
+		f(&cfg.ConnConfig.Config)
 	}
 	if maxConns <= 0 {
 		maxConns = 8
