@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -53,6 +54,9 @@ that they can be read.`,
 				_, err := fmt.Fprintf(stdout, "%s: ok\n", configPath)
 				return err
 			}
+			if percent, ok := serveGCPercent(os.Getenv("GOGC")); ok {
+				debug.SetGCPercent(percent)
+			}
 			level, _ := cfg.Level()
 			logger := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
 			// SIGHUP reloads the roles and the credential files
@@ -86,6 +90,25 @@ that they can be read.`,
 	c.Flags().StringVar(&readyFile, "ready-file", "", `write {"addr","url","pid"} JSON here once listening (removed on exit)`)
 	c.AddCommand(tokenCmd(stdout))
 	return c
+}
+
+// defaultServeGCPercent is relay serve's garbage collection target when
+// the environment sets no GOGC: the heap may grow to 5 times what is live
+// between collections instead of the runtime's 2. relay serve's live heap
+// is small (about 5 MB under BenchmarkServeThroughputPostgres) and its
+// request path allocates fast, so with the runtime's default the
+// collector ran about every 4 MB allocated and took a sixth of the CPU;
+// at 400 relay serve spent 16-20% less CPU per delivered row there, for
+// 13 MB more resident memory (docs/serve.md, Memory).
+const defaultServeGCPercent = 400
+
+// serveGCPercent is the GC percent relay serve sets, and false when GOGC
+// (gogc, the environment's) is set: the runtime follows it already.
+func serveGCPercent(gogc string) (int, bool) {
+	if gogc != "" {
+		return 0, false
+	}
+	return defaultServeGCPercent, true
 }
 
 // tokenCmd mints a bearer token.

@@ -8,7 +8,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -127,4 +129,40 @@ alarms: {sweep_interval: 1s, claim_ttl: 1s}
 func isTimeout(err error) bool {
 	ne, ok := err.(net.Error)
 	return ok && ne.Timeout()
+}
+
+// relay serve collects garbage at GOGC=400 unless the environment sets
+// GOGC (docs/serve.md, Memory): the runtime's own figure, on /metrics.
+func TestServeGCPercent(t *testing.T) {
+	for _, tc := range []struct {
+		env  string // GOGC; "" unset
+		want string
+	}{{"", "400"}, {"150", "150"}} {
+		t.Run("GOGC="+tc.env, func(t *testing.T) {
+			if tc.env == "" {
+				if v, ok := os.LookupEnv("GOGC"); ok {
+					t.Setenv("GOGC", v) // restored after the test
+					os.Unsetenv("GOGC")
+				}
+			} else {
+				t.Setenv("GOGC", tc.env)
+			}
+			dir := t.TempDir()
+			cfg := servetest.WriteConfig(t, fmt.Sprintf("listen: 127.0.0.1:0\ndb: %s\nauth:\n  anonymous: {read: true}\n", filepath.Join(dir, "relay.db")))
+			p := servetest.Start(t, relayBin, cfg)
+			r := do(t, p.Client(nil), "GET", p.URL+"/metrics", "", nil)
+			if r.status != 200 {
+				t.Fatalf("/metrics: %d %s", r.status, r.body)
+			}
+			for _, l := range strings.Split(string(r.body), "\n") {
+				if v, ok := strings.CutPrefix(l, "go_gc_gogc_percent "); ok {
+					if v != tc.want {
+						t.Fatalf("go_gc_gogc_percent %s, want %s", v, tc.want)
+					}
+					return
+				}
+			}
+			t.Fatalf("no go_gc_gogc_percent on /metrics:\n%s", r.body)
+		})
+	}
 }
