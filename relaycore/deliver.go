@@ -24,9 +24,27 @@ func cmpU64(a, b uint64) int {
 func (f *fireRun) deliver() {
 	res := f.res
 	res.TargetsRedriven += len(f.redrive)
+	f.carry(f.redrive)
 	f.h.deliverTargets(f.ctx, f.source, f.redrive, res, f.b, f.spent)
 	res.TargetsAttempted += len(f.sel)
+	f.carry(f.sel)
 	f.h.deliverTargets(f.ctx, f.source, f.sel, res, f.b, f.spent)
+}
+
+// carry sets the rh each of tws carries (carriedRH): the one its record
+// holds as the last checkpoint left it, or the one this fire's delivery of
+// the target's held rows left, which ran first and knows better.
+func (f *fireRun) carry(tws []*targetWork) {
+	for _, tw := range tws {
+		if slot, ok := f.recs[tw.target]; ok {
+			tw.carried = slot.before.Through
+		}
+		for _, d := range f.redrive {
+			if d != tw && d.target == tw.target {
+				tw.carried = max(tw.carried, d.dt)
+			}
+		}
+	}
 }
 
 // deliverTargets delivers to each of tws: one after another, or up to
@@ -55,6 +73,14 @@ func (h *RelayHandler) deliverTargets(ctx context.Context, source Partition, tws
 // deliverTarget applies tw's rows newer than the target's rh, in ascending seq,
 // in as many target batches as the limits and CallsPerTarget allow. It sets
 // tw.dt to the rh it last knew and tw.failed on a delivery or hook failure.
+//
+// The first batch is guarded on the carried rh when carriedRH allows it,
+// else on rh as read. A carried guard is a guess until a batch lands on it
+// or a read confirms it: when its precondition fails (or the outcome is
+// unknown), rh is read and delivery goes on from what it says, as after any
+// conflict, so nothing is applied twice or skipped; a delivery that never
+// confirms it leaves tw.dt at 0, as a failed read does, so the checkpoint
+// cleans nothing on the guess's word.
 func (h *RelayHandler) deliverTarget(ctx context.Context, source Partition, tw *targetWork, res *FireResult, b RelayBudget, spent *fireSpend) {
 	log := loggerOr(h.Logger).With("source", string(source), "target", string(tw.target))
 	fail := func(class, msg string, err error) {
@@ -68,22 +94,17 @@ func (h *RelayHandler) deliverTarget(ctx context.Context, source Partition, tw *
 			}
 		}
 	}
-	rhKey := RHKey(source)
-	readRH := func() ([]byte, bool, uint64, error) {
-		spent.count(func() { res.TargetReads++ })
-		raw, found, err := h.Target.Get(ctx, tw.target, rhKey)
-		if err != nil {
-			return nil, false, 0, err
-		}
-		v, err := decodeRH(raw, found)
-		return raw, found, v, err
-	}
-	raw, found, rh, err := readRH()
+	rh, err := h.firstGuard(ctx, source, tw, res, b, spent)
 	if err != nil {
 		fail(ErrorClassRead, "read rh", err)
 		return
 	}
-	tw.dt = rh
+	tw.dt = rh.seq
+	defer func() {
+		if rh.guessed {
+			tw.dt = 0 // never confirmed: the fire knows no rh
+		}
+	}()
 	newer := func(rows []Row) []Row {
 		i, _ := slices.BinarySearchFunc(rows, tw.dt+1, func(r Row, s uint64) int { return cmpU64(r.Seq, s) })
 		return rows[i:]
@@ -119,7 +140,7 @@ func (h *RelayHandler) deliverTarget(ctx context.Context, source Partition, tw *
 			return
 		}
 		last := pending[n-1].Seq
-		batch := targetBatch(rhKey, raw, found, last, pending[:n], hookWrites)
+		batch := targetBatch(RHKey(source), rh.raw, rh.found, last, pending[:n], hookWrites)
 		if err := tc.Check(tw.target, batch); err != nil {
 			fail(ErrorClassTooLarge, "plan target batch", err)
 			return
@@ -131,29 +152,37 @@ func (h *RelayHandler) deliverTarget(ctx context.Context, source Partition, tw *
 			// Reported delivered once the checkpoint records them
 			// (fireRun.recorded); here they only count as progress.
 			spent.count(func() { spent.delivered += n })
-			tw.dt, raw, found = last, encodeRH(last), true
+			tw.dt, rh = last, rhView{raw: encodeRH(last), found: true, seq: last}
 			pending = pending[n:]
 			if trimmed {
 				return // not a failure: the cursor pauses before the rows trimmed
 			}
 			continue
 		}
-		_, cond := FailedPrecondition(err)
-		if !cond && !MayBeApplied(err) {
+		// The batch's one precondition is the rh guard: a failed
+		// precondition says rh is not the guard, and nothing else does.
+		if _, cond := FailedPrecondition(err); !cond && !MayBeApplied(err) {
+			// Surely not applied, for a reason other than the guard: a
+			// failed attempt, whether the guard was read or carried.
 			tw.failedCalls++
 			fail(ErrorClassApply, "apply", err)
 			return
 		}
-		// rh moved (another deliverer) or the outcome is unknown: rh says
+		// rh moved (another deliverer), is not the carried value (a crash
+		// between a target batch and the checkpoint that records it, a
+		// record of an older release), or the outcome is unknown: rh says
 		// what is applied, because every target batch advances it.
-		guardRaw, guardFound := raw, found
+		guard := rh
 		var rerr error
-		raw, found, rh, rerr = readRH()
-		if rerr != nil {
+		if rh, rerr = h.readRH(ctx, source, tw, res, spent); rerr != nil {
+			rh.guessed = guard.guessed
 			fail(ErrorClassRead, "re-read rh", rerr)
 			return
 		}
-		if found == guardFound && bytes.Equal(raw, guardRaw) {
+		if guard.guessed {
+			tw.dt = rh.seq // what was read replaces the guess, above it or not
+		}
+		if rh.found == guard.found && bytes.Equal(rh.raw, guard.raw) {
 			// rh is still what the batch was guarded on: it did not land and
 			// no other deliverer moved it. That is a failed attempt like any
 			// other (a full disk under a bbolt target says "outcome unknown"
@@ -163,12 +192,67 @@ func (h *RelayHandler) deliverTarget(ctx context.Context, source Partition, tw *
 			fail(ErrorClassApply, "apply (rh unchanged: not applied)", err)
 			return
 		}
-		if rh >= last && MayBeApplied(err) {
+		if rh.seq >= last && MayBeApplied(err) {
 			spent.count(func() { spent.delivered += n })
 		}
-		tw.dt = max(tw.dt, rh)
-		pending = newer(pending)
+		tw.dt = max(tw.dt, rh.seq)
+		pending = newer(tw.rows)
 	}
+}
+
+// rhView is what a target's delivery knows of its rh: the value (raw, as
+// stored; seq, decoded) its next batch is guarded on.
+type rhView struct {
+	raw   []byte
+	found bool
+	seq   uint64
+	// guessed: carried (carriedRH), not yet confirmed by a read or by a
+	// batch that landed on it.
+	guessed bool
+}
+
+// readRH reads tw's target's rh for source.
+func (h *RelayHandler) readRH(ctx context.Context, source Partition, tw *targetWork, res *FireResult, spent *fireSpend) (rhView, error) {
+	spent.count(func() { res.TargetReads++ })
+	raw, found, err := h.Target.Get(ctx, tw.target, RHKey(source))
+	if err != nil {
+		return rhView{}, err
+	}
+	v, err := decodeRH(raw, found)
+	return rhView{raw: raw, found: found, seq: v}, err
+}
+
+// firstGuard is what tw's first target batch is guarded on: the carried rh
+// when carriedRH allows it (0: absent, never delivered), else rh as read.
+func (h *RelayHandler) firstGuard(ctx context.Context, source Partition, tw *targetWork, res *FireResult, b RelayBudget, spent *fireSpend) (rhView, error) {
+	if !tw.carriedRH(b, spent) {
+		return h.readRH(ctx, source, tw, res, spent)
+	}
+	v := rhView{seq: tw.carried, guessed: true}
+	if v.seq > 0 {
+		v.raw, v.found = encodeRH(v.seq), true
+	}
+	return v, nil
+}
+
+// carriedRH reports whether tw's first target batch may be guarded on the
+// carried rh, saving the read: only fires of this source write the
+// target's rh, under the source's claim, and each checkpoint records the rh
+// its fire left (the target record's Through, folded in rs), so the carried
+// value is rh unless a batch landed after the last checkpoint (a fire that
+// crashed or lost its checkpoint, one that took over a lapsed claim), or
+// the record predates it. It must leave no row unoffered on the guess's
+// word (every collected row is newer than it), and the budget a call for
+// the batch after a wrong guess (with fewer than two left it reads first),
+// so a wrong guess costs one refused batch and a read, never a row or a
+// round.
+func (tw *targetWork) carriedRH(b RelayBudget, spent *fireSpend) bool {
+	if len(tw.rows) == 0 || tw.rows[0].Seq <= tw.carried {
+		return false
+	}
+	spent.mu.Lock()
+	defer spent.mu.Unlock()
+	return spent.callsLeft(b, tw.target) >= 2
 }
 
 // askHook asks the hook for its writes beside pending[:n], shrinking n

@@ -130,7 +130,11 @@ type targetWork struct {
 	rows   []Row   // collected rows, ascending seq
 	pages  []*Page // pages the rows came from, ascending
 	dt     uint64  // delivered through: the target's rh as last known
-	failed bool
+	// carried is the target's rh as the source last recorded it (its
+	// record's Through, rs's folded entry): deliver guards the first target
+	// batch on it instead of reading rh (deliver.go, carriedRH).
+	carried uint64
+	failed  bool
 	// failure describes the failure; failedCalls counts failed applies.
 	failure     LastError
 	failedCalls int

@@ -247,18 +247,19 @@ func (e *env) target(p relaycore.Partition, key string) (string, bool) {
 	return string(v), ok
 }
 
-// targetApplies counts Apply calls to the target store from now on.
+// countTargetApplies counts target batches that commit from now on (a
+// batch its rh guard refuses is no delivery: it is not counted).
 func (e *env) countTargetApplies() *int {
 	var n int
 	var mu sync.Mutex
-	e.tgtF.set(func(c call) error {
+	e.tgtF.set(nil, func(c call) error {
 		if c.Op == "apply" {
 			mu.Lock()
 			n++
 			mu.Unlock()
 		}
 		return nil
-	}, nil)
+	})
 	return &n
 }
 

@@ -10,8 +10,11 @@ import (
 type HookRequest struct {
 	Source, Target Partition
 	// Rows are the rows this attempt applies, ascending seq (Seq, CommitMS
-	// and Target set). They are newer than the target's rh when the attempt
-	// was planned.
+	// and Target set). They are newer than the target's rh as the fire
+	// knew it when the attempt was planned: read, or carried from the
+	// checkpoint that last recorded it, which a crash after an apply leaves
+	// behind (the batch is then refused and the rows offered again, trimmed
+	// to what rh as read leaves).
 	Rows []Row
 	// Attempt counts apply attempts for this target in this fire, from 1;
 	// a shrunk group is asked again with the same Attempt.

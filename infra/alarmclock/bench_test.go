@@ -32,7 +32,7 @@ import (
 // three / one-12 isolates what the replicas cost one another (duplicate
 // fires, claims met, checks), three / one adds what the extra concurrency
 // costs on a saturated machine. Per configuration it also reports rows
-// per alarm and store calls (each one PostgreSQL transaction) per
+// and fires per alarm and store calls (each one PostgreSQL transaction) per
 // delivered row, source and target stores apart: a replica that did
 // another's work would show as more calls per row at the same rows per
 // alarm.
@@ -54,6 +54,7 @@ func BenchmarkReplicas(b *testing.B) {
 		elapsed           time.Duration
 		alarms            atomic.Int64
 		empty             atomic.Int64 // alarms that delivered nothing
+		fires             atomic.Int64
 		srcCalls          int64
 		dstCalls          int64
 	}{
@@ -89,6 +90,7 @@ func BenchmarkReplicas(b *testing.B) {
 			r.clock = alarmclock.New(alarmclock.Config{Handler: r.h, Index: s.index, Source: s.src, Replica: r.name, Workers: cfg.workers,
 				Observe: func(_ relaycore.Partition, res relaycore.AlarmResult, _ error) {
 					cfg.alarms.Add(1)
+					cfg.fires.Add(int64(res.Fires))
 					if res.RowsDelivered == 0 {
 						cfg.empty.Add(1)
 					}
@@ -188,6 +190,7 @@ func BenchmarkReplicas(b *testing.B) {
 	for i := range configs {
 		c := &configs[i]
 		b.ReportMetric(rows/float64(max(c.alarms.Load(), 1)), "rows/alarm-"+c.name)
+		b.ReportMetric(float64(c.fires.Load())/float64(max(c.alarms.Load(), 1)), "fires/alarm-"+c.name)
 		b.ReportMetric(float64(c.empty.Load())*1000/float64(max(c.alarms.Load(), 1)), "empty/1k-alarms-"+c.name)
 		b.ReportMetric(float64(c.srcCalls)/rows, "src-calls/row-"+c.name)
 		b.ReportMetric(float64(c.dstCalls)/rows, "dst-calls/row-"+c.name)
