@@ -177,3 +177,34 @@ func inspectOn(t *testing.T, e *env, src relaycore.Store) relaycore.SourceView {
 	}
 	return v
 }
+
+// TestCarriedRHAboveTarget: a carried rh above the target's (a target
+// restored from an older backup, outside the contract) is refused like any
+// wrong guess: the fire reads rh and delivers from what it says, skipping
+// nothing on the carried value's word.
+func TestCarriedRHAboveTarget(t *testing.T) {
+	e := newEnv(t, "paid")
+	e.enqueue(put("t", "a", "1"), put("t", "b", "2"))
+	e.drain(e.source, 10)
+	rhKey := relaycore.RHKey(e.source)
+	if err := e.tgt.Apply(e.ctx, "t", relaycore.Batch{Writes: []relaycore.Write{{Key: rhKey, Delete: true}, {Key: "a", Delete: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	res := e.enqueue(put("t", "c", "3"))
+	r := e.fire(e.source)
+	if r.TargetCalls != 2 || r.TargetReads != 1 || r.RowsDelivered != 1 {
+		t.Fatalf("fire: %d target calls, %d rh reads, %d rows delivered; want 2 (one refused), 1, 1", r.TargetCalls, r.TargetReads, r.RowsDelivered)
+	}
+	if v, ok := e.target("t", "c"); v != "3" || !ok {
+		t.Fatalf("c = %q, %v: the row was skipped on the carried rh", v, ok)
+	}
+	if rh, err := relaycore.TargetWatermark(e.ctx, e.tgt, "t", e.source); err != nil || rh != res.Seqs[0] {
+		t.Fatalf("rh %d (%v), want %d", rh, err, res.Seqs[0])
+	}
+	// The checkpoint recorded rh as the delivery left it: carried again.
+	e.enqueue(put("t", "d", "4"))
+	r = e.fire(e.source)
+	if v, ok := e.target("t", "d"); v != "4" || !ok || r.RowsDelivered != 1 || r.TargetCalls != 1 || r.TargetReads != 0 {
+		t.Fatalf("next fire: d = %q, %v, %d rows delivered, %d target calls, %d rh reads; want 4, 1, 1, 0", v, ok, r.RowsDelivered, r.TargetCalls, r.TargetReads)
+	}
+}
