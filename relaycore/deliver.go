@@ -250,9 +250,7 @@ func (tw *targetWork) carriedRH(b RelayBudget, spent *fireSpend) bool {
 	if len(tw.rows) == 0 || tw.rows[0].Seq <= tw.carried {
 		return false
 	}
-	spent.mu.Lock()
-	defer spent.mu.Unlock()
-	return spent.callsLeft(b, tw.target) >= 2
+	return spent.left(b, tw.target) >= 2
 }
 
 // askHook asks the hook for its writes beside pending[:n], shrinking n
@@ -398,7 +396,7 @@ func targetBatch(rhKey string, rhRaw []byte, rhFound bool, last uint64, rows []R
 // calls end with pending[:n]) ends at a page end when one lies within it
 // (toPageEnd); trimmed says the rows after it wait for the next fire.
 func (tw *targetWork) trimLastCall(spent *fireSpend, b RelayBudget, pending []Row, n int) (int, bool) {
-	if n < len(pending) && !spent.lastCall(b, tw.target) {
+	if n < len(pending) && spent.left(b, tw.target) > 0 {
 		return n, false
 	}
 	m := tw.toPageEnd(pending, n)
@@ -414,20 +412,16 @@ func (tw *targetWork) trimLastCall(spent *fireSpend, b RelayBudget, pending []Ro
 // at a page boundary; no extra apply call is made in this one. n itself
 // when no page ends within pending[:n] (the call is then worth making).
 func (tw *targetWork) toPageEnd(pending []Row, n int) int {
-	for i := n; i > 0; i-- {
-		seq := pending[i-1].Seq
-		j, found := slices.BinarySearchFunc(tw.pages, seq, func(p *Page, s uint64) int {
-			if p.Last() < s {
-				return -1
-			}
-			if p.First > s {
-				return 1
-			}
-			return 0
-		})
-		if found && tw.pages[j].Last() == seq {
-			return i
-		}
+	// The last page that ends at or before the call's last row; pages
+	// are ascending and hold the rows of pending.
+	j, _ := slices.BinarySearchFunc(tw.pages, pending[n-1].Seq+1, func(p *Page, s uint64) int { return cmpU64(p.Last(), s) })
+	if j == 0 {
+		return n
 	}
-	return n
+	end := tw.pages[j-1].Last()
+	i, found := slices.BinarySearchFunc(pending[:n], end, func(r Row, s uint64) int { return cmpU64(r.Seq, s) })
+	if !found {
+		return n // that page ends before the call's first row
+	}
+	return i + 1
 }

@@ -181,12 +181,12 @@ func (s *fireSpend) reserve(b RelayBudget, target Partition) bool {
 	return true
 }
 
-// lastCall reports whether the call just reserved for target is the last
-// one its budget allows in this fire.
-func (s *fireSpend) lastCall(b RelayBudget, target Partition) bool {
+// left is callsLeft under mu: how many more apply calls target may get
+// in this fire, as deliveries running at once see it.
+func (s *fireSpend) left(b RelayBudget, target Partition) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.callsLeft(b, target) == 0
+	return s.callsLeft(b, target)
 }
 
 // unreserve gives back a reserved call that was not made.
