@@ -376,20 +376,25 @@ func (h *RelayHandler) clearSingles(ctx context.Context, source Partition, v ala
 		return again, err
 	}
 	// The alarm is gone: from here a failure looks again, which re-arms it
-	// if anything is left.
+	// if anything is left. rs is checked by its guarded rewrite when it
+	// lists ghosts, else read again with os.
+	reread := []string{KeyOS, KeyRS}
 	if len(v.gone) > 0 {
 		if w, werr := rsWithoutGone(v.rsRaw); werr == nil {
 			if err := h.Source.Apply(ctx, source, Batch{Preconditions: []Precondition{{Key: KeyRS, Value: v.rsRaw}}, Writes: []Write{w}}); err != nil {
 				return true, nil
 			}
-			v.rsRaw = w.Value
+			reread = reread[:1]
 		}
 	}
-	now, err := GetMany(ctx, h.Source, source, []string{KeyOS, KeyRS})
+	now, err := GetMany(ctx, h.Source, source, reread)
 	if err != nil {
 		return true, nil
 	}
-	if rs, found := now[KeyRS]; found != v.rsFound || !bytes.Equal(rs, v.rsRaw) || !bytes.Equal(now[KeyOS], osAfter) {
+	if !bytes.Equal(now[KeyOS], osAfter) {
+		return true, nil
+	}
+	if rs, found := now[KeyRS]; len(reread) > 1 && (found != v.rsFound || !bytes.Equal(rs, v.rsRaw)) {
 		return true, nil
 	}
 	ar.Cleared = true

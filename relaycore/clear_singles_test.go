@@ -120,40 +120,6 @@ func TestClearSinglesEnqueueBetweenMarkAndDelete(t *testing.T) {
 	}
 }
 
-// An enqueue that read os before the mark fails its guard and plans again.
-func TestClearSinglesEnqueueReadBeforeMark(t *testing.T) {
-	e, ls := newClearEnv(t)
-	if _, err := e.h.Fire(e.ctx, e.source); err != nil { // deliver k1, leave the alarm to clear
-		t.Fatal(err)
-	}
-	alarm := &relaycore.RelayHandler{Source: ls, Target: e.tgt, Budget: e.h.Budget, Clock: e.clock}
-	applies := 0
-	enq := &faultStore{Store: e.src}
-	enq.set(func(c call) error {
-		if c.Op == "apply" {
-			if applies++; applies == 1 {
-				ar, err := alarm.Alarm(e.ctx, e.source)
-				if err == nil && !ar.Cleared {
-					err = fmt.Errorf("alarm %+v did not clear", ar)
-				}
-				return err
-			}
-		}
-		return nil
-	}, nil)
-	res, err := relaycore.CommitRelayRows(e.ctx, enq, e.clock, e.source, nil, time.Time{}, []relaycore.Row{put("t", "k2", "v2")}, relaycore.EnqueueConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Replans != 1 {
-		t.Fatalf("replans = %d, want 1", res.Replans)
-	}
-	if v := e.inspect(e.source); v.Alarm == nil || v.OS.Clearing {
-		t.Fatalf("alarm %+v, os clearing %v: want an alarm armed by the replanned enqueue", v.Alarm, v.OS.Clearing)
-	}
-	e.drain(e.source, 5)
-}
-
 // A clear that stops after its mark (the delete refused, the process gone)
 // leaves os saying Clearing and the alarm in place; the next enqueue keeps
 // the alarm by rewriting it and resets the mark, and the source drains.
@@ -188,45 +154,61 @@ func TestClearSinglesStoppedAfterMark(t *testing.T) {
 	}
 }
 
-// A retry marker put between the delete and the re-read (with its rs
-// write, as every writer of a marker does) is seen by the re-read, and the
-// alarm is armed again at the marker's due time.
+// A retry marker put right after the delete (with its rs write, as every
+// writer of a marker does) is seen by the step that checks rs: the guarded
+// rewrite of rs when it lists pages deleted loosely (the alarm's fire
+// delivered), else the re-read (the fire found nothing: its claim cleared
+// the list). The alarm is armed again at the marker's due time. A marker
+// put after that check is its writer's to wake: a fire's alarm re-arms when
+// it ends, an operator action writes the alarm.
 func TestClearSinglesMarkerAfterDelete(t *testing.T) {
-	e, _ := newClearEnv(t)
-	due := e.clock.Now().Add(time.Minute).UnixMilli()
-	deleted := false
-	e.srcF.set(func(c call) error {
-		if isAlarmDelete(c) {
-			deleted = true
-			return nil
-		}
-		if deleted && c.Op == "getmany" {
-			deleted = false
-			raw, _, err := e.src.Get(e.ctx, e.source, relaycore.KeyRS)
+	for _, delivered := range []bool{true, false} {
+		t.Run(fmt.Sprintf("delivered=%v", delivered), func(t *testing.T) {
+			e, _ := newClearEnv(t)
+			if !delivered {
+				if _, err := e.h.Fire(e.ctx, e.source); err != nil {
+					t.Fatal(err)
+				}
+			}
+			due := e.clock.Now().Add(time.Minute).UnixMilli()
+			deleted, checkedBy := false, ""
+			e.srcF.set(func(c call) error {
+				if isAlarmDelete(c) {
+					deleted = true
+					return nil
+				}
+				if !deleted {
+					return nil
+				}
+				deleted, checkedBy = false, c.Op
+				raw, _, err := e.src.Get(e.ctx, e.source, relaycore.KeyRS)
+				if err != nil {
+					return err
+				}
+				var rs map[string]any
+				if err := json.Unmarshal(raw, &rs); err != nil {
+					return err
+				}
+				rs["ver"] = rs["ver"].(float64) + 1
+				next, _ := json.Marshal(rs)
+				marker := fmt.Sprintf("v/%016x/%x", due, "t")
+				return e.src.Apply(e.ctx, e.source, relaycore.Batch{Writes: []relaycore.Write{{Key: relaycore.KeyRS, Value: next}, {Key: marker, Value: []byte("1")}}})
+			}, nil)
+			ar, err := e.h.Alarm(e.ctx, e.source)
+			e.srcF.set(nil, nil)
 			if err != nil {
-				return err
+				t.Fatal(err)
 			}
-			var rs map[string]any
-			if err := json.Unmarshal(raw, &rs); err != nil {
-				return err
+			if want := map[bool]string{true: "apply", false: "getmany"}[delivered]; checkedBy != want {
+				t.Fatalf("the step after the delete was %q, want %q", checkedBy, want)
 			}
-			rs["ver"] = rs["ver"].(float64) + 1
-			next, _ := json.Marshal(rs)
-			marker := fmt.Sprintf("v/%016x/%x", due, "t")
-			return e.src.Apply(e.ctx, e.source, relaycore.Batch{Writes: []relaycore.Write{{Key: relaycore.KeyRS, Value: next}, {Key: marker, Value: []byte("1")}}})
-		}
-		return nil
-	}, nil)
-	ar, err := e.h.Alarm(e.ctx, e.source)
-	e.srcF.set(nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ar.Cleared {
-		t.Fatal("alarm reported cleared with a retry marker put before its re-read")
-	}
-	if v := e.inspect(e.source); v.Alarm == nil || v.Alarm.DueMS != due {
-		t.Fatalf("alarm %+v, want it re-armed at the marker's due time %d", v.Alarm, due)
+			if ar.Cleared {
+				t.Fatal("alarm reported cleared with a retry marker put before its check of rs")
+			}
+			if v := e.inspect(e.source); v.Alarm == nil || v.Alarm.DueMS != due {
+				t.Fatalf("alarm %+v, want it re-armed at the marker's due time %d", v.Alarm, due)
+			}
+		})
 	}
 }
 

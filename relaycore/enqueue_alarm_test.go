@@ -161,43 +161,63 @@ func TestEnqueueKickDecision(t *testing.T) {
 // its commit (the real race: a fire ending as rows arrive); the enqueue's
 // guard fails, its rows are re-planned and arm a new alarm. Were the clear
 // not to write os, the rows would be committed with no alarm at all, to wait
-// for the source's next enqueue.
+// for the source's next enqueue. Both clears: the one batch, and on a store
+// that deletes loosely the single writes whose first marks os (clearSingles).
 func TestEnqueueRacingAlarmClearReplans(t *testing.T) {
-	e := newEnv(t, "free")
-	e.enqueue(put("t", "k1", "v1"))
-	alarm := &relaycore.RelayHandler{Source: e.src, Target: e.tgt, Budget: e.h.Budget, Clock: e.clock}
-	applies := 0
-	e.srcF.set(func(c call) error {
-		if c.Op != "apply" {
-			return nil
-		}
-		if applies++; applies == 1 {
-			ar, err := alarm.Alarm(e.ctx, e.source)
-			if err == nil && !ar.Cleared {
-				err = fmt.Errorf("alarm %+v did not clear", ar)
+	for _, loose := range []bool{false, true} {
+		t.Run(fmt.Sprintf("loose=%v", loose), func(t *testing.T) {
+			e := newEnv(t, "free")
+			e.enqueue(put("t", "k1", "v1"))
+			marks := 0
+			var src relaycore.Store = e.src
+			if loose {
+				inner := &faultStore{Store: e.src}
+				inner.set(func(c call) error {
+					if isClearMark(c) {
+						marks++
+					}
+					return nil
+				}, nil)
+				src = &looseStore{faultStore: inner}
 			}
-			return err
-		}
-		return nil
-	}, nil)
-	res, err := relaycore.CommitRelayRows(e.ctx, e.srcF, e.clock, e.source, nil, time.Time{}, []relaycore.Row{put("t", "k2", "v2")}, relaycore.EnqueueConfig{})
-	e.srcF.set(nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Replans != 1 {
-		t.Fatalf("replans = %d, want 1", res.Replans)
-	}
-	v := e.inspect(e.source)
-	if n := len(v.Rows()); n != 1 {
-		t.Fatalf("%d rows in the outbox, want the racing enqueue's 1", n)
-	}
-	if v.Alarm == nil || v.Alarm.DueMS > res.AlarmDueMS {
-		t.Fatalf("alarm %+v after the race, want one due by %d", v.Alarm, res.AlarmDueMS)
-	}
-	e.drain(e.source, 5)
-	if got, _ := e.target("t", "k2"); got != "v2" {
-		t.Fatalf("target k2 = %q after the drain, want v2", got)
+			alarm := &relaycore.RelayHandler{Source: src, Target: e.tgt, Budget: e.h.Budget, Clock: e.clock}
+			applies := 0
+			e.srcF.set(func(c call) error {
+				if c.Op != "apply" {
+					return nil
+				}
+				if applies++; applies == 1 {
+					ar, err := alarm.Alarm(e.ctx, e.source)
+					if err == nil && !ar.Cleared {
+						err = fmt.Errorf("alarm %+v did not clear", ar)
+					}
+					return err
+				}
+				return nil
+			}, nil)
+			res, err := relaycore.CommitRelayRows(e.ctx, e.srcF, e.clock, e.source, nil, time.Time{}, []relaycore.Row{put("t", "k2", "v2")}, relaycore.EnqueueConfig{})
+			e.srcF.set(nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if loose && marks != 1 {
+				t.Fatalf("%d clears marked os on the loose store, want 1", marks)
+			}
+			if res.Replans != 1 {
+				t.Fatalf("replans = %d, want 1", res.Replans)
+			}
+			v := e.inspect(e.source)
+			if n := len(v.Rows()); n != 1 {
+				t.Fatalf("%d rows in the outbox, want the racing enqueue's 1", n)
+			}
+			if v.Alarm == nil || v.Alarm.DueMS > res.AlarmDueMS || v.OS.Clearing {
+				t.Fatalf("alarm %+v, os clearing %v after the race, want one due by %d and no mark", v.Alarm, v.OS.Clearing, res.AlarmDueMS)
+			}
+			e.drain(e.source, 5)
+			if got, _ := e.target("t", "k2"); got != "v2" {
+				t.Fatalf("target k2 = %q after the drain, want v2", got)
+			}
+		})
 	}
 }
 
