@@ -28,17 +28,7 @@ func TestStatementsProbeKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := db.Store("plan")
-	const rows = 3000
-	key := func(i int) string { return fmt.Sprintf("r/%08d", i) }
-	for i := 0; i < rows; i += 250 {
-		var ws []relaycore.Write
-		for j := i; j < i+250; j++ {
-			ws = append(ws, relaycore.Write{Key: key(j), Value: []byte("v")})
-		}
-		if err := s.Apply(ctx, "big", relaycore.Batch{Writes: ws}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	fillPartition(t, s)
 	b := relaycore.Batch{
 		Preconditions: []relaycore.Precondition{{Key: key(10), Value: []byte("v")}, {Key: "os", Absent: true}},
 		Writes:        []relaycore.Write{{Key: "os", Value: []byte("1")}},
@@ -64,10 +54,37 @@ func TestStatementsProbeKeys(t *testing.T) {
 		if err := json.Unmarshal(js, &plan); err != nil || len(plan) != 1 {
 			t.Fatalf("%s: plan %s: %v", c.name, js, err)
 		}
-		// A deleted key is read twice: probed, then deleted by its ctid.
-		if read := plan[0].Plan.rowsRead("relay_items"); read > 2*c.keys {
-			t.Fatalf("%s read %d rows of relay_items for %d keys in a partition of %d; want at most two per key:\n%s", c.name, read, c.keys, rows, js)
+		checkRowsRead(t, c.name, plan[0].Plan, c.keys, js)
+	}
+}
+
+// rows is how many keys fillPartition writes to partition "big".
+const rows = 3000
+
+// key is the test's key i in partition "big".
+func key(i int) string { return fmt.Sprintf("r/%08d", i) }
+
+// fillPartition writes rows keys to partition "big" of s, 250 a batch.
+func fillPartition(t *testing.T, s *Store) {
+	t.Helper()
+	for i := 0; i < rows; i += 250 {
+		var ws []relaycore.Write
+		for j := i; j < i+250; j++ {
+			ws = append(ws, relaycore.Write{Key: key(j), Value: []byte("v")})
 		}
+		if err := s.Apply(t.Context(), "big", relaycore.Batch{Writes: ws}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// checkRowsRead fails t when plan read more than two rows of relay_items
+// per key its statement names (a deleted key is read twice: probed, then
+// deleted by its ctid), as a scan of the partition would.
+func checkRowsRead(t *testing.T, what string, plan planNode, keys int, explained []byte) {
+	t.Helper()
+	if read := plan.rowsRead("relay_items"); read > 2*keys {
+		t.Fatalf("%s read %d rows of relay_items for %d keys in a partition of %d; want at most two per key:\n%s", what, read, keys, rows, explained)
 	}
 }
 
@@ -126,8 +143,6 @@ func TestConfiguredSessionsPlanOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := db.Store("plan")
-	const rows = 3000
-	key := func(i int) string { return fmt.Sprintf("r/%08d", i) }
 	var os []byte
 	// calls: a piece of each statement's text and the keys it names.
 	type call struct {
@@ -176,15 +191,7 @@ func TestConfiguredSessionsPlanOnce(t *testing.T) {
 	// Every statement runs first on the new, empty table: its plan is
 	// made now.
 	exercise(0)
-	for i := 0; i < rows; i += 250 {
-		var ws []relaycore.Write
-		for j := i; j < i+250; j++ {
-			ws = append(ws, relaycore.Write{Key: key(j), Value: []byte("v")})
-		}
-		if err := s.Apply(ctx, "big", relaycore.Batch{Writes: ws}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	fillPartition(t, s)
 	for _, sql := range []string{`LOAD 'auto_explain'`, `SET auto_explain.log_min_duration = 0`, `SET auto_explain.log_analyze = on`,
 		`SET auto_explain.log_format = json`, `SET auto_explain.log_level = notice`} {
 		if _, err := pool.Exec(ctx, sql); err != nil {
@@ -213,10 +220,7 @@ func TestConfiguredSessionsPlanOnce(t *testing.T) {
 				t.Fatalf("auto_explain: %v:\n%s", err, n)
 			}
 			found = true
-			// A deleted key is read twice: probed, then deleted by its ctid.
-			if read := explained.Plan.rowsRead("relay_items"); read > 2*c.keys {
-				t.Fatalf("%.40q read %d rows of relay_items for %d keys in a partition of %d; want at most two per key:\n%s", c.sql, read, c.keys, rows, n[i:])
-			}
+			checkRowsRead(t, fmt.Sprintf("%.40q", c.sql), explained.Plan, c.keys, []byte(n[i:]))
 		}
 		if !found {
 			t.Fatalf("no plan logged for %.40q", c.sql)
