@@ -81,7 +81,7 @@ var markerValue = []byte("1")
 // delivered ones rewritten, and pages of targets that hold moved aside.
 // Its parts run in the order they add to the batch.
 func (f *fireRun) checkpoint() (FireResult, bool, error) {
-	c := &checkpointBatch{f: f, next: f.cur, newBlocked: slices.Clone(f.cur.Blocked), codec: codecFor(f.h.Source.Capabilities()), quarantineAfter: f.h.quarantineAfter()}
+	c := &checkpointBatch{f: f, next: f.cur, newBlocked: slices.Clone(f.cur.Blocked), codec: codecFor(f.caps), quarantineAfter: f.h.quarantineAfter()}
 	c.next.Version++
 	c.next.Cursor, c.next.From = f.stop, f.stopFrom
 	// The claim deleted the ghosts rs listed (or this alarm's last fire
