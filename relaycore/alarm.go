@@ -35,7 +35,7 @@ func (h *RelayHandler) Alarm(ctx context.Context, source Partition) (AlarmResult
 			return ar, nil
 		}
 		last = fr
-		ar.Progress = fr.Progress
+		ar.Progress, ar.More = fr.Progress, fr.More
 		if !fr.continues() {
 			break
 		}
@@ -298,6 +298,13 @@ type AlarmResult struct {
 	// due at once; without it the alarm was re-armed with back-off.
 	// Runtimes use it to decide whether to continue the source right away.
 	Progress bool
+	// More: the alarm's last fire left rows it had seen (its budget ran
+	// out first, or targets are blocked), as FireResult.More; without it
+	// the fire finished all it found, and any rows the re-arm found came
+	// while the alarm ran. A runtime that batches a busy source's fires
+	// (infra/alarmclock's Linger) holds only those: a backlog is fired
+	// again at once.
+	More bool
 	// NextDueMS is the re-armed alarm's due time (0 when cleared or busy).
 	NextDueMS int64
 }

@@ -11,7 +11,9 @@
 // same way the sweep function heals a lost schedule in the cloud. An alarm
 // that meets another holder's claim (one left by a process killed
 // mid-fire) kicks the clock for the moment that claim lapses, so such a
-// source waits out the claim, not the sweep.
+// source waits out the claim, not the sweep. With Config.Linger, a source
+// that keeps getting rows is fired at most every 1+Linger fires' time, so
+// each fire carries more of them (see Config.Linger for why).
 //
 // Several clocks (one per `relay serve` replica) may share one store. Each
 // is kicked by its own process's enqueues and re-arms, so a source is
@@ -80,6 +82,26 @@ type Config struct {
 	SweepInterval time.Duration
 	// SweepLimit bounds alarms fired per sweep (default 256).
 	SweepLimit int
+	// Linger holds a busy source's next fire: after an alarm that
+	// delivered all it found and re-armed its source due at once (rows
+	// came while it ran), the source waits Linger times that alarm's
+	// duration, at most MaxLinger, before it fires again. Zero fires it at once. Why: a
+	// fire's cost is mostly fixed (about twenty store calls: the claim,
+	// the scans, the checkpoint, the re-arm and one batch per target,
+	// whatever the rows), and a source fired back to back carries only
+	// the rows that came during its last fire, fewer the more fires run
+	// at once. So extra workers or replicas on a saturated machine or
+	// database make more, smaller fires and deliver less; a hold makes
+	// each fire carry what came during 1+Linger fires, and costs a row
+	// at most Linger fires' time. It never delays a source's first fire
+	// after a quiet spell (nothing re-armed it), a backlog (an alarm whose
+	// budget ran out before the rows did: AlarmResult.More), a back-off
+	// or a retry.
+	Linger float64
+	// MaxLinger caps the hold (default 1 s). Keep it under a second or
+	// so: an enqueue that finds its source's alarm overdue for longer
+	// than relaycore's kick grace (2 s) kicks again, ending the hold.
+	MaxLinger time.Duration
 	// Observe, when set, is called after every alarm (from the worker
 	// goroutine that ran it).
 	Observe func(source relaycore.Partition, res relaycore.AlarmResult, err error)
@@ -108,6 +130,8 @@ type Clock struct {
 // Stats counts the clock's work.
 type Stats struct {
 	Kicks, Alarms, SweepFound, Errors int64
+	// Lingered counts fires held back by Config.Linger.
+	Lingered int64
 	// SweepErrors counts sweeps that could not list the due index.
 	SweepErrors int64
 	// Busy counts alarms that met another holder's claim (wasted: one
@@ -157,6 +181,9 @@ func New(cfg Config) *Clock {
 	}
 	if cfg.SweepLimit <= 0 {
 		cfg.SweepLimit = 256
+	}
+	if cfg.MaxLinger <= 0 {
+		cfg.MaxLinger = DefaultMaxLinger
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -301,6 +328,9 @@ func (c *Clock) popDue(nowMS int64) (wake, time.Duration, bool) {
 	return wake{}, time.Hour, false
 }
 
+// DefaultMaxLinger is Config.MaxLinger's default.
+const DefaultMaxLinger = time.Second
+
 // retryAfterError is how soon a source whose alarm or check failed on a
 // store error is tried again: storage trouble, not a reason to wait for
 // the sweep.
@@ -315,7 +345,9 @@ func (c *Clock) runAlarm(ctx context.Context, src relaycore.Partition, p pend) {
 			return
 		}
 	}
+	start := c.cfg.Clock.Now()
 	res, err := c.cfg.Handler.Alarm(ctx, src)
+	took := c.cfg.Clock.Now().Sub(start)
 	if err != nil && !errors.Is(err, context.Canceled) {
 		c.cfg.Logger.Warn("relay alarm failed; retrying after the sweep interval or the next kick", "source", string(src), "err", err)
 	}
@@ -337,11 +369,29 @@ func (c *Clock) runAlarm(ctx context.Context, src relaycore.Partition, p pend) {
 			c.rerun[src] = pend{due: r.due, kind: retried}
 		}
 	}
+	if err == nil && res.Progress && !res.More {
+		c.linger(src, took)
+	}
 	var next *pend
 	if err != nil && !errors.Is(err, context.Canceled) {
 		next = &pend{due: c.nowMS() + retryAfterError.Milliseconds(), kind: p.kind}
 	}
 	c.done(src, next)
+}
+
+// linger holds src's next fire after an alarm that made progress and took
+// took, when that alarm's re-arm kicked src due before the hold ends (see
+// Config.Linger). It needs c.mu.
+func (c *Clock) linger(src relaycore.Partition, took time.Duration) {
+	r, ok := c.rerun[src]
+	if !ok || r.kind != kicked || c.cfg.Linger <= 0 {
+		return
+	}
+	hold := min(time.Duration(c.cfg.Linger*float64(took)), c.cfg.MaxLinger)
+	if until := c.nowMS() + hold.Milliseconds(); r.due < until {
+		c.rerun[src] = pend{due: until}
+		c.stats.Lingered++
+	}
 }
 
 // check runs before a wake-up the clock did not get from a kick: fire

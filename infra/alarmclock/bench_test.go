@@ -18,7 +18,7 @@ import (
 // with three on one PostgreSQL store (the test cluster: Unix socket,
 // fsync and synchronous_commit off), the same load, interleaved round by
 // round so machine noise hits both alike: 8 producers, each on its own
-// pair of the 16 sources, enqueue 50 batches of 20 rows (200-byte values,
+// pair of the 16 sources, enqueue 200 batches of 20 rows (200-byte values,
 // 8 targets per source) through the replicas in turn, and the clock stops
 // when every outbox is empty. Plan paid, 4 alarm workers per replica, each
 // replica with a pool of 8 connections. Reported: rows/s of each, their
@@ -31,14 +31,20 @@ import (
 // replica with 12 workers, has their concurrency without their fighting:
 // three / one-12 isolates what the replicas cost one another (duplicate
 // fires, claims met, checks), three / one adds what the extra concurrency
-// costs on a saturated machine. Per configuration it also reports rows
+// costs on a saturated machine. Each configuration runs twice, with
+// fires back to back (alarms.linger 0, relay serve's default) and with
+// alarms.linger 2 (suffix -linger). Per configuration it also reports rows
 // and fires per alarm and store calls (each one PostgreSQL transaction) per
 // delivered row, source and target stores apart: a replica that did
 // another's work would show as more calls per row at the same rows per
 // alarm.
+//
+// 200 batches a producer (32,000 rows, a second or two a round) rather
+// than fewer: a round of half a second is mostly its start and its end
+// (the first fires, the last ones), not the steady state.
 func BenchmarkReplicas(b *testing.B) {
 	const (
-		producers, sourcesPer, batches, perBatch, targets = 8, 2, 50, 20, 8
+		producers, sourcesPer, batches, perBatch, targets = 8, 2, 200, 20, 8
 		valueSize                                         = 200
 	)
 	budget, err := relaycore.PlanBudget("paid")
@@ -50,7 +56,8 @@ func BenchmarkReplicas(b *testing.B) {
 	configs := []struct {
 		name              string
 		replicas, workers int
-		conns             int // per replica
+		conns             int     // per replica
+		linger            float64 // alarmclock.Config.Linger
 		elapsed           time.Duration
 		alarms            atomic.Int64
 		empty             atomic.Int64 // alarms that delivered nothing
@@ -61,6 +68,9 @@ func BenchmarkReplicas(b *testing.B) {
 		{name: "1", replicas: 1, workers: 4, conns: 8},
 		{name: "3", replicas: 3, workers: 4, conns: 8},
 		{name: "1x12", replicas: 1, workers: 12, conns: 24},
+		{name: "1-linger", replicas: 1, workers: 4, conns: 8, linger: 2},
+		{name: "3-linger", replicas: 3, workers: 4, conns: 8, linger: 2},
+		{name: "1x12-linger", replicas: 1, workers: 12, conns: 24, linger: 2},
 	}
 	var alarms, busy, skipped int64
 	minShare := 1.0
@@ -69,7 +79,11 @@ func BenchmarkReplicas(b *testing.B) {
 		n := cfg.replicas
 		pools := make([]*postgres.DB, n)
 		for i := range pools {
-			db, err := postgres.Open(b.Context(), pgtest.Pool(b, dsn, cfg.conns), postgres.Options{})
+			pool := pgtest.Pool(b, dsn, cfg.conns)
+			// Closed when the run ends, not the benchmark: six
+			// configurations' pools at once exceed the cluster's clients.
+			defer pool.Close()
+			db, err := postgres.Open(b.Context(), pool, postgres.Options{})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -87,7 +101,7 @@ func BenchmarkReplicas(b *testing.B) {
 			r.name = fmt.Sprintf("r%d", i)
 			r.h.Budget = budget
 			r.h.DeliverConcurrency = 8
-			r.clock = alarmclock.New(alarmclock.Config{Handler: r.h, Index: s.index, Source: s.src, Replica: r.name, Workers: cfg.workers,
+			r.clock = alarmclock.New(alarmclock.Config{Handler: r.h, Index: s.index, Source: s.src, Replica: r.name, Workers: cfg.workers, Linger: cfg.linger,
 				Observe: func(_ relaycore.Partition, res relaycore.AlarmResult, _ error) {
 					cfg.alarms.Add(1)
 					cfg.fires.Add(int64(res.Fires))
@@ -179,11 +193,15 @@ func BenchmarkReplicas(b *testing.B) {
 	}
 	rows := float64(b.N * producers * batches * perBatch)
 	rate := func(ci int) float64 { return rows / configs[ci].elapsed.Seconds() }
-	b.ReportMetric(rate(0), "rows/s-1")
-	b.ReportMetric(rate(1), "rows/s-3")
-	b.ReportMetric(rate(2), "rows/s-1x12")
+	for i := range configs {
+		b.ReportMetric(rate(i), "rows/s-"+configs[i].name)
+	}
 	b.ReportMetric(rate(1)/rate(0), "three/one")
 	b.ReportMetric(rate(1)/rate(2), "three/one-12")
+	b.ReportMetric(rate(4)/rate(3), "three/one-linger")
+	b.ReportMetric(rate(4)/rate(5), "three/one-12-linger")
+	b.ReportMetric(rate(3)/rate(0), "linger/eager-1")
+	b.ReportMetric(rate(4)/rate(1), "linger/eager-3")
 	b.ReportMetric(float64(busy)*1000/float64(max(alarms, 1)), "busy/1k-alarms")
 	b.ReportMetric(float64(skipped)*1000/float64(max(alarms, 1)), "left/1k-alarms")
 	b.ReportMetric(minShare, "min-share")

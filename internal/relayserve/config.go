@@ -39,7 +39,11 @@ const (
 	DefaultSweepInterval     = time.Minute
 	DefaultClaimTTL          = 10 * time.Second
 	DefaultIdleTargetTTL     = 7 * 24 * time.Hour
-	DefaultDrainTimeout      = 30 * time.Second
+	// DefaultAlarmLinger is alarms.linger: a source that keeps getting
+	// rows fires at most a third of the time (infra/alarmclock,
+	// Config.Linger).
+	DefaultAlarmLinger  = 2.0
+	DefaultDrainTimeout = 30 * time.Second
 )
 
 // Bounds of a custom budget. They are guard rails against typos, well
@@ -259,6 +263,15 @@ type Alarms struct {
 	// so the store holds the figures of the targets in use rather than of
 	// every target ever relayed to.
 	IdleTargetTTL time.Duration `yaml:"idle_target_ttl"`
+	// Linger (alarms.linger, default 0: off) holds a source's next fire
+	// after a fire that delivered all it found while rows kept coming,
+	// for Linger times that fire's duration (at most a second): each fire
+	// then carries more rows, so extra workers or replicas on a saturated
+	// database do not turn into more, smaller fires
+	// (alarmclock.Config.Linger). Off by default: the last rows of a
+	// burst wait for the hold, which costs short bursts more than the
+	// bigger fires save them (docs/serve.md, Batching under load).
+	Linger float64 `yaml:"linger"`
 	// Replica (alarms.replica, default <hostname>-<pid>) names this
 	// process among the replicas sharing one database: it seeds the
 	// order in which the sweep fires what it found (so replicas sweeping
@@ -269,6 +282,10 @@ type Alarms struct {
 
 // maxReplicaLen bounds alarms.replica: a name for logs and a label.
 const maxReplicaLen = 128
+
+// maxLinger bounds alarms.linger: past a few fires' time the hold is
+// latency with nothing more to gain (and alarmclock caps it at a second).
+const maxLinger = 10
 
 // Default returns the configuration with every default filled in (db is
 // still required).
@@ -479,6 +496,9 @@ func (c *Config) validate() []error {
 	}
 	if t := c.Alarms.IdleTargetTTL; t != 0 && (t < time.Hour || t > 87600*time.Hour) {
 		bad(at("alarms", "idle_target_ttl"), "alarms.idle_target_ttl %v: want 0 (never) or 1h..87600h", t)
+	}
+	if l := c.Alarms.Linger; !(l >= 0 && l <= maxLinger) {
+		bad(at("alarms", "linger"), "alarms.linger %v: want 0 (fire a busy source again at once) to %d (times its last fire's duration)", l, maxLinger)
 	}
 	if r := c.Alarms.Replica; len(r) > maxReplicaLen || !utf8.ValidString(r) || strings.ContainsFunc(r, func(c rune) bool { return unicode.IsSpace(c) || unicode.IsControl(c) }) {
 		bad(at("alarms", "replica"), "alarms.replica %q: want at most %d bytes of UTF-8 without spaces or control characters", r, maxReplicaLen)

@@ -56,6 +56,26 @@ func TestIdleTargetTTL(t *testing.T) {
 	}
 }
 
+// alarms.linger is off (0) by default, fractions are kept.
+func TestAlarmLinger(t *testing.T) {
+	for _, tc := range []struct {
+		yaml string
+		want float64
+	}{
+		{"", 0},
+		{"alarms: {linger: 2}\n", 2},
+		{"alarms: {linger: 0.5}\n", 0.5},
+	} {
+		c, err := Parse([]byte(minimal + tc.yaml))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Alarms.Linger != tc.want {
+			t.Errorf("%q: alarms.linger %v, want %v", tc.yaml, c.Alarms.Linger, tc.want)
+		}
+	}
+}
+
 // Each configuration is refused with a message naming the problem (and,
 // for yaml's own errors, the line).
 func TestParseRefuses(t *testing.T) {
@@ -90,6 +110,9 @@ func TestParseRefuses(t *testing.T) {
 		{"bad limits", minimal + "limits: {max_body_bytes: 10, read_timeout: -1s}\n", []string{"limits.max_body_bytes 10", "limits.read_timeout -1s"}},
 		{"claim ttl too short", minimal + "alarms: {claim_ttl: 100ms}\n", []string{"alarms.claim_ttl 100ms: want 1s..5m"}},
 		{"idle target ttl too short", minimal + "alarms: {idle_target_ttl: 30m}\n", []string{"alarms.idle_target_ttl 30m0s: want 0 (never) or 1h..87600h"}},
+		{"linger negative", minimal + "alarms: {linger: -1}\n", []string{"alarms.linger -1: want 0 (fire a busy source again at once) to 10"}},
+		{"linger too long", minimal + "alarms: {linger: 11}\n", []string{"alarms.linger 11: want 0"}},
+		{"linger not a number", minimal + "alarms: {linger: .nan}\n", []string{"alarms.linger NaN: want 0"}},
 		{"replica name with a space", minimal + "alarms: {replica: \"node a\"}\n", []string{`alarms.replica "node a": want at most 128 bytes`}},
 		{"replica name too long", minimal + "alarms: {replica: " + strings.Repeat("r", 129) + "}\n", []string{"alarms.replica", "at most 128 bytes"}},
 		{"bad log level", minimal + "log_level: loud\n", []string{`log_level "loud"`}},

@@ -213,10 +213,16 @@ var (
 	checksDesc = prometheus.NewDesc("relay_alarm_checks_total",
 		"Wake-ups checked before firing (found by the sweep, or retried after a claim), by outcome: fired, done (no alarm due: fired or re-armed elsewhere), claimed (a live claim held the source), failed (the read failed).",
 		[]string{"outcome"}, nil)
+	lingeredDesc = prometheus.NewDesc("relay_alarms_lingered_total",
+		"Fires of a source held back by alarms.linger after a fire that delivered while rows kept coming.", nil, nil)
 	replicaDesc = prometheus.NewDesc("relay_replica_info", "1, labelled with this process's alarms.replica name.", []string{"replica"}, nil)
 )
 
-func (c *clockCollector) Describe(ch chan<- *prometheus.Desc) { ch <- checksDesc; ch <- replicaDesc }
+func (c *clockCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- checksDesc
+	ch <- lingeredDesc
+	ch <- replicaDesc
+}
 
 func (c *clockCollector) Collect(ch chan<- prometheus.Metric) {
 	var st alarmclock.Stats
@@ -232,5 +238,6 @@ func (c *clockCollector) Collect(ch chan<- prometheus.Metric) {
 	} {
 		ch <- prometheus.MustNewConstMetric(checksDesc, prometheus.CounterValue, float64(o.n), o.outcome)
 	}
+	ch <- prometheus.MustNewConstMetric(lingeredDesc, prometheus.CounterValue, float64(st.Lingered))
 	ch <- prometheus.MustNewConstMetric(replicaDesc, prometheus.GaugeValue, 1, c.replica)
 }

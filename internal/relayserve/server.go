@@ -165,7 +165,7 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 	// alarm it was not kicked for before firing it (infra/alarmclock).
 	clock := alarmclock.New(alarmclock.Config{
 		Handler: detachedAlarmer{relay, fireCtx, &firesRunning}, Index: st.index, Source: src, Replica: replica,
-		Workers: cfg.Alarms.Workers, SweepInterval: cfg.Alarms.SweepInterval, Logger: log,
+		Workers: cfg.Alarms.Workers, SweepInterval: cfg.Alarms.SweepInterval, Linger: cfg.Alarms.Linger, Logger: log,
 		Observe: func(s relaycore.Partition, r relaycore.AlarmResult, err error) {
 			m.alarm(fireCtx, s, r, err)
 			if takedowns.Reserved(string(s)) {
