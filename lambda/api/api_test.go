@@ -282,23 +282,3 @@ func TestCommitDeadline(t *testing.T) {
 		t.Error("rows written after the deadline")
 	}
 }
-
-func FuzzParseRows(f *testing.F) {
-	f.Add([]byte(goodBody))
-	f.Add([]byte(`{"rows":[{"target":"t","deletes":["k"]}]}`))
-	f.Add([]byte(`{"rows":[{"target":"t","puts":[{"key":"k","value":null}]}]}`))
-	f.Fuzz(func(t *testing.T, body []byte) {
-		rows, err := api.ParseRows(body, 8)
-		if err != nil {
-			return
-		}
-		if len(rows) == 0 || len(rows) > 8 {
-			t.Fatalf("accepted %d rows", len(rows))
-		}
-		for i, r := range rows {
-			if r.Target == "" || strings.HasPrefix(string(r.Target), relaycore.ReservedPrefix) {
-				t.Fatalf("row %d: accepted target %q", i, r.Target)
-			}
-		}
-	})
-}
