@@ -5,8 +5,12 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relay-dev/relay/infra/alarmclock"
 	"github.com/relay-dev/relay/infra/postgres"
@@ -52,6 +56,11 @@ func BenchmarkReplicas(b *testing.B) {
 		b.Fatal(err)
 	}
 	dsn := pgtest.NewDatabase(b)
+	pgCfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	dbName := pgCfg.Database
 	value := make([]byte, valueSize)
 	configs := []struct {
 		name              string
@@ -64,6 +73,7 @@ func BenchmarkReplicas(b *testing.B) {
 		fires             atomic.Int64
 		srcCalls          int64
 		dstCalls          int64
+		goCPU, pgCPU      time.Duration // relay's (this process's, producers' included) and the server's
 	}{
 		{name: "1", replicas: 1, workers: 4, conns: 8},
 		{name: "3", replicas: 3, workers: 4, conns: 8},
@@ -77,12 +87,23 @@ func BenchmarkReplicas(b *testing.B) {
 	run := func(ci, round int) time.Duration {
 		cfg := &configs[ci]
 		n := cfg.replicas
+		goCPU0 := processCPU(b)
+		var opened []*pgxpool.Pool
+		defer func() {
+			// The run's sessions are the database's live ones (the
+			// previous runs' pools are closed); then close them, at the
+			// run's end rather than the benchmark's: six
+			// configurations' pools at once exceed the cluster's clients.
+			cfg.goCPU += processCPU(b) - goCPU0
+			cfg.pgCPU += sessionsCPU(b, dbName)
+			for _, p := range opened {
+				p.Close()
+			}
+		}()
 		pools := make([]*postgres.DB, n)
 		for i := range pools {
 			pool := pgtest.Pool(b, dsn, cfg.conns)
-			// Closed when the run ends, not the benchmark: six
-			// configurations' pools at once exceed the cluster's clients.
-			defer pool.Close()
+			opened = append(opened, pool)
 			db, err := postgres.Open(b.Context(), pool, postgres.Options{})
 			if err != nil {
 				b.Fatal(err)
@@ -212,5 +233,26 @@ func BenchmarkReplicas(b *testing.B) {
 		b.ReportMetric(float64(c.empty.Load())*1000/float64(max(c.alarms.Load(), 1)), "empty/1k-alarms-"+c.name)
 		b.ReportMetric(float64(c.srcCalls)/rows, "src-calls/row-"+c.name)
 		b.ReportMetric(float64(c.dstCalls)/rows, "dst-calls/row-"+c.name)
+		b.ReportMetric(float64(c.goCPU.Microseconds())/rows, "relay-cpu-us/row-"+c.name)
+		b.ReportMetric(float64(c.pgCPU.Microseconds())/rows, "pg-cpu-us/row-"+c.name)
 	}
+}
+
+// processCPU is this process's user and system CPU time so far.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// sessionsCPU is the CPU time of the test cluster's sessions on db
+// (pgtest.Cluster.BackendCPU).
+func sessionsCPU(b *testing.B, db string) time.Duration {
+	d, err := pgtest.Get(b).BackendCPU(db)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return d
 }
