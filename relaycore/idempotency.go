@@ -202,6 +202,13 @@ func commitIdempotent(ctx context.Context, st Store, clock Clock, source Partiti
 // expired ones behind them for ever. It returns the guards (each record's
 // exact value, so a record rewritten meanwhile is kept) and the deletes,
 // within used items and bytes already in the batch they join.
+//
+// It reads the whole range first, one page of idemGCScan from its start:
+// a source with fewer records than that (most have none) costs one scan,
+// its records looked at from the pivot on and then wrapping. A source with
+// more scans from the pivot on as well, and takes the records before the
+// pivot from that first page (they are the range's first keys), so it
+// costs no more scans than starting at the pivot would.
 func expiredIdem(ctx context.Context, st Store, source Partition, nowMS int64, usedItems, usedBytes int) ([]Precondition, []Write, error) {
 	caps := st.Capabilities()
 	// The clock picks the start point: it moves between alarms, and the
@@ -211,31 +218,67 @@ func expiredIdem(ctx context.Context, st Store, source Partition, nowMS int64, u
 	var pres []Precondition
 	var dels []Write
 	left := idemGCScan
-	for _, r := range [][2]string{{pivot, idemEnd}, {IdemPrefix, pivot}} {
+	// take looks at one record; false: the batch is full.
+	take := func(it Item) bool {
+		left--
+		rec, err := decodeIdem(it.Key, it.Value)
+		if err != nil || rec.ExpiresMS > nowMS || len(dels) == idemGCPerAlarm {
+			return true // never delete what cannot be read
+		}
+		size := caps.ItemSize(source, it.Key, 0)
+		if (caps.MaxBatchItems > 0 && usedItems+1 > caps.MaxBatchItems) || (caps.MaxBatchBytes > 0 && usedBytes+size > caps.MaxBatchBytes) {
+			return false
+		}
+		usedItems, usedBytes = usedItems+1, usedBytes+size
+		pres = append(pres, Precondition{Key: it.Key, Value: bytes.Clone(it.Value)})
+		dels = append(dels, Write{Key: it.Key, Delete: true})
+		return true
+	}
+	first, err := st.Scan(ctx, source, ScanRequest{Start: IdemPrefix, End: idemEnd, Limit: idemGCScan})
+	if err != nil {
+		return nil, nil, fmt.Errorf("scan idempotency records %s: %w", source, err)
+	}
+	// Records before the pivot, in key order: the first page's.
+	var before []Item
+	for i, it := range first.Items {
+		if it.Key >= pivot {
+			before = first.Items[:i]
+			break
+		}
+		before = first.Items[:i+1]
+	}
+	if first.Next == "" {
+		// Every record is in the first page: from the pivot on, then
+		// wrapping.
+		for _, it := range first.Items[len(before):] {
+			if !take(it) {
+				return pres, dels, nil
+			}
+		}
+	} else {
 		after := ""
 		for left > 0 && len(dels) < idemGCPerAlarm {
-			pg, err := st.Scan(ctx, source, ScanRequest{Start: r[0], End: r[1], After: after, Limit: left})
+			pg, err := st.Scan(ctx, source, ScanRequest{Start: pivot, End: idemEnd, After: after, Limit: left})
 			if err != nil {
 				return nil, nil, fmt.Errorf("scan idempotency records %s: %w", source, err)
 			}
 			for _, it := range pg.Items {
-				left--
-				rec, err := decodeIdem(it.Key, it.Value)
-				if err != nil || rec.ExpiresMS > nowMS || len(dels) == idemGCPerAlarm {
-					continue // never delete what cannot be read
-				}
-				size := caps.ItemSize(source, it.Key, 0)
-				if (caps.MaxBatchItems > 0 && usedItems+1 > caps.MaxBatchItems) || (caps.MaxBatchBytes > 0 && usedBytes+size > caps.MaxBatchBytes) {
+				if !take(it) {
 					return pres, dels, nil
 				}
-				usedItems, usedBytes = usedItems+1, usedBytes+size
-				pres = append(pres, Precondition{Key: it.Key, Value: bytes.Clone(it.Value)})
-				dels = append(dels, Write{Key: it.Key, Delete: true})
 			}
 			if pg.Next == "" {
 				break
 			}
 			after = pg.Next
+		}
+	}
+	for _, it := range before {
+		if left <= 0 || len(dels) == idemGCPerAlarm {
+			break
+		}
+		if !take(it) {
+			break
 		}
 	}
 	return pres, dels, nil

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -507,5 +508,105 @@ func TestIdempotencyOnRealStores(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// idemScans counts the scans of the idempotency records' range the store
+// sees (the alarm's clean-up is their only reader besides the enqueue's
+// Get of its own key).
+func idemScans(e *env) *atomic.Int64 {
+	var n atomic.Int64
+	e.srcF.set(func(c call) error {
+		if c.Op == "scan" && strings.HasPrefix(c.Key, relaycore.IdemPrefix) {
+			n.Add(1)
+		}
+		return nil
+	}, nil)
+	return &n
+}
+
+// An alarm's clean-up reads a source's idempotency records in one scan
+// when there are fewer than it looks at (none, or a few): one Query per
+// alarm on DynamoDB, where a scan from a moving point to the end and a
+// second from the start to it took two.
+func TestIdempotencyCleanupOneScan(t *testing.T) {
+	for _, records := range []int{0, 10} {
+		t.Run(fmt.Sprintf("records=%d", records), func(t *testing.T) {
+			e := newEnv(t, "free")
+			for i := range records {
+				if _, err := e.enqueueKey(fmt.Sprintf("k-%02d", i), time.Hour, put("t1", "k", "v")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			e.drain(e.source, 20)
+			scans := idemScans(e)
+			for round := range 5 {
+				e.clock.Advance(time.Millisecond) // another start point
+				if _, err := e.enqueueKey("", 0, put("t1", fmt.Sprintf("r%d", round), "v")); err != nil {
+					t.Fatal(err)
+				}
+				before := scans.Load()
+				if alarms, _ := e.drain(e.source, 20); alarms != 1 {
+					t.Fatalf("round %d: %d alarms, want 1", round, alarms)
+				}
+				if got := scans.Load() - before; got != 1 {
+					t.Fatalf("round %d: the alarm scanned the idempotency records %d times, want once", round, got)
+				}
+			}
+			if got := len(e.inspect(e.source).Idempotency); got != records {
+				t.Fatalf("%d records left, want the %d live ones", got, records)
+			}
+		})
+	}
+}
+
+// With more records than one clean-up looks at, live records early in key
+// order cannot hide expired ones behind them: the clean-up starts at a
+// point that moves with the clock, so the expired records at the end of
+// the range are collected within one turn of it, and no live one ever.
+func TestIdempotencyGarbageBehindLiveRecords(t *testing.T) {
+	e := newEnv(t, "free")
+	const live, expired = 100, 20
+	for i := range live {
+		if _, err := e.enqueueKey(fmt.Sprintf("a-%03d", i), 1000*time.Hour, put("t1", "k", "v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range expired {
+		if _, err := e.enqueueKey(fmt.Sprintf("z-%02d", i), time.Hour, put("t1", "k", "v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.drain(e.source, 50)
+	e.clock.Advance(2 * time.Hour)
+	count := func() (a, z int) {
+		for _, k := range e.inspect(e.source).Idempotency {
+			switch {
+			case strings.HasPrefix(k, relaycore.IdemPrefix+"a-"):
+				a++
+			case strings.HasPrefix(k, relaycore.IdemPrefix+"z-"):
+				z++
+			}
+		}
+		return a, z
+	}
+	// The start point takes each of 66 key characters in turn, one per
+	// millisecond: two turns at most.
+	for round := 0; ; round++ {
+		a, z := count()
+		if a != live {
+			t.Fatalf("round %d: %d live records left, want %d", round, a, live)
+		}
+		if z == 0 {
+			break
+		}
+		if round > 2*66 {
+			t.Fatalf("%d expired records behind %d live ones still there after %d alarms", z, live, round)
+		}
+		e.clock.Advance(time.Millisecond)
+		if _, err := e.enqueueKey("", 0, put("t1", fmt.Sprintf("r%d", round), "v")); err != nil {
+			t.Fatal(err)
+		}
+		e.drain(e.source, 20)
 	}
 }
