@@ -23,7 +23,8 @@ import (
 // fsync and synchronous_commit off), the same load, interleaved round by
 // round so machine noise hits both alike: 8 producers, each on its own
 // pair of the 16 sources, enqueue 200 batches of 20 rows (200-byte values,
-// 8 targets per source) through the replicas in turn, and the clock stops
+// 8 targets per source), producer p through replica p mod 3 (the affinity
+// of a load balancer, which docs/serve.md recommends), and the clock stops
 // when every outbox is empty. Plan paid, 4 alarm workers per replica, each
 // replica with a pool of 8 connections. Reported: rows/s of each, their
 // ratio (three / one), and for three replicas the busy alarms and the
@@ -37,11 +38,14 @@ import (
 // fires, claims met, checks), three / one adds what the extra concurrency
 // costs on a saturated machine. Each configuration runs twice, with
 // fires back to back (alarms.linger 0, relay serve's default) and with
-// alarms.linger 2 (suffix -linger). Per configuration it also reports rows
-// and fires per alarm and store calls (each one PostgreSQL transaction) per
-// delivered row, source and target stores apart: a replica that did
-// another's work would show as more calls per row at the same rows per
-// alarm.
+// alarms.linger 2 (suffix -linger); one more, 3-spread-linger, sends each
+// producer's batches through the three replicas in turn (no affinity: a
+// source's enqueues and fires on all of them). Per configuration it also
+// reports CPU per delivered row (the relay's, this process's with the
+// producers; the server's sessions'), rows and fires per alarm and store
+// calls (each one PostgreSQL transaction) per delivered row, source and
+// target stores apart: a replica that did another's work would show as
+// more calls per row at the same rows per alarm.
 //
 // 200 batches a producer (32,000 rows, a second or two a round) rather
 // than fewer: a round of half a second is mostly its start and its end
@@ -67,13 +71,17 @@ func BenchmarkReplicas(b *testing.B) {
 		replicas, workers int
 		conns             int     // per replica
 		linger            float64 // alarmclock.Config.Linger
-		elapsed           time.Duration
-		alarms            atomic.Int64
-		empty             atomic.Int64 // alarms that delivered nothing
-		fires             atomic.Int64
-		srcCalls          int64
-		dstCalls          int64
-		goCPU, pgCPU      time.Duration // relay's (this process's, producers' included) and the server's
+		// spread: each producer's batches go to the replicas in turn;
+		// otherwise producer p writes through replica p%n (a load
+		// balancer's affinity, docs/serve.md).
+		spread       bool
+		elapsed      time.Duration
+		alarms       atomic.Int64
+		empty        atomic.Int64 // alarms that delivered nothing
+		fires        atomic.Int64
+		srcCalls     int64
+		dstCalls     int64
+		goCPU, pgCPU time.Duration // relay's (this process's, producers' included) and the server's
 	}{
 		{name: "1", replicas: 1, workers: 4, conns: 8},
 		{name: "3", replicas: 3, workers: 4, conns: 8},
@@ -81,6 +89,7 @@ func BenchmarkReplicas(b *testing.B) {
 		{name: "1-linger", replicas: 1, workers: 4, conns: 8, linger: 2},
 		{name: "3-linger", replicas: 3, workers: 4, conns: 8, linger: 2},
 		{name: "1x12-linger", replicas: 1, workers: 12, conns: 24, linger: 2},
+		{name: "3-spread-linger", replicas: 3, workers: 4, conns: 8, linger: 2, spread: true},
 	}
 	var alarms, busy, skipped int64
 	minShare := 1.0
@@ -153,7 +162,11 @@ func BenchmarkReplicas(b *testing.B) {
 						rows[i] = relaycore.Row{Target: relaycore.Partition(fmt.Sprintf("%s.t%d", src, i%targets)),
 							Puts: []relaycore.KV{{Key: fmt.Sprintf("p%d-%d-%d", p, j, i), Value: value}}}
 					}
-					if _, err := rs[(p+j)%n].h.Enqueue(ctx, src, rows, relaycore.EnqueueOptions{}); err != nil {
+					via := p % n
+					if cfg.spread {
+						via = (p + j) % n
+					}
+					if _, err := rs[via].h.Enqueue(ctx, src, rows, relaycore.EnqueueOptions{}); err != nil {
 						b.Error(err)
 						return
 					}
@@ -223,6 +236,7 @@ func BenchmarkReplicas(b *testing.B) {
 	b.ReportMetric(rate(4)/rate(5), "three/one-12-linger")
 	b.ReportMetric(rate(3)/rate(0), "linger/eager-1")
 	b.ReportMetric(rate(4)/rate(1), "linger/eager-3")
+	b.ReportMetric(rate(6)/rate(3), "three-spread/one-linger")
 	b.ReportMetric(float64(busy)*1000/float64(max(alarms, 1)), "busy/1k-alarms")
 	b.ReportMetric(float64(skipped)*1000/float64(max(alarms, 1)), "left/1k-alarms")
 	b.ReportMetric(minShare, "min-share")
