@@ -2,11 +2,14 @@ package postgres_test
 
 import (
 	"fmt"
+	"os"
+	"runtime"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relay-dev/relay/infra/postgres"
 	"github.com/relay-dev/relay/infra/postgres/pgtest"
@@ -18,7 +21,7 @@ import (
 // 200-byte values under ascending keys (outbox rows are appended in
 // sequence order), on the test cluster (Unix socket; fsync and
 // synchronous_commit off, so the figures are CPU and round trips, not the
-// disk). Three writers run interleaved, batch by batch, so machine noise
+// disk). The writers run interleaved, batch by batch, so machine noise
 // hits them alike:
 //
 //   - raw: BEGIN, 100 INSERTs of (k, v) into a plain table with a bytea
@@ -29,29 +32,72 @@ import (
 //   - guarded: the engine's shape, 99 row puts plus an os compare-and-swap.
 //
 // Reported: rows/s of each and the ratios store/raw, guarded/raw and
-// store/raw1 (1.0 = as fast as the raw inserts). Each iteration is a full run, so -benchtime
-// 1x is meaningful.
+// store/raw1 (1.0 = as fast as the raw inserts), and for each writer the
+// CPU per row on both sides, which the shared machine's load moves far
+// less than the rates: the server's (its own connection's backend, from
+// /proc/<pid>/schedstat) and this process's (the writer's goroutine is
+// locked to its thread; /proc/thread-self/schedstat), and heap objects
+// allocated per batch. Each iteration is a full run, so -benchtime 1x is
+// meaningful.
 func BenchmarkApply(b *testing.B) {
 	const (
 		batchSize     = 100
 		valueSize     = 200
 		batchesPerRun = 100
 	)
-	pool := pgtest.Pool(b, pgtest.NewDatabase(b), 2)
+	dsn := pgtest.NewDatabase(b)
 	ctx := b.Context()
-	db, err := postgres.Open(ctx, pool, postgres.Options{})
+	// Each writer has a pool of one connection, so one backend runs all
+	// of its statements; the stores' sessions are configured as relay
+	// serve's.
+	connect := func(configure bool) (*pgxpool.Pool, int) {
+		cfg, err := pgxpool.ParseConfig(dsn)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cfg.MaxConns = 1
+		if configure {
+			postgres.ConfigurePool(cfg)
+		}
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(pool.Close)
+		var pid int
+		if err := pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+			b.Fatal(err)
+		}
+		return pool, pid
+	}
+	rawPool, rawPID := connect(false)
+	raw1Pool, raw1PID := connect(false)
+	storePool, storePID := connect(true)
+	guardedPool, guardedPID := connect(true)
+	storeDB, err := postgres.Open(ctx, storePool, postgres.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	guardedDB, err := postgres.Open(ctx, guardedPool, postgres.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
 	for _, sql := range []string{`CREATE TABLE raw (k bytea PRIMARY KEY, v bytea NOT NULL)`, `CREATE TABLE raw1 (k bytea PRIMARY KEY, v bytea NOT NULL)`} {
-		if _, err := pool.Exec(ctx, sql); err != nil {
+		if _, err := rawPool.Exec(ctx, sql); err != nil {
 			b.Fatal(err)
 		}
 	}
-	var raw, raw1, store, guarded time.Duration
+	var (
+		raw, raw1, store, guarded stats
+		ms                        runtime.MemStats
+	)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	thread := newCPUClock(b, 0)
+	rawCPU, raw1CPU, storeCPU, guardedCPU := newCPUClock(b, rawPID), newCPUClock(b, raw1PID), newCPUClock(b, storePID), newCPUClock(b, guardedPID)
 	value := make([]byte, valueSize)
 	for n := range b.N {
-		s, g := db.Store(fmt.Sprintf("store%d", n)), db.Store(fmt.Sprintf("guarded%d", n))
+		s, g := storeDB.Store(fmt.Sprintf("store%d", n)), guardedDB.Store(fmt.Sprintf("guarded%d", n))
 		var os []byte
 		for j := range batchesPerRun {
 			keys := make([][]byte, batchSize)
@@ -68,11 +114,12 @@ func BenchmarkApply(b *testing.B) {
 				Writes:        append(puts[:batchSize-1:batchSize-1], relaycore.Write{Key: "os", Value: next}),
 			}
 			writers := []struct {
-				spent *time.Duration
-				write func() error
+				st     *stats
+				server *cpuClock
+				write  func() error
 			}{
-				{&raw, func() error {
-					return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				{&raw, rawCPU, func() error {
+					return pgx.BeginFunc(ctx, rawPool, func(tx pgx.Tx) error {
 						batch := &pgx.Batch{}
 						for _, k := range keys {
 							batch.Queue(`INSERT INTO raw (k, v) VALUES ($1, $2)`, k, value)
@@ -80,18 +127,25 @@ func BenchmarkApply(b *testing.B) {
 						return tx.SendBatch(ctx, batch).Close()
 					})
 				}},
-				{&raw1, func() error {
-					_, err := pool.Exec(ctx, `INSERT INTO raw1 (k, v) SELECT * FROM unnest($1::bytea[], $2::bytea[])`, keys, values)
+				{&raw1, raw1CPU, func() error {
+					_, err := raw1Pool.Exec(ctx, `INSERT INTO raw1 (k, v) SELECT * FROM unnest($1::bytea[], $2::bytea[])`, keys, values)
 					return err
 				}},
-				{&store, func() error { return s.Apply(ctx, "source", relaycore.Batch{Writes: puts}) }},
-				{&guarded, func() error { return g.Apply(ctx, "source", gb) }},
+				{&store, storeCPU, func() error { return s.Apply(ctx, "source", relaycore.Batch{Writes: puts}) }},
+				{&guarded, guardedCPU, func() error { return g.Apply(ctx, "source", gb) }},
 			}
 			for k := range writers {
 				w := writers[(j+k)%len(writers)]
+				runtime.ReadMemStats(&ms) // stops the world: outside the times
+				mallocs0 := ms.Mallocs
+				server0, client0 := w.server.now(b), thread.now(b)
 				start := time.Now()
 				err := w.write()
-				*w.spent += time.Since(start)
+				w.st.wall += time.Since(start)
+				w.st.client += thread.now(b) - client0
+				w.st.server += w.server.now(b) - server0
+				runtime.ReadMemStats(&ms)
+				w.st.mallocs += ms.Mallocs - mallocs0
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -100,11 +154,61 @@ func BenchmarkApply(b *testing.B) {
 		}
 	}
 	rows := float64(b.N * batchesPerRun * batchSize)
-	b.ReportMetric(rows/raw.Seconds(), "raw-rows/s")
-	b.ReportMetric(rows/raw1.Seconds(), "raw1-rows/s")
-	b.ReportMetric(rows/store.Seconds(), "store-rows/s")
-	b.ReportMetric(rows/guarded.Seconds(), "guarded-rows/s")
-	b.ReportMetric(raw.Seconds()/store.Seconds(), "store/raw")
-	b.ReportMetric(raw.Seconds()/guarded.Seconds(), "guarded/raw")
-	b.ReportMetric(raw1.Seconds()/store.Seconds(), "store/raw1")
+	batches := float64(b.N * batchesPerRun)
+	for _, w := range []struct {
+		name string
+		st   *stats
+	}{{"raw", &raw}, {"raw1", &raw1}, {"store", &store}, {"guarded", &guarded}} {
+		b.ReportMetric(rows/w.st.wall.Seconds(), w.name+"-rows/s")
+		b.ReportMetric(float64(w.st.server.Nanoseconds())/rows, w.name+"-server-ns/row")
+		b.ReportMetric(float64(w.st.client.Nanoseconds())/rows, w.name+"-client-ns/row")
+		b.ReportMetric(float64(w.st.mallocs)/batches, w.name+"-allocs/batch")
+	}
+	b.ReportMetric(raw.wall.Seconds()/store.wall.Seconds(), "store/raw")
+	b.ReportMetric(raw.wall.Seconds()/guarded.wall.Seconds(), "guarded/raw")
+	b.ReportMetric(raw1.wall.Seconds()/store.wall.Seconds(), "store/raw1")
+}
+
+// stats are one writer's totals over a benchmark's batches.
+type stats struct {
+	wall, server, client time.Duration
+	mallocs              uint64
+}
+
+// cpuClock reads the CPU time so far of one process (a server backend)
+// or thread from its schedstat (nanoseconds on CPU), without allocating,
+// so reading it does not count in the allocations measured.
+type cpuClock struct {
+	f   *os.File
+	buf [128]byte
+}
+
+// newCPUClock is the clock of process pid, or of the calling thread when
+// pid is 0 (which must stay locked to it).
+func newCPUClock(tb testing.TB, pid int) *cpuClock {
+	path := "/proc/thread-self/schedstat"
+	if pid != 0 {
+		path = fmt.Sprintf("/proc/%d/schedstat", pid)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		tb.Skipf("no schedstat: %v", err)
+	}
+	tb.Cleanup(func() { f.Close() })
+	return &cpuClock{f: f}
+}
+
+func (c *cpuClock) now(tb testing.TB) time.Duration {
+	n, err := c.f.ReadAt(c.buf[:], 0)
+	if n == 0 {
+		tb.Fatalf("%s: %v", c.f.Name(), err)
+	}
+	var ns int64
+	for _, d := range c.buf[:n] {
+		if d < '0' || d > '9' {
+			break
+		}
+		ns = ns*10 + int64(d-'0')
+	}
+	return time.Duration(ns)
 }
