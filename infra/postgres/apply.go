@@ -29,14 +29,24 @@ const lockSQL = `SELECT pg_advisory_xact_lock(h) FROM unnest($1::bigint[]) AS h 
 // a hashed scan: as a LEFT JOIN or an EXISTS, stale statistics (a new
 // store or partition looks empty) made it read the whole partition for
 // each batch. A present key's value is never NULL (NOT NULL), so a NULL
-// read is absence. Deleted keys are found the same way, key by key, and
-// deleted by row address (ctid, stable here: the batch holds the locks of
-// its keys, so no other batch moves those rows): "key = ANY(keys)" lets
-// the planner read the whole partition and filter it when it believes the
-// partition small, as it does of every new one.
+// read is absence.
+//
+// Each put's key is found the same way, key by key: a present key is
+// updated by its row address (ctid), an absent one inserted by a plain
+// INSERT. The batch holds the locks of all its keys (lockSQL), so no
+// other batch inserts, moves or deletes those rows meanwhile, and the
+// snapshot, taken after the locks, saw every batch that held them before:
+// the split cannot meet a row it did not see. It is what INSERT ... ON
+// CONFLICT DO UPDATE did, at less of the server's CPU (no speculative
+// insertion: its conflict pre-check and insertion token; measured in
+// docs/benchmarks.md, "On PostgreSQL"). Deleted keys are found key by key
+// too and deleted by row address: "key = ANY(keys)" lets the planner read
+// the whole partition and filter it when it believes the partition small,
+// as it does of every new one.
 //
 // $1 store, $2 partition; $3..$5 the preconditions (key, value, absent);
-// $6..$8 the puts (key, due or 0, value); $9 the deleted keys.
+// $6..$8 the puts (key, due or 0, value); $9 the deleted keys. Their types
+// are applyParamOIDs, in the order of the statement's parameters.
 const applySQL = `WITH pc AS (
 	SELECT t.i, t.k, t.v, t.a FROM unnest($3::bytea[], $4::bytea[], $5::bool[]) WITH ORDINALITY AS t(k, v, a, i)
 ), cur AS (
@@ -46,11 +56,16 @@ const applySQL = `WITH pc AS (
 ), failed AS (
 	SELECT min(cur.i) AS i FROM cur
 	WHERE CASE WHEN cur.a THEN cur.value IS NOT NULL ELSE cur.value IS DISTINCT FROM cur.v END
-), up AS (
-	INSERT INTO relay_items (store, part, key, due, value)
-	SELECT $1, $2, w.k, NULLIF(w.d, 0), w.v FROM unnest($6::bytea[], $7::bigint[], $8::bytea[]) AS w(k, d, v)
+), put AS (
+	SELECT w.k, NULLIF(w.d, 0) AS d, w.v,
+		(SELECT it.ctid FROM relay_items it WHERE it.store = $1 AND it.part = $2 AND it.key = w.k) AS at
+	FROM unnest($6::bytea[], $7::bigint[], $8::bytea[]) AS w(k, d, v)
 	WHERE (SELECT i FROM failed) IS NULL
-	ON CONFLICT (store, part, key) DO UPDATE SET due = EXCLUDED.due, value = EXCLUDED.value
+), ins AS (
+	INSERT INTO relay_items (store, part, key, due, value)
+	SELECT $1, $2, put.k, put.d, put.v FROM put WHERE put.at IS NULL
+), upd AS (
+	UPDATE relay_items it SET due = put.d, value = put.v FROM put WHERE put.at IS NOT NULL AND it.ctid = put.at
 ), del AS (
 	DELETE FROM relay_items WHERE (SELECT i FROM failed) IS NULL AND ctid = ANY (ARRAY(
 		SELECT (SELECT it.ctid FROM relay_items it WHERE it.store = $1 AND it.part = $2 AND it.key = d.k)
