@@ -4,12 +4,11 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"hash/fnv"
 	"slices"
 
-	"github.com/relay-dev/relay/relaycore"
+	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/relay-dev/relay/relaycore"
 )
 
 // lockSQL takes one transaction-scoped advisory lock per key of the batch,
@@ -82,6 +81,10 @@ SELECT i FROM failed`
 // surely as one that exists, which row locks (SELECT ... FOR UPDATE)
 // could not do. docs/postgres.md argues why this is serializable for
 // batches; errors follow sendError.
+//
+// The parameters are encoded here, in the protocol's binary formats
+// (params.go), and sent through pgconn's pipeline: pgx would encode the
+// arrays by reflection, into a buffer it shrinks after each statement.
 func (s *Store) Apply(ctx context.Context, p relaycore.Partition, b relaycore.Batch) error {
 	if err := s.ready(ctx); err != nil {
 		return fmt.Errorf("apply %s: %w", p, unavailable(err))
@@ -99,29 +102,41 @@ func (s *Store) Apply(ctx context.Context, p relaycore.Partition, b relaycore.Ba
 	defer conn.Release()
 	// Prepared before the pipeline (once per connection), so the pipeline
 	// itself only executes: a failure to prepare is surely not applied.
-	for _, sql := range []string{lockSQL, applySQL} {
-		if _, err := conn.Conn().Prepare(ctx, sql, sql); err != nil {
+	var sds [2]*pgconn.StatementDescription
+	for i, sql := range []string{lockSQL, applySQL} {
+		if sds[i], err = conn.Conn().Prepare(ctx, sql, sql); err != nil {
 			return fmt.Errorf("apply %s: prepare: %w", p, unavailable(err))
 		}
 	}
-	args := s.applyArgs(p, b)
-	batch := &pgx.Batch{}
-	batch.Queue(lockSQL, lockKeys(s.name, p, b))
-	batch.Queue(applySQL, args...)
-	br := conn.SendBatch(ctx, batch)
-	if _, err := br.Exec(); err != nil {
-		_ = br.Close()
-		return fmt.Errorf("apply %s: lock: %w", p, sendError(err, false))
+	if err := checkParamOIDs(sds[0], lockParamOIDs); err != nil {
+		return fmt.Errorf("apply %s: %w", p, err)
 	}
-	var failed *int64
-	if err := br.QueryRow().Scan(&failed); err != nil {
-		_ = br.Close()
+	if err := checkParamOIDs(sds[1], applyParamOIDs); err != nil {
+		return fmt.Errorf("apply %s: %w", p, err)
+	}
+	e := getParams()
+	defer e.release()
+	e.encodeApply(s.name, p, b)
+	pl := conn.Conn().PgConn().StartPipeline(ctx)
+	pl.SendQueryStatement(sds[0], e.lock[:], binaryFormat, nil)
+	pl.SendQueryStatement(sds[1], e.apply[:], binaryFormat, binaryFormat)
+	if err := pl.Sync(); err != nil {
+		_ = pl.Close()
 		return fmt.Errorf("apply %s: %w", p, sendError(err, false))
 	}
-	closeErr := br.Close()
-	if failed != nil {
+	if err := pipelineDone(pl); err != nil {
+		_ = pl.Close()
+		return fmt.Errorf("apply %s: lock: %w", p, sendError(err, false))
+	}
+	failed, err := pipelineFailed(pl)
+	if err != nil {
+		_ = pl.Close()
+		return fmt.Errorf("apply %s: %w", p, sendError(err, false))
+	}
+	closeErr := pl.Close() // reads up to the commit's ReadyForQuery
+	if failed > 0 {
 		// The statement wrote nothing, whatever became of the commit.
-		i := int(*failed - 1)
+		i := int(failed - 1)
 		return fmt.Errorf("apply %s: %w", p, &relaycore.ConditionFailedError{Index: i, Key: b.Preconditions[i].Key})
 	}
 	if closeErr != nil {
@@ -130,61 +145,76 @@ func (s *Store) Apply(ctx context.Context, p relaycore.Partition, b relaycore.Ba
 	return nil
 }
 
-// applyArgs are applySQL's parameters for b. Slices are never nil (pgx
-// sends a nil slice as NULL) and values never nil (NOT NULL, and a NULL
-// precondition value would compare as unknown).
-func (s *Store) applyArgs(p relaycore.Partition, b relaycore.Batch) []any {
-	pcKeys := make([][]byte, 0, len(b.Preconditions))
-	pcVals := make([][]byte, 0, len(b.Preconditions))
-	pcAbsent := make([]bool, 0, len(b.Preconditions))
-	for _, pc := range b.Preconditions {
-		pcKeys = append(pcKeys, []byte(pc.Key))
-		v := pc.Value
-		if v == nil || pc.Absent {
-			v = []byte{}
-		}
-		pcVals = append(pcVals, v)
-		pcAbsent = append(pcAbsent, pc.Absent)
+// pipelineDone reads the next result of pl, a statement whose rows are
+// not wanted, to its end.
+func pipelineDone(pl *pgconn.Pipeline) error {
+	res, err := pl.GetResults()
+	if err != nil {
+		return err
 	}
-	putKeys := make([][]byte, 0, len(b.Writes))
-	putDue := make([]int64, 0, len(b.Writes))
-	putVals := make([][]byte, 0, len(b.Writes))
-	delKeys := make([][]byte, 0)
-	for _, w := range b.Writes {
-		if w.Delete {
-			delKeys = append(delKeys, []byte(w.Key))
-			continue
-		}
-		v := w.Value
-		if v == nil {
-			v = []byte{}
-		}
-		putKeys = append(putKeys, []byte(w.Key))
-		putDue = append(putDue, w.Due)
-		putVals = append(putVals, v)
+	rr, ok := res.(*pgconn.ResultReader)
+	if !ok {
+		return fmt.Errorf("postgres: pipeline: got %T, want a statement's result", res)
 	}
-	return []any{s.name, []byte(p), pcKeys, pcVals, pcAbsent, putKeys, putDue, putVals, delKeys}
+	_, err = rr.Close()
+	return err
+}
+
+// pipelineFailed reads applySQL's result from pl: the 1-based ordinal of
+// the failed precondition, or 0 when none failed (NULL).
+func pipelineFailed(pl *pgconn.Pipeline) (int64, error) {
+	res, err := pl.GetResults()
+	if err != nil {
+		return 0, err
+	}
+	rr, ok := res.(*pgconn.ResultReader)
+	if !ok {
+		return 0, fmt.Errorf("postgres: pipeline: got %T, want the guarded write's result", res)
+	}
+	var failed int64
+	rows := 0
+	for rr.NextRow() {
+		rows++
+		if v := rr.Values(); len(v) == 1 && v[0] != nil {
+			if len(v[0]) != 8 {
+				_, _ = rr.Close()
+				return 0, fmt.Errorf("postgres: the guarded write returned %d bytes, want a bigint", len(v[0]))
+			}
+			failed = int64(binary.BigEndian.Uint64(v[0]))
+		}
+	}
+	if _, err := rr.Close(); err != nil {
+		return 0, err
+	}
+	if rows != 1 {
+		return 0, fmt.Errorf("postgres: the guarded write returned %d rows, want 1", rows)
+	}
+	return failed, nil
 }
 
 // lockKeys are the advisory lock keys of every key b names, sorted and
-// distinct: a 64-bit FNV-1a hash of (store, partition, key), each
-// length-prefixed so no two triples encode alike. Two keys that hash alike
-// only share a lock (they wait for each other); correctness does not
-// depend on the hash, and FNV is stable across processes and releases, as
-// replicas sharing a database need.
+// distinct (appendLockKeys).
 func lockKeys(store string, p relaycore.Partition, b relaycore.Batch) []int64 {
-	prefix := binary.AppendUvarint(nil, uint64(len(store)))
-	prefix = append(prefix, store...)
-	prefix = binary.AppendUvarint(prefix, uint64(len(p)))
-	prefix = append(prefix, p...)
-	keys := make([]int64, 0, len(b.Preconditions)+len(b.Writes))
-	buf := prefix
+	return appendLockKeys(nil, store, p, b)
+}
+
+// appendLockKeys appends to keys the advisory lock keys of every key b
+// names and returns them sorted and distinct: a 64-bit FNV-1a hash of
+// (store, partition, key), each length-prefixed (uvarint) so no two
+// triples encode alike. Two keys that hash alike only share a lock (they
+// wait for each other); correctness does not depend on the hash, but
+// replicas sharing a database must agree on it, also across releases:
+// FNV is stable, and TestLockKeysStable holds these to hash/fnv's over the
+// same bytes. FNV-1a is computed here, the prefix once for the batch, so
+// hashing allocates nothing.
+func appendLockKeys(keys []int64, store string, p relaycore.Partition, b relaycore.Batch) []int64 {
+	prefix := fnvUvarint(fnvOffset64, uint64(len(store)))
+	prefix = fnvAdd(prefix, store)
+	prefix = fnvUvarint(prefix, uint64(len(p)))
+	prefix = fnvAdd(prefix, string(p))
+	start := len(keys)
 	add := func(k string) {
-		buf = binary.AppendUvarint(buf[:len(prefix)], uint64(len(k)))
-		buf = append(buf, k...)
-		h := fnv.New64a()
-		h.Write(buf)
-		keys = append(keys, int64(h.Sum64()))
+		keys = append(keys, int64(fnvAdd(fnvUvarint(prefix, uint64(len(k))), k)))
 	}
 	for _, pc := range b.Preconditions {
 		add(pc.Key)
@@ -192,6 +222,30 @@ func lockKeys(store string, p relaycore.Partition, b relaycore.Batch) []int64 {
 	for _, w := range b.Writes {
 		add(w.Key)
 	}
-	slices.Sort(keys)
-	return slices.Compact(keys)
+	slices.Sort(keys[start:])
+	return append(keys[:start], slices.Compact(keys[start:])...)
+}
+
+// FNV-1a, 64 bits (hash/fnv's New64a).
+const (
+	fnvOffset64 = 14695981039346656037
+	fnvPrime64  = 1099511628211
+)
+
+func fnvAdd(h uint64, s string) uint64 {
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= fnvPrime64
+	}
+	return h
+}
+
+func fnvUvarint(h uint64, x uint64) uint64 {
+	var buf [binary.MaxVarintLen64]byte
+	n := binary.PutUvarint(buf[:], x)
+	for _, c := range buf[:n] {
+		h ^= uint64(c)
+		h *= fnvPrime64
+	}
+	return h
 }

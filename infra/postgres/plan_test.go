@@ -31,24 +31,40 @@ func TestStatementsProbeKeys(t *testing.T) {
 	fillPartition(t, s)
 	b := relaycore.Batch{
 		Preconditions: []relaycore.Precondition{{Key: key(10), Value: []byte("v")}, {Key: "os", Absent: true}},
-		Writes:        []relaycore.Write{{Key: "os", Value: []byte("1")}},
+		Writes:        []relaycore.Write{{Key: "os", Value: []byte("1")}, {Key: key(20), Value: []byte("w"), Due: 7}},
 	}
 	for i := range 20 {
 		b.Writes = append(b.Writes, relaycore.Write{Key: key(100 + 7*i), Delete: true})
 	}
 	keys := [][]byte{[]byte(key(5)), []byte(key(2999)), []byte("absent")}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	e := getParams()
+	defer e.release()
+	e.encodeApply(s.name, "big", b)
 	for _, c := range []struct {
-		name string
-		sql  string
-		args []any
-		keys int // keys the statement names
+		name    string
+		explain func(sql string) ([]byte, error)
+		keys    int // keys the statement names
 	}{
-		{"apply", applySQL, s.applyArgs("big", b), len(b.Preconditions) + len(b.Writes)},
-		{"getmany", getManySQL, []any{s.name, []byte("big"), keys}, len(keys)},
+		// Apply's own encoding of its parameters, as it sends them.
+		{"apply", func(sql string) ([]byte, error) {
+			res := conn.Conn().PgConn().ExecParams(ctx, sql+applySQL, e.apply[:], applyParamOIDs, binaryFormat, nil).Read()
+			if res.Err != nil || len(res.Rows) != 1 {
+				return nil, fmt.Errorf("%d rows, %v", len(res.Rows), res.Err)
+			}
+			return res.Rows[0][0], nil
+		}, len(b.Preconditions) + len(b.Writes)},
+		{"getmany", func(sql string) (js []byte, err error) {
+			return js, conn.QueryRow(ctx, sql+getManySQL, s.name, []byte("big"), keys).Scan(&js)
+		}, len(keys)},
 	} {
 		var plan []struct{ Plan planNode }
-		var js []byte
-		if err := pool.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+c.sql, c.args...).Scan(&js); err != nil {
+		js, err := c.explain("EXPLAIN (ANALYZE, FORMAT JSON) ")
+		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
 		if err := json.Unmarshal(js, &plan); err != nil || len(plan) != 1 {
@@ -156,7 +172,9 @@ func TestConfiguredSessionsPlanOnce(t *testing.T) {
 		next := []byte(fmt.Sprint(round))
 		b := relaycore.Batch{
 			Preconditions: []relaycore.Precondition{{Key: "os", Value: os, Absent: os == nil}, {Key: key(10)}},
-			Writes:        []relaycore.Write{{Key: "os", Value: next}},
+			// A put of a key the partition holds (from round 1): an
+			// UPDATE by row address.
+			Writes: []relaycore.Write{{Key: "os", Value: next}, {Key: key(20), Value: next}},
 		}
 		b.Preconditions[1].Absent = round == 0
 		if round > 0 {
