@@ -212,3 +212,113 @@ func (c *cpuClock) now(tb testing.TB) time.Duration {
 	}
 	return time.Duration(ns)
 }
+
+// BenchmarkReads measures the store's reads on a partition of 1000 items of
+// 200 bytes, through one connection configured as relay serve's: Get of
+// one key, a Scan page of 100 items, GetMany of 20 keys (5 absent), each
+// readsPerRun times, interleaved. Reported per call of each: the server's
+// CPU (its backend's), this process's (the calling thread's) and heap
+// objects allocated, as BenchmarkApply measures them.
+func BenchmarkReads(b *testing.B) {
+	const (
+		items       = 1000
+		valueSize   = 200
+		readsPerRun = 300
+	)
+	ctx := b.Context()
+	cfg, err := pgxpool.ParseConfig(pgtest.NewDatabase(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	postgres.ConfigurePool(cfg)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+	var pid int
+	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		b.Fatal(err)
+	}
+	db, err := postgres.Open(ctx, pool, postgres.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	s := db.Store("reads")
+	key := func(i int) string { return fmt.Sprintf("r/%08d", i) }
+	value := make([]byte, valueSize)
+	for i := 0; i < items; i += 100 {
+		var ws []relaycore.Write
+		for j := i; j < i+100; j++ {
+			ws = append(ws, relaycore.Write{Key: key(j), Value: value})
+		}
+		if err := s.Apply(ctx, "p", relaycore.Batch{Writes: ws}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	thread, server := newCPUClock(b, 0), newCPUClock(b, pid)
+	var (
+		get, scan, getMany stats
+		ms                 runtime.MemStats
+	)
+	for range b.N {
+		for j := range readsPerRun {
+			keys := make([]string, 20)
+			for i := range keys {
+				keys[i] = key((j*37 + i*53) % (items + items/3)) // a quarter past the end: absent
+			}
+			readers := []struct {
+				st   *stats
+				read func() error
+			}{
+				{&get, func() error {
+					_, found, err := s.Get(ctx, "p", key(j*7%items))
+					if err == nil && !found {
+						err = fmt.Errorf("get %s: not found", key(j*7%items))
+					}
+					return err
+				}},
+				{&scan, func() error {
+					page, err := s.Scan(ctx, "p", relaycore.ScanRequest{Start: key(j % (items - 100)), Limit: 100})
+					if err == nil && len(page.Items) != 100 {
+						err = fmt.Errorf("scan: %d items", len(page.Items))
+					}
+					return err
+				}},
+				{&getMany, func() error {
+					_, err := s.GetMany(ctx, "p", keys)
+					return err
+				}},
+			}
+			for k := range readers {
+				r := readers[(j+k)%len(readers)]
+				runtime.ReadMemStats(&ms)
+				mallocs0 := ms.Mallocs
+				server0, client0 := server.now(b), thread.now(b)
+				start := time.Now()
+				err := r.read()
+				r.st.wall += time.Since(start)
+				r.st.client += thread.now(b) - client0
+				r.st.server += server.now(b) - server0
+				runtime.ReadMemStats(&ms)
+				r.st.mallocs += ms.Mallocs - mallocs0
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	}
+	calls := float64(b.N * readsPerRun)
+	for _, r := range []struct {
+		name string
+		st   *stats
+	}{{"get", &get}, {"scan", &scan}, {"getmany", &getMany}} {
+		b.ReportMetric(float64(r.st.wall.Nanoseconds())/calls, r.name+"-ns/call")
+		b.ReportMetric(float64(r.st.server.Nanoseconds())/calls, r.name+"-server-ns/call")
+		b.ReportMetric(float64(r.st.client.Nanoseconds())/calls, r.name+"-client-ns/call")
+		b.ReportMetric(float64(r.st.mallocs)/calls, r.name+"-allocs/call")
+	}
+}

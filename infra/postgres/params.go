@@ -29,6 +29,11 @@ const (
 var (
 	lockParamOIDs  = []uint32{oidInt8Array}
 	applyParamOIDs = []uint32{oidText, oidBytea, oidByteaArray, oidByteaArray, oidBoolArray, oidByteaArray, oidInt8Array, oidByteaArray, oidByteaArray}
+	// The reads' (store.go).
+	getParamOIDs       = []uint32{oidText, oidBytea, oidBytea}
+	getManyParamOIDs   = []uint32{oidText, oidBytea, oidByteaArray}
+	scanParamOIDs      = []uint32{oidText, oidBytea, oidBytea, oidBytea, oidInt8}
+	scanRangeParamOIDs = []uint32{oidText, oidBytea, oidBytea, oidBytea, oidInt8, oidBytea}
 )
 
 // binaryFormat is the protocol's format codes for "every parameter (or
@@ -44,13 +49,14 @@ func checkParamOIDs(sd *pgconn.StatementDescription, want []uint32) error {
 	return nil
 }
 
-// params are one Apply's statement parameters in the protocol's binary
-// formats, all in one buffer, which the pool keeps for the next Apply (but
+// params are one call's statement parameters in the protocol's binary
+// formats, all in one buffer, which the pool keeps for the next call (but
 // not when a big batch grew it past maxPooledParams).
 type params struct {
 	buf   []byte
 	lock  [1][]byte // lockSQL's
 	apply [9][]byte // applySQL's
+	read  [6][]byte // a read's
 	keys  []int64   // the lock keys
 }
 
@@ -67,7 +73,65 @@ func (e *params) release() {
 	}
 	e.lock = [1][]byte{}
 	e.apply = [9][]byte{}
+	e.read = [6][]byte{}
 	paramsPool.Put(e)
+}
+
+// encodeRead encodes getSQL's parameters, or the first three of another
+// read's, and returns them.
+func (e *params) encodeRead(store string, p relaycore.Partition, key string) [][]byte {
+	buf := append(e.buf[:0], store...)
+	a := len(buf)
+	buf = append(buf, p...)
+	b := len(buf)
+	buf = append(buf, key...)
+	e.buf = buf
+	e.read[0], e.read[1], e.read[2] = buf[:a:a], buf[a:b:b], buf[b:len(buf):len(buf)]
+	return e.read[:3]
+}
+
+// encodeGetMany encodes getManySQL's parameters for keys.
+func (e *params) encodeGetMany(store string, p relaycore.Partition, keys []string) [][]byte {
+	buf := append(e.buf[:0], store...)
+	a := len(buf)
+	buf = append(buf, p...)
+	b := len(buf)
+	buf = appendArrayHeader(buf, oidBytea, len(keys))
+	for _, k := range keys {
+		buf = appendElem(buf, k)
+	}
+	e.buf = buf
+	e.read[0], e.read[1], e.read[2] = buf[:a:a], buf[a:b:b], buf[b:len(buf):len(buf)]
+	return e.read[:3]
+}
+
+// encodeScan encodes scanSQL's parameters for req and limit, and
+// scanRangeSQL's when req has an End.
+func (e *params) encodeScan(store string, p relaycore.Partition, req relaycore.ScanRequest, limit int64) [][]byte {
+	var ends [6]int
+	buf := append(e.buf[:0], store...)
+	ends[0] = len(buf)
+	buf = append(buf, p...)
+	ends[1] = len(buf)
+	buf = append(buf, req.Start...)
+	ends[2] = len(buf)
+	buf = append(buf, req.After...)
+	ends[3] = len(buf)
+	buf = binary.BigEndian.AppendUint64(buf, uint64(limit))
+	ends[4] = len(buf)
+	n := 5
+	if req.End != "" {
+		buf = append(buf, req.End...)
+		ends[5] = len(buf)
+		n = 6
+	}
+	e.buf = buf
+	start := 0
+	for i := range n {
+		e.read[i] = buf[start:ends[i]:ends[i]]
+		start = ends[i]
+	}
+	return e.read[:n]
 }
 
 // encodeApply encodes lockSQL's and applySQL's parameters for b (see

@@ -29,6 +29,9 @@ func (s *Store) Capabilities() relaycore.Capabilities { return s.caps }
 // Name is the store's name, the value of relay_items.store for its items.
 func (s *Store) Name() string { return s.name }
 
+// getSQL reads one key by the whole primary key.
+const getSQL = `SELECT value FROM relay_items WHERE store = $1 AND part = $2 AND key = $3`
+
 // Get implements relaycore.Store with one statement on the primary key.
 func (s *Store) Get(ctx context.Context, p relaycore.Partition, key string) ([]byte, bool, error) {
 	if err := s.ready(ctx); err != nil {
@@ -37,19 +40,20 @@ func (s *Store) Get(ctx context.Context, p relaycore.Partition, key string) ([]b
 	if !readable(p, key) {
 		return nil, false, nil
 	}
-	var v []byte
-	err := s.db.pool.QueryRow(ctx, `SELECT value FROM relay_items WHERE store = $1 AND part = $2 AND key = $3`,
-		s.name, []byte(p), []byte(key)).Scan(&v)
-	if err == pgx.ErrNoRows {
-		return nil, false, nil
-	}
+	e := getParams()
+	defer e.release()
+	var (
+		v     []byte
+		found bool
+	)
+	err := s.query(ctx, getSQL, getParamOIDs, e.encodeRead(s.name, p, key), func(row [][]byte) error {
+		v, found = clone(row[0]), true
+		return nil
+	})
 	if err != nil {
 		return nil, false, fmt.Errorf("get %s: %w", p, unavailable(err))
 	}
-	if v == nil {
-		v = []byte{}
-	}
-	return v, true, nil
+	return v, found, nil
 }
 
 // getManySQL probes the primary key once per key (a NULL value is an
@@ -66,26 +70,23 @@ func (s *Store) GetMany(ctx context.Context, p relaycore.Partition, keys []strin
 		return nil, fmt.Errorf("get many %s: %w", p, unavailable(err))
 	}
 	out := make(map[string][]byte, len(keys))
-	want := make([][]byte, 0, len(keys))
+	want := make([]string, 0, len(keys))
 	seen := make(map[string]struct{}, len(keys))
 	for _, k := range keys {
 		if _, dup := seen[k]; dup || !readable(p, k) {
 			continue
 		}
 		seen[k] = struct{}{}
-		want = append(want, []byte(k))
+		want = append(want, k)
 	}
 	if len(want) == 0 {
 		return out, nil
 	}
-	rows, err := s.db.pool.Query(ctx, getManySQL, s.name, []byte(p), want)
-	if err != nil {
-		return nil, fmt.Errorf("get many %s: %w", p, unavailable(err))
-	}
-	var k, v []byte
-	_, err = pgx.ForEachRow(rows, []any{&k, &v}, func() error {
-		if v != nil {
-			out[string(k)] = v
+	e := getParams()
+	defer e.release()
+	err := s.query(ctx, getManySQL, getManyParamOIDs, e.encodeGetMany(s.name, p, want), func(row [][]byte) error {
+		if row[1] != nil {
+			out[string(row[0])] = clone(row[1])
 		}
 		return nil
 	})
@@ -94,6 +95,16 @@ func (s *Store) GetMany(ctx context.Context, p relaycore.Partition, keys []strin
 	}
 	return out, nil
 }
+
+// The statements of a Scan page, without an upper bound and with one.
+// Both lower bounds go to the index (B-tree scans keep the tighter); an
+// empty After (key > the empty bytea) excludes nothing, keys never being empty.
+// The upper bound has its own statement so that a bounded scan of a big
+// partition stops at End instead of filtering past it.
+const (
+	scanSQL      = `SELECT key, value FROM relay_items WHERE store = $1 AND part = $2 AND key >= $3 AND key > $4 ORDER BY key LIMIT $5`
+	scanRangeSQL = `SELECT key, value FROM relay_items WHERE store = $1 AND part = $2 AND key >= $3 AND key > $4 AND key < $6 ORDER BY key LIMIT $5`
+)
 
 // Scan implements relaycore.Store: one statement on the primary key's
 // order. Next is set only when another key in range follows the page (the
@@ -110,39 +121,75 @@ func (s *Store) Scan(ctx context.Context, p relaycore.Partition, req relaycore.S
 	if limit <= 0 {
 		limit = DefaultScanLimit
 	}
-	// Both lower bounds go to the index (B-tree scans keep the tighter);
-	// an empty After (key > '') excludes nothing, since keys are never
-	// empty. The upper bound has its own statement so that a bounded scan
-	// of a big partition stops at End instead of filtering past it.
-	args := []any{s.name, []byte(p), []byte(req.Start), []byte(req.After), limit + 1}
-	sql := `SELECT key, value FROM relay_items WHERE store = $1 AND part = $2 AND key >= $3 AND key > $4 ORDER BY key LIMIT $5`
+	e := getParams()
+	defer e.release()
+	sql, oids := scanSQL, scanParamOIDs
 	if req.End != "" {
-		sql = `SELECT key, value FROM relay_items WHERE store = $1 AND part = $2 AND key >= $3 AND key > $4 AND key < $6 ORDER BY key LIMIT $5`
-		args = append(args, []byte(req.End))
+		sql, oids = scanRangeSQL, scanRangeParamOIDs
 	}
-	rows, err := s.db.pool.Query(ctx, sql, args...)
-	if err != nil {
-		return relaycore.ScanPage{}, fmt.Errorf("scan %s: %w", p, unavailable(err))
-	}
+	// The keys are gathered in one buffer and made one string, which the
+	// page's keys share: one allocation for them all.
 	var (
 		page relaycore.ScanPage
-		k, v []byte
+		keys []byte
+		ends []int
 	)
-	_, err = pgx.ForEachRow(rows, []any{&k, &v}, func() error {
-		if v == nil {
-			v = []byte{}
-		}
-		page.Items = append(page.Items, relaycore.Item{Key: string(k), Value: v})
+	err := s.query(ctx, sql, oids, e.encodeScan(s.name, p, req, int64(limit)+1), func(row [][]byte) error {
+		keys = append(keys, row[0]...)
+		ends = append(ends, len(keys))
+		page.Items = append(page.Items, relaycore.Item{Value: clone(row[1])})
 		return nil
 	})
 	if err != nil {
 		return relaycore.ScanPage{}, fmt.Errorf("scan %s: %w", p, unavailable(err))
+	}
+	all, start := string(keys), 0
+	for i, end := range ends {
+		page.Items[i].Key = all[start:end]
+		start = end
 	}
 	if len(page.Items) > limit {
 		page.Items = page.Items[:limit]
 		page.Next = page.Items[limit-1].Key
 	}
 	return page, nil
+}
+
+// query runs the prepared statement sql (prepared on first use on each
+// connection, and checked to take parameters of the types oids) with
+// params in binary format, calling row with each result row's values in
+// binary format (NULL is nil), which are only valid during the call.
+func (s *Store) query(ctx context.Context, sql string, oids []uint32, params [][]byte, row func([][]byte) error) error {
+	conn, err := s.db.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	sd, err := conn.Conn().Prepare(ctx, sql, sql)
+	if err != nil {
+		return err
+	}
+	if err := checkParamOIDs(sd, oids); err != nil {
+		return err
+	}
+	rr := conn.Conn().PgConn().ExecStatement(ctx, sd, params, binaryFormat, binaryFormat)
+	for rr.NextRow() {
+		if err := row(rr.Values()); err != nil {
+			_, _ = rr.Close()
+			return err
+		}
+	}
+	_, err = rr.Close()
+	return err
+}
+
+// clone copies a value read from a result row, which pgconn reuses; an
+// empty value stays non-nil.
+func clone(v []byte) []byte {
+	if len(v) == 0 {
+		return []byte{}
+	}
+	return append(make([]byte, 0, len(v)), v...)
 }
 
 // Due implements relaycore.DueIndex from the partial index relay_items_due.
