@@ -13,7 +13,7 @@ import (
 // more of the server's CPU per call.
 //
 //   - plan_cache_mode=force_generic_plan: each statement is planned once
-//     per connection, not for each call. pgx prepares every statement,
+//     per connection, not for each call. Every statement is prepared,
 //     and the server kept planning Apply's guarded write for each call
 //     (its custom plans looked cheaper): about a tenth of a millisecond,
 //     three times what running it took, and a quarter of the server's CPU
