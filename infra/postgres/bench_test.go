@@ -29,7 +29,10 @@ import (
 //   - raw1: the same rows as one INSERT ... SELECT FROM unnest of two
 //     arrays (one statement per transaction, as the store sends);
 //   - store: Store.Apply of 100 puts (100 advisory locks, one statement);
-//   - guarded: the engine's shape, 99 row puts plus an os compare-and-swap.
+//   - guarded: the engine's shape, 99 row puts plus an os compare-and-swap;
+//   - single: a compare-and-swap of one key (a precondition and a put, as
+//     a fire's claim is), whose figures are per batch: what a statement
+//     costs before its rows.
 //
 // Reported: rows/s of each and the ratios store/raw, guarded/raw and
 // store/raw1 (1.0 = as fast as the raw inserts), and for each writer the
@@ -74,11 +77,16 @@ func BenchmarkApply(b *testing.B) {
 	raw1Pool, raw1PID := connect(false)
 	storePool, storePID := connect(true)
 	guardedPool, guardedPID := connect(true)
+	singlePool, singlePID := connect(true)
 	storeDB, err := postgres.Open(ctx, storePool, postgres.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
 	guardedDB, err := postgres.Open(ctx, guardedPool, postgres.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	singleDB, err := postgres.Open(ctx, singlePool, postgres.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -88,16 +96,18 @@ func BenchmarkApply(b *testing.B) {
 		}
 	}
 	var (
-		raw, raw1, store, guarded stats
-		ms                        runtime.MemStats
+		raw, raw1, store, guarded, single stats
+		ms                                runtime.MemStats
 	)
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	thread := newCPUClock(b, 0)
 	rawCPU, raw1CPU, storeCPU, guardedCPU := newCPUClock(b, rawPID), newCPUClock(b, raw1PID), newCPUClock(b, storePID), newCPUClock(b, guardedPID)
+	singleCPU := newCPUClock(b, singlePID)
 	value := make([]byte, valueSize)
 	for n := range b.N {
 		s, g := storeDB.Store(fmt.Sprintf("store%d", n)), guardedDB.Store(fmt.Sprintf("guarded%d", n))
+		one := singleDB.Store(fmt.Sprintf("single%d", n))
 		var os []byte
 		for j := range batchesPerRun {
 			keys := make([][]byte, batchSize)
@@ -133,6 +143,12 @@ func BenchmarkApply(b *testing.B) {
 				}},
 				{&store, storeCPU, func() error { return s.Apply(ctx, "source", relaycore.Batch{Writes: puts}) }},
 				{&guarded, guardedCPU, func() error { return g.Apply(ctx, "source", gb) }},
+				{&single, singleCPU, func() error {
+					return one.Apply(ctx, "source", relaycore.Batch{
+						Preconditions: []relaycore.Precondition{{Key: "claim", Value: os, Absent: os == nil}},
+						Writes:        []relaycore.Write{{Key: "claim", Value: next}},
+					})
+				}},
 			}
 			for k := range writers {
 				w := writers[(j+k)%len(writers)]
@@ -167,6 +183,9 @@ func BenchmarkApply(b *testing.B) {
 	b.ReportMetric(raw.wall.Seconds()/store.wall.Seconds(), "store/raw")
 	b.ReportMetric(raw.wall.Seconds()/guarded.wall.Seconds(), "guarded/raw")
 	b.ReportMetric(raw1.wall.Seconds()/store.wall.Seconds(), "store/raw1")
+	b.ReportMetric(float64(single.server.Nanoseconds())/batches, "single-server-ns/batch")
+	b.ReportMetric(float64(single.client.Nanoseconds())/batches, "single-client-ns/batch")
+	b.ReportMetric(float64(single.wall.Nanoseconds())/batches, "single-ns/batch")
 }
 
 // stats are one writer's totals over a benchmark's batches.
