@@ -207,6 +207,9 @@ type AlarmCheck struct {
 	// Operator says the claim is an operator action's, which re-arms
 	// nothing when it ends (a fire's holder re-arms the alarm itself).
 	Operator bool
+	// Blocked is the size of the source's blocked set (rs), as
+	// AlarmResult.Blocked reports it after an alarm.
+	Blocked int
 }
 
 // Fire reports whether a fire at nowMS would find work nobody else is
@@ -238,6 +241,7 @@ func CheckAlarm(ctx context.Context, st Store, source Partition, now time.Time) 
 		if err != nil {
 			return AlarmCheck{}, fmt.Errorf("check alarm %s: %w", source, err)
 		}
+		chk.Blocked = len(rs.Blocked)
 		nowMS := unixMS(now)
 		if c := rs.Claim; c != nil && c.UntilMS > nowMS {
 			chk.Claim, chk.RetryMS, chk.Operator = c, busyRetryMS(c, nowMS), strings.HasPrefix(c.Owner, opTokenPrefix)

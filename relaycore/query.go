@@ -25,6 +25,11 @@ type SourceState struct {
 	// HeldOldestMS is a lower bound of their commit times (0: none held).
 	HeldRows     uint64
 	HeldOldestMS int64
+	// Hold is the source's hold summary (its q record) as read: held rows,
+	// quarantined and paused targets, as AlarmResult.Hold reports it after
+	// an alarm. A replica that did not run the source's last alarm reads
+	// its figures here (relay serve's gauges).
+	Hold HoldSummary
 }
 
 // SourceRelayState returns the source's lower bound and whether its relay
@@ -82,7 +87,7 @@ scan:
 	if err != nil {
 		return SourceState{}, fmt.Errorf("source state %s: %w", source, err)
 	}
-	s := SourceState{NextSeq: os.NextSeq, Empty: first == nil && hold.HeldRows == 0, LowerBoundMS: os.LastCommitMS, HeldRows: hold.HeldRows}
+	s := SourceState{NextSeq: os.NextSeq, Empty: first == nil && hold.HeldRows == 0, LowerBoundMS: os.LastCommitMS, HeldRows: hold.HeldRows, Hold: HoldSummary(hold)}
 	if first != nil {
 		s.FirstUndelivered = first.First
 		s.LowerBoundMS = first.CommitMS

@@ -1,7 +1,9 @@
 package relayserve
 
 import (
+	"cmp"
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -42,12 +44,18 @@ type metrics struct {
 	age *ageCollector
 	// clock is set to the alarm clock's stats once it exists.
 	clock *clockCollector
+
+	// seenMS is when each source's gauges were last set (unix ms), by
+	// its alarm here or by refresh; sources are in it while their gauges
+	// are exported.
+	seenMu sync.Mutex
+	seenMS map[relaycore.Partition]int64
 }
 
 func newMetrics(source relaycore.Store) *metrics {
 	reg := prometheus.NewRegistry()
 	f := func(c prometheus.Collector) { reg.MustRegister(c) }
-	m := &metrics{reg: reg}
+	m := &metrics{reg: reg, seenMS: map[relaycore.Partition]int64{}}
 	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "relay_http_requests_total", Help: "HTTP requests answered, by route pattern, method and status code.",
 	}, []string{"route", "method", "code"})
@@ -135,11 +143,97 @@ func (m *metrics) alarm(ctx context.Context, src relaycore.Partition, r relaycor
 	m.paused.WithLabelValues(s).Set(float64(r.Hold.Paused))
 	m.held.WithLabelValues(s).Set(float64(r.Hold.HeldRows))
 	m.age.update(ctx, src, r.Cleared)
+	m.seen(src, time.Now().UnixMilli())
+}
+
+func (m *metrics) seen(src relaycore.Partition, ms int64) {
+	m.seenMu.Lock()
+	m.seenMS[src] = ms
+	m.seenMu.Unlock()
+}
+
+// refreshLimit bounds the sources one refresh reads (two reads each).
+const refreshLimit = 256
+
+// refresh re-reads, from the store, the gauges of up to refreshLimit
+// sources whose gauges were last set before nowMS-staleMS, stalest first.
+// A source's gauges are set by its alarms here, so without this they keep
+// what the last one saw through whatever happens elsewhere: an operator
+// action (a release, a quarantine of an idle target) through the API,
+// here or on another replica, or the fires of another replica that the
+// source moved to. The figures are the store's (AlarmResult reports the
+// same ones after an alarm), so every replica that exports a source's
+// gauges converges on them. A read that fails keeps the last values.
+func (m *metrics) refresh(ctx context.Context, st relaycore.Store, nowMS, staleMS int64) (read int) {
+	if st == nil {
+		return 0
+	}
+	type entry struct {
+		src relaycore.Partition
+		ms  int64
+	}
+	m.seenMu.Lock()
+	var stale []entry
+	for src, ms := range m.seenMS {
+		if ms <= nowMS-staleMS {
+			stale = append(stale, entry{src, ms})
+		}
+	}
+	m.seenMu.Unlock()
+	slices.SortFunc(stale, func(a, b entry) int { return cmp.Or(cmp.Compare(a.ms, b.ms), cmp.Compare(a.src, b.src)) })
+	now := time.UnixMilli(nowMS)
+	for _, e := range stale[:min(len(stale), refreshLimit)] {
+		if ctx.Err() != nil {
+			return read
+		}
+		state, err := relaycore.SourceRelayState(ctx, st, e.src, now)
+		if err != nil {
+			continue
+		}
+		chk, err := relaycore.CheckAlarm(ctx, st, e.src, now)
+		if err != nil {
+			continue
+		}
+		read++
+		s := string(e.src)
+		m.seenMu.Lock()
+		_, exported := m.seenMS[e.src]
+		if exported {
+			// Not dropped meanwhile (a busy alarm hands the source to
+			// another replica, whose gauges are then the ones to read).
+			m.blocked.WithLabelValues(s).Set(float64(chk.Blocked))
+			m.quarantined.WithLabelValues(s).Set(float64(state.Hold.Quarantined))
+			m.paused.WithLabelValues(s).Set(float64(state.Hold.Paused))
+			m.held.WithLabelValues(s).Set(float64(state.Hold.HeldRows))
+			m.age.set(e.src, state)
+			m.seenMS[e.src] = nowMS
+		}
+		m.seenMu.Unlock()
+	}
+	return read
+}
+
+// refreshLoop runs refresh every period for sources not refreshed or
+// alarmed here for a period, until ctx ends.
+func (m *metrics) refreshLoop(ctx context.Context, st relaycore.Store, period time.Duration) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			m.refresh(ctx, st, time.Now().UnixMilli(), period.Milliseconds())
+		}
+	}
 }
 
 // forget drops src's per-source gauges (counters stay: they are this
 // process's own work).
 func (m *metrics) forget(src relaycore.Partition) {
+	m.seenMu.Lock()
+	defer m.seenMu.Unlock()
+	delete(m.seenMS, src)
 	for _, g := range []*prometheus.GaugeVec{m.blocked, m.quarantined, m.paused, m.held} {
 		g.DeleteLabelValues(string(src))
 	}
@@ -177,6 +271,18 @@ func (a *ageCollector) update(ctx context.Context, src relaycore.Partition, clea
 		if !st.Empty {
 			lower = st.LowerBoundMS
 		}
+	}
+	a.mu.Lock()
+	a.lowerMS[src] = lower
+	a.mu.Unlock()
+}
+
+// set records the oldest undelivered commit time of state, read by a
+// refresh.
+func (a *ageCollector) set(src relaycore.Partition, state relaycore.SourceState) {
+	lower := int64(0)
+	if !state.Empty {
+		lower = state.LowerBoundMS
 	}
 	a.mu.Lock()
 	a.lowerMS[src] = lower

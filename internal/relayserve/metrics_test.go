@@ -5,7 +5,12 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/relay-dev/relay/infra/mem"
 	emf "github.com/relay-dev/relay/lambda/metrics"
 	"github.com/relay-dev/relay/relaycore"
 )
@@ -108,5 +113,57 @@ func TestBusyAlarmDropsSourceGauges(t *testing.T) {
 	}
 	if !after["relay_rows_delivered_total"] {
 		t.Error("relay_rows_delivered_total{source=s} dropped: counters stay")
+	}
+}
+
+// A source's gauges follow what happens to it elsewhere: after an
+// operator action through another replica (or the API, with no alarm
+// here), the next refresh reads the store's figures, where the gauges had
+// kept the last alarm's. Sources whose gauges were set within the period,
+// or that this replica does not export, are not read.
+func TestRefreshFollowsTheStore(t *testing.T) {
+	ctx := context.Background()
+	src, dst := mem.New(relaycore.Capabilities{}), mem.New(relaycore.Capabilities{})
+	h := &relaycore.RelayHandler{Source: src, Target: dst}
+	m := newMetrics(src)
+	gauge := func(g *prometheus.GaugeVec) float64 { return testutil.ToFloat64(g.WithLabelValues("s")) }
+	rows := []relaycore.Row{{Target: "t", Puts: []relaycore.KV{{Key: "k", Value: []byte("v")}}}}
+	if _, err := h.Enqueue(ctx, "s", rows, relaycore.EnqueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	actor := relaycore.Actor{By: "ops", Reason: "test"}
+	if _, err := h.Quarantine(ctx, "s", "t", actor); err != nil {
+		t.Fatal(err)
+	}
+	res, err := h.Alarm(ctx, "s") // this replica's alarm sees the quarantine
+	m.alarm(ctx, "s", res, err)
+	if q, held := gauge(m.quarantined), gauge(m.held); q != 1 || held != 1 {
+		t.Fatalf("after the alarm: quarantined %v, held %v; want 1 and 1", q, held)
+	}
+	// Another replica releases the target and delivers the row.
+	other := &relaycore.RelayHandler{Source: src, Target: dst}
+	if _, err := other.Release(ctx, "s", "t", actor); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Alarm(ctx, "s"); err != nil {
+		t.Fatal(err)
+	}
+	if q := gauge(m.quarantined); q != 1 {
+		t.Fatalf("quarantined %v before any refresh; the test wants the stale reading first", q)
+	}
+	now := time.Now().UnixMilli()
+	if n := m.refresh(ctx, src, now, time.Hour.Milliseconds()); n != 0 {
+		t.Fatalf("a refresh for gauges older than an hour read %d sources; want none (set just now)", n)
+	}
+	if n := m.refresh(ctx, src, now+1000, 1000); n != 1 {
+		t.Fatalf("refresh read %d sources, want 1", n)
+	}
+	if q, held, b := gauge(m.quarantined), gauge(m.held), gauge(m.blocked); q != 0 || held != 0 || b != 0 {
+		t.Fatalf("after the refresh: quarantined %v, held %v, blocked %v; want the store's 0, 0, 0", q, held, b)
+	}
+	// A busy alarm drops the source: it is no longer refreshed here.
+	m.alarm(ctx, "s", relaycore.AlarmResult{Busy: true}, nil)
+	if n := m.refresh(ctx, src, now+10_000, 0); n != 0 {
+		t.Fatalf("refresh read %d sources after the busy alarm dropped s; want none", n)
 	}
 }

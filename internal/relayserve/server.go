@@ -258,9 +258,16 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 		defer close(ownerDone)
 		runOwner(clockCtx, owner, cfg.Alarms.SweepInterval, ownerKick, newTakedownMetrics(m.reg), log)
 	}()
-	// The owner stops with the clock, and before the store closes (the
-	// deferred close runs after this).
-	defer func() { stopClock(); <-ownerDone }()
+	// Gauges of sources alarmed elsewhere, or acted on through the API,
+	// are re-read from the store once a sweep period (metrics.refresh).
+	gaugesDone := make(chan struct{})
+	go func() {
+		defer close(gaugesDone)
+		m.refreshLoop(clockCtx, src, cfg.Alarms.SweepInterval)
+	}()
+	// The owner and the gauges' refresh stop with the clock, and before
+	// the store closes (the deferred close runs after this).
+	defer func() { stopClock(); <-ownerDone; <-gaugesDone }()
 	serveErr := make(chan error, 1)
 	go func() {
 		if tc != nil {
