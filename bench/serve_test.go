@@ -87,11 +87,19 @@ func BenchmarkServeThroughputPostgres(b *testing.B) {
 }
 
 // A round's store: the raw baseline's time for rows in transactions of
-// batch, the config lines putting relay serve on the same store, and,
-// called after relay serve stopped, what the store counted (nil: nothing).
+// batch, the config lines putting relay serve on the same store, and its
+// counts: serverCPU, called once every row is delivered, before relay
+// serve stops, the CPU the database spent on relay serve's sessions (nil:
+// no server), and counts, called after relay serve stopped, what the store
+// counted (nil: nothing).
 type roundStore struct {
 	rawName string // the raw rate's metric
-	round   func(b *testing.B, dir string, rows, batch int) (raw time.Duration, cfg string, counts func() map[string]float64)
+	round   func(b *testing.B, dir string, rows, batch int) (raw time.Duration, cfg string, c roundCounts)
+}
+
+type roundCounts struct {
+	serverCPU func() time.Duration
+	counts    func() map[string]float64
 }
 
 var (
@@ -99,13 +107,18 @@ var (
 	postgresStore = roundStore{"raw-pg-inserts/s", postgresRound}
 )
 
-func boltRound(b *testing.B, dir string, rows, batch int) (time.Duration, string, func() map[string]float64) {
-	return rawPutTime(b, dir, rows, batch), fmt.Sprintf("db: %s\n", filepath.Join(dir, "relay.db")), nil
+func boltRound(b *testing.B, dir string, rows, batch int) (time.Duration, string, roundCounts) {
+	return rawPutTime(b, dir, rows, batch), fmt.Sprintf("db: %s\n", filepath.Join(dir, "relay.db")), roundCounts{}
 }
 
-func postgresRound(b *testing.B, _ string, rows, batch int) (time.Duration, string, func() map[string]float64) {
+func postgresRound(b *testing.B, _ string, rows, batch int) (time.Duration, string, roundCounts) {
 	ctx := b.Context()
 	dsn := pgtest.NewDatabase(b)
+	pc, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	dbName := pc.Database
 	pool := pgtest.Pool(b, dsn, 1)
 	if _, err := pool.Exec(ctx, `CREATE TABLE raw (k bytea PRIMARY KEY, v bytea NOT NULL)`); err != nil {
 		b.Fatal(err)
@@ -154,7 +167,20 @@ func postgresRound(b *testing.B, _ string, rows, batch int) (time.Duration, stri
 	// The baseline's own counts, taken now and subtracted from the round's.
 	c0, w0, wal0 := stats()
 	cfg := fmt.Sprintf("store: {type: postgres, postgres: {dsn: %q}}\n", dsn)
-	return raw, cfg, func() map[string]float64 {
+	// The baseline's backend is one of the database's sessions: its CPU
+	// so far is not relay serve's.
+	own, err := pgtest.Get(b).BackendCPU(dbName)
+	if err != nil {
+		b.Fatal(err)
+	}
+	serverCPU := func() time.Duration {
+		d, err := pgtest.Get(b).BackendCPU(dbName)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return d - own
+	}
+	return raw, cfg, roundCounts{serverCPU, func() map[string]float64 {
 		c1, w1, wal1 := stats()
 		return map[string]float64{
 			"xacts/row":         (c1 - c0 - 2) / float64(rows), // less the two stats queries
@@ -163,7 +189,7 @@ func postgresRound(b *testing.B, _ string, rows, batch int) (time.Duration, stri
 			"wal-bytes/row":     (wal1 - wal0) / float64(rows),
 			"raw-wal-bytes/row": (wal0 - rawWAL0) / float64(rows),
 		}
-	}
+	}}
 }
 
 func serveThroughput(b *testing.B, bin string, clients int, store roundStore) {
@@ -172,7 +198,7 @@ func serveThroughput(b *testing.B, bin string, clients int, store roundStore) {
 	counted := map[string][]float64{}
 	for range b.N * rounds {
 		dir := b.TempDir()
-		raw, storeCfg, counts := store.round(b, dir, rows, batch)
+		raw, storeCfg, rc := store.round(b, dir, rows, batch)
 		rawDurs = append(rawDurs, raw)
 
 		cfg := "listen: 127.0.0.1:0\n" + storeCfg + "budget: {plan: paid}\nlog_level: error\nauth: {anonymous: {produce: [\"*\"], read: true}}\n"
@@ -250,11 +276,18 @@ func serveThroughput(b *testing.B, bin string, clients int, store roundStore) {
 		for err := range errs {
 			b.Fatal(err)
 		}
+		// CPU per delivered row, relay serve's and the database's for
+		// it: figures that move far less with the machine's load than
+		// rows/s (the server's read before relay serve's sessions end).
+		if rc.serverCPU != nil {
+			counted["server-cpu-us/row"] = append(counted["server-cpu-us/row"], float64(rc.serverCPU().Microseconds())/float64(rows))
+		}
 		if code := p.Stop(b); code != 0 {
 			b.Fatalf("relay serve exited %d", code)
 		}
-		if counts != nil {
-			for k, v := range counts() {
+		counted["serve-cpu-us/row"] = append(counted["serve-cpu-us/row"], float64(p.CPU().Microseconds())/float64(rows))
+		if rc.counts != nil {
+			for k, v := range rc.counts() {
 				counted[k] = append(counted[k], v)
 			}
 		}

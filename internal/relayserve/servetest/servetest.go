@@ -237,6 +237,17 @@ func (p *Proc) Wait(t testing.TB) int {
 	return p.cmd.ProcessState.ExitCode()
 }
 
+// CPU is the user and system CPU time the process used, once it has
+// exited (0 before).
+func (p *Proc) CPU() time.Duration {
+	select {
+	case <-p.done:
+		return p.cmd.ProcessState.UserTime() + p.cmd.ProcessState.SystemTime()
+	default:
+		return 0
+	}
+}
+
 // Stop sends SIGTERM and returns the exit code.
 func (p *Proc) Stop(t testing.TB) int {
 	t.Helper()
