@@ -75,10 +75,11 @@ func (h *RelayHandler) rearm(ctx context.Context, source Partition, last FireRes
 		if v.gone, err = h.rsGhostsDeleted(ctx, source, v.rsRaw, v.rsFound, memo); err != nil {
 			return fmt.Errorf("alarm %s: %w", source, err)
 		}
-		empty, err := outboxEmpty(ctx, h.Source, source)
+		first, err := outboxHead(ctx, h.Source, source)
 		if err != nil {
 			return fmt.Errorf("alarm %s: %w", source, err)
 		}
+		empty := first == nil
 		if empty {
 			// Held rows that are due later keep the source's wake-up.
 			if due, ok, err := firstRetry(ctx, h.Source, source); err != nil {
@@ -90,8 +91,10 @@ func (h *RelayHandler) rearm(ctx context.Context, source Partition, last FireRes
 		}
 		var again bool
 		if empty {
+			ar.LowerBoundMS = 0
 			again, err = h.clearAlarm(ctx, source, v, ar)
 		} else {
+			ar.LowerBoundMS = h.lowerBound(first, v, last)
 			again, err = h.rearmAt(ctx, source, v, last, ar)
 		}
 		if !again {
@@ -227,22 +230,49 @@ func (h *RelayHandler) kick(ctx context.Context, source Partition, due int64) {
 	}
 }
 
-// outboxEmpty reports whether source has no row pages.
-func outboxEmpty(ctx context.Context, st Store, source Partition) (bool, error) {
+// outboxHead returns source's first row page, nil when it has none.
+func outboxHead(ctx context.Context, st Store, source Partition) (*Item, error) {
 	after := ""
 	for {
 		pg, err := st.Scan(ctx, source, ScanRequest{Start: layout.PagePrefix, End: layout.PageEnd, After: after, Limit: 1})
 		if err != nil {
-			return false, fmt.Errorf("scan pages %s: %w", source, err)
+			return nil, fmt.Errorf("scan pages %s: %w", source, err)
 		}
 		if len(pg.Items) > 0 {
-			return false, nil
+			return &pg.Items[0], nil
 		}
 		if pg.Next == "" {
-			return true, nil
+			return nil, nil
 		}
 		after = pg.Next
 	}
+}
+
+// lowerBound is AlarmResult.LowerBoundMS for a re-arm that found first
+// (nil: the outbox is empty, held rows keep the alarm) with v read: what
+// SourceRelayState would answer, from what the re-arm read anyway. The
+// first page's commit time bounds the outbox's (commit times grow with
+// seq); without pages, os's last commit time does; held rows lower it to
+// their oldest as the last fire left the hold summary. 0: unknown.
+func (h *RelayHandler) lowerBound(first *Item, v alarmView, last FireResult) int64 {
+	var lower int64
+	if first != nil {
+		_, commitMS, err := pageHeader(first.Key, first.Value)
+		if err != nil {
+			return 0
+		}
+		lower = commitMS
+	} else {
+		os, err := decodeOS(v.osRaw, v.osFound)
+		if err != nil {
+			return 0
+		}
+		lower = os.LastCommitMS
+	}
+	if last.Hold.HeldRows > 0 {
+		lower = min(lower, last.Hold.OldestMS)
+	}
+	return max(min(lower, unixMS(h.clock().Now())), 0)
 }
 
 // firstRetry returns the due time of source's earliest retry marker.
@@ -305,6 +335,12 @@ type AlarmResult struct {
 	// (infra/alarmclock's Linger) holds only those: a backlog is fired
 	// again at once.
 	More bool
+	// LowerBoundMS, after an alarm that re-armed (rows left), bounds the
+	// commit times of the source's undelivered rows from below, as
+	// SourceRelayState's LowerBoundMS does, from what the re-arm read: a
+	// runtime reports the oldest undelivered age without reading the
+	// source again. 0 when cleared, busy, or unknown.
+	LowerBoundMS int64
 	// NextDueMS is the re-armed alarm's due time (0 when cleared or busy).
 	NextDueMS int64
 }

@@ -360,6 +360,25 @@ func (r *pageReader) key(prev string) string {
 // panics on malformed input and bounds what it allocates by the page's
 // size (a compressed section by maxPageRawBytes, decoded keys by
 // maxPageKeyBytes); errors wrap ErrCorruptRecord.
+// pageHeader reads only a page's first seq and commit time, which precede
+// its (possibly compressed) rows in every format.
+func pageHeader(key string, raw []byte) (first uint64, commitMS int64, err error) {
+	if len(raw) == 0 || (raw[0] != pageFormat1 && raw[0] != pageFormat2) {
+		return 0, 0, fmt.Errorf("%w: page %s: unknown format", ErrCorruptRecord, key)
+	}
+	r := &pageReader{b: raw[1:]}
+	if raw[0] == pageFormat2 {
+		if flags := r.byte(); flags&^pageFlags != 0 {
+			return 0, 0, fmt.Errorf("%w: page %s: unknown flags %#x", ErrCorruptRecord, key, flags)
+		}
+	}
+	first, commitMS = r.uvarint(), r.varint()
+	if r.err {
+		return 0, 0, fmt.Errorf("%w: page %s: truncated header", ErrCorruptRecord, key)
+	}
+	return first, commitMS, nil
+}
+
 func decodePage(key string, raw []byte) (Page, error) {
 	bad := func(why string) (Page, error) {
 		return Page{}, fmt.Errorf("%w: page %s: %s", ErrCorruptRecord, key, why)

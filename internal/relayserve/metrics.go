@@ -99,7 +99,7 @@ func newMetrics(source relaycore.Store) *metrics {
 	})
 	m.age = &ageCollector{source: source, lowerMS: map[relaycore.Partition]int64{}, desc: prometheus.NewDesc(
 		"relay_oldest_undelivered_age_seconds",
-		"Now minus the commit time of the source's oldest undelivered row, held rows included; 0 when its outbox is empty. Read after each alarm, aged at scrape time.",
+		"Now minus the commit time of the source's oldest undelivered row, held rows included; 0 when its outbox is empty. As of each alarm (and the refresh of sources alarmed elsewhere), aged at scrape time.",
 		[]string{"source"}, nil)}
 	m.clock = &clockCollector{}
 	for _, c := range []prometheus.Collector{
@@ -142,7 +142,7 @@ func (m *metrics) alarm(ctx context.Context, src relaycore.Partition, r relaycor
 	m.quarantined.WithLabelValues(s).Set(float64(r.Hold.Quarantined))
 	m.paused.WithLabelValues(s).Set(float64(r.Hold.Paused))
 	m.held.WithLabelValues(s).Set(float64(r.Hold.HeldRows))
-	m.age.update(ctx, src, r.Cleared)
+	m.age.update(ctx, src, r)
 	m.seen(src, time.Now().UnixMilli())
 }
 
@@ -261,9 +261,14 @@ type ageCollector struct {
 	lowerMS map[relaycore.Partition]int64 // 0: outbox empty
 }
 
-func (a *ageCollector) update(ctx context.Context, src relaycore.Partition, cleared bool) {
+// update records src's oldest undelivered commit time after alarm r: 0
+// when it cleared the outbox, the bound its re-arm read when it has one,
+// else read from the store.
+func (a *ageCollector) update(ctx context.Context, src relaycore.Partition, r relaycore.AlarmResult) {
 	lower := int64(0)
-	if !cleared {
+	if !r.Cleared && r.LowerBoundMS > 0 {
+		lower = r.LowerBoundMS
+	} else if !r.Cleared {
 		st, err := relaycore.SourceRelayState(ctx, a.source, src, time.Now())
 		if err != nil {
 			return // keep the last value; the alarm's own error path logs store trouble

@@ -127,8 +127,9 @@ type AlarmOutcome struct {
 
 // Alarm records one alarm's metrics. A busy or failed alarm records only
 // the counters: its Hold and Blocked figures are zero, not observed. The
-// age reads the source's head (relaycore.SourceRelayState: one Query)
-// unless the alarm cleared the outbox (age 0) or was busy or failed.
+// age is the alarm's own LowerBoundMS (what its re-arm read), else read
+// from the source's head (relaycore.SourceRelayState: one Query), unless
+// the alarm cleared the outbox (age 0) or was busy or failed.
 func (r *Recorder) Alarm(ctx context.Context, o AlarmOutcome) {
 	if r == nil {
 		return
@@ -165,10 +166,14 @@ func (r *Recorder) age(ctx context.Context, source relaycore.Partition, ar relay
 	if ar.Cleared {
 		return 0, true
 	}
+	now := r.clock().Now()
+	if ar.LowerBoundMS > 0 {
+		// What the alarm's re-arm read: no Query of its own.
+		return max(0, now.UnixMilli()-ar.LowerBoundMS), true
+	}
 	if r.State == nil {
 		return 0, false
 	}
-	now := r.clock().Now()
 	st, err := relaycore.SourceRelayState(ctx, r.State, source, now)
 	if err != nil {
 		r.logger().Warn("metrics: read source state for the oldest undelivered age", "source", string(source), "err", err)

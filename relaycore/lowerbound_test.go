@@ -1,0 +1,63 @@
+package relaycore_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/relay-dev/relay/relaycore"
+)
+
+// An alarm that leaves rows reports the lower bound of their commit times
+// its re-arm read (AlarmResult.LowerBoundMS), and it is what
+// SourceRelayState answers right after, so a runtime reporting the oldest
+// undelivered age needs no read of its own: with a backlog its budget
+// could not finish, and with rows that came while it ran.
+func TestAlarmReportsLowerBound(t *testing.T) {
+	e := newEnv(t, "free")
+	e.h.Budget = relaycore.RelayBudget{FiresPerAlarm: 1, TargetsPerFire: 4, CallsPerTarget: 1, RowsPerFire: 3}
+	for i := range 4 {
+		e.enqueue(put("t1", fmt.Sprintf("k%d", i), "v"), put("t2", fmt.Sprintf("k%d", i), "v"))
+		e.clock.Advance(time.Second) // each batch its own commit time
+	}
+	check := func(when string, ar relaycore.AlarmResult) {
+		t.Helper()
+		st, err := relaycore.SourceRelayState(e.ctx, e.src, e.source, e.clock.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Empty || ar.Cleared {
+			t.Fatalf("%s: empty %v, cleared %v; the test wants rows left", when, st.Empty, ar.Cleared)
+		}
+		if ar.LowerBoundMS == 0 || ar.LowerBoundMS != st.LowerBoundMS {
+			t.Fatalf("%s: the alarm reports lower bound %d, SourceRelayState %d", when, ar.LowerBoundMS, st.LowerBoundMS)
+		}
+	}
+	ar, err := e.h.Alarm(e.ctx, e.source)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ar.More {
+		t.Fatalf("alarm %+v; want its budget spent before the rows (More)", ar)
+	}
+	check("backlog", ar)
+	firstBound := ar.LowerBoundMS
+	// Rows that arrive while the next alarm delivers: the bound moves on
+	// to the oldest row left.
+	e.srcF.set(nil, func(c call) error {
+		if c.Op == "apply" && c.Key == relaycore.KeyRS {
+			e.srcF.set(nil, nil)
+			e.enqueue(put("t3", "late", "v"))
+		}
+		return nil
+	})
+	e.clock.Advance(time.Second)
+	if ar, err = e.h.Alarm(e.ctx, e.source); err != nil {
+		t.Fatal(err)
+	}
+	check("rows during the alarm", ar)
+	if ar.LowerBoundMS <= firstBound {
+		t.Fatalf("lower bound %d after a second alarm delivered the oldest rows; want past %d", ar.LowerBoundMS, firstBound)
+	}
+	e.drain(e.source, 20)
+}
