@@ -53,31 +53,11 @@ func BenchmarkApply(b *testing.B) {
 	// Each writer has a pool of one connection, so one backend runs all
 	// of its statements; the stores' sessions are configured as relay
 	// serve's.
-	connect := func(configure bool) (*pgxpool.Pool, int) {
-		cfg, err := pgxpool.ParseConfig(dsn)
-		if err != nil {
-			b.Fatal(err)
-		}
-		cfg.MaxConns = 1
-		if configure {
-			postgres.ConfigurePool(cfg)
-		}
-		pool, err := pgxpool.NewWithConfig(ctx, cfg)
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(pool.Close)
-		var pid int
-		if err := pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
-			b.Fatal(err)
-		}
-		return pool, pid
-	}
-	rawPool, rawPID := connect(false)
-	raw1Pool, raw1PID := connect(false)
-	storePool, storePID := connect(true)
-	guardedPool, guardedPID := connect(true)
-	singlePool, singlePID := connect(true)
+	rawPool, rawPID := connectOne(b, dsn, false)
+	raw1Pool, raw1PID := connectOne(b, dsn, false)
+	storePool, storePID := connectOne(b, dsn, true)
+	guardedPool, guardedPID := connectOne(b, dsn, true)
+	singlePool, singlePID := connectOne(b, dsn, true)
 	storeDB, err := postgres.Open(ctx, storePool, postgres.Options{})
 	if err != nil {
 		b.Fatal(err)
@@ -188,6 +168,30 @@ func BenchmarkApply(b *testing.B) {
 	b.ReportMetric(float64(single.wall.Nanoseconds())/batches, "single-ns/batch")
 }
 
+// connectOne opens a pool of one connection to dsn, so one backend runs
+// all its statements, and returns it with that backend's pid; configure
+// sets relay serve's session settings (postgres.ConfigurePool).
+func connectOne(b *testing.B, dsn string, configure bool) (*pgxpool.Pool, int) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	if configure {
+		postgres.ConfigurePool(cfg)
+	}
+	pool, err := pgxpool.NewWithConfig(b.Context(), cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+	var pid int
+	if err := pool.QueryRow(b.Context(), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		b.Fatal(err)
+	}
+	return pool, pid
+}
+
 // stats are one writer's totals over a benchmark's batches.
 type stats struct {
 	wall, server, client time.Duration
@@ -245,21 +249,7 @@ func BenchmarkReads(b *testing.B) {
 		readsPerRun = 300
 	)
 	ctx := b.Context()
-	cfg, err := pgxpool.ParseConfig(pgtest.NewDatabase(b))
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg.MaxConns = 1
-	postgres.ConfigurePool(cfg)
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(pool.Close)
-	var pid int
-	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
-		b.Fatal(err)
-	}
+	pool, pid := connectOne(b, pgtest.NewDatabase(b), true)
 	db, err := postgres.Open(ctx, pool, postgres.Options{})
 	if err != nil {
 		b.Fatal(err)
