@@ -206,26 +206,30 @@ func (s *fastScan) parse(maxRows int) bool {
 	return ok && len(s.rows) > 0 && s.i == len(s.b)
 }
 
+// member is the bit of name among names (1 for the first, 2, 4, ...),
+// marked in seen, or 0 when name is none of them or was seen already
+// (encoding/json would take the last of two: parseRowsJSON decides).
+func member(name []byte, seen *uint8, names ...string) uint8 {
+	for i, n := range names {
+		if string(name) == n {
+			bit := uint8(1) << i
+			if *seen&bit != 0 {
+				return 0
+			}
+			*seen |= bit
+			return bit
+		}
+	}
+	return 0
+}
+
 func (s *fastScan) row() bool {
 	var r fastRow
 	var seen uint8
 	const target, puts, dels = 1, 2, 4
 	ok := s.object(func(name []byte) bool {
-		var m uint8
-		switch string(name) {
-		case "target":
-			m = target
-		case "puts":
-			m = puts
-		case "deletes":
-			m = dels
-		}
-		if m == 0 || seen&m != 0 {
-			return false
-		}
-		seen |= m
 		var ok bool
-		switch m {
+		switch member(name, &seen, "target", "puts", "deletes") {
 		case target:
 			r.target, ok = s.str()
 		case puts:
@@ -258,21 +262,11 @@ func (s *fastScan) put() bool {
 	var seen uint8
 	const key, value = 1, 2
 	ok := s.object(func(name []byte) bool {
-		var m uint8
-		switch string(name) {
-		case "key":
-			m = key
-		case "value":
-			m = value
-		}
-		if m == 0 || seen&m != 0 {
-			return false
-		}
-		seen |= m
 		var ok bool
-		if m == key {
+		switch member(name, &seen, "key", "value") {
+		case key:
 			p.key, ok = s.str()
-		} else {
+		case value:
 			p.value, ok = s.str()
 		}
 		return ok
