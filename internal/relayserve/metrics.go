@@ -45,17 +45,28 @@ type metrics struct {
 	// clock is set to the alarm clock's stats once it exists.
 	clock *clockCollector
 
-	// seenMS is when each source's gauges were last set (unix ms), by
-	// its alarm here or by refresh; sources are in it while their gauges
-	// are exported.
-	seenMu sync.Mutex
-	seenMS map[relaycore.Partition]int64
+	// source is the store the age and the refresh read.
+	source relaycore.Store
+	// seen holds, for each source whose gauges this process exports, its
+	// oldest undelivered commit time and when its gauges were last set;
+	// mu guards it and the per-source gauges' presence (forget, refresh).
+	mu   sync.Mutex
+	seen map[relaycore.Partition]sourceSeen
+}
+
+// sourceSeen is what the per-source gauges keep beside their values: the
+// oldest undelivered commit time (unix ms, 0: outbox empty), aged at
+// scrape time once known, and when the gauges were last set, by an alarm
+// here or a refresh (unix ms; 0: due for a refresh).
+type sourceSeen struct {
+	lowerMS, atMS int64
+	known         bool // lowerMS was read: exported
 }
 
 func newMetrics(source relaycore.Store) *metrics {
 	reg := prometheus.NewRegistry()
 	f := func(c prometheus.Collector) { reg.MustRegister(c) }
-	m := &metrics{reg: reg, seenMS: map[relaycore.Partition]int64{}}
+	m := &metrics{reg: reg, source: source, seen: map[relaycore.Partition]sourceSeen{}}
 	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "relay_http_requests_total", Help: "HTTP requests answered, by route pattern, method and status code.",
 	}, []string{"route", "method", "code"})
@@ -97,7 +108,7 @@ func newMetrics(source relaycore.Store) *metrics {
 	m.sweepOverdue = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "relay_sweep_overdue_total", Help: "Overdue alarms the sweeps found and fired.",
 	})
-	m.age = &ageCollector{source: source, lowerMS: map[relaycore.Partition]int64{}, desc: prometheus.NewDesc(
+	m.age = &ageCollector{m: m, desc: prometheus.NewDesc(
 		"relay_oldest_undelivered_age_seconds",
 		"Now minus the commit time of the source's oldest undelivered row, held rows included; 0 when its outbox is empty. As of each alarm (and the refresh of sources alarmed elsewhere), aged at scrape time.",
 		[]string{"source"}, nil)}
@@ -142,14 +153,28 @@ func (m *metrics) alarm(ctx context.Context, src relaycore.Partition, r relaycor
 	m.quarantined.WithLabelValues(s).Set(float64(r.Hold.Quarantined))
 	m.paused.WithLabelValues(s).Set(float64(r.Hold.Paused))
 	m.held.WithLabelValues(s).Set(float64(r.Hold.HeldRows))
-	m.age.update(ctx, src, r)
-	m.seen(src, time.Now().UnixMilli())
-}
-
-func (m *metrics) seen(src relaycore.Partition, ms int64) {
-	m.seenMu.Lock()
-	m.seenMS[src] = ms
-	m.seenMu.Unlock()
+	// The oldest undelivered commit time: none when the alarm cleared the
+	// outbox, else the bound its re-arm read, else read here.
+	next := sourceSeen{known: true, atMS: time.Now().UnixMilli()}
+	if !r.Cleared && r.LowerBoundMS > 0 {
+		next.lowerMS = r.LowerBoundMS
+	} else if !r.Cleared && m.source != nil {
+		st, err := relaycore.SourceRelayState(ctx, m.source, src, time.Now())
+		switch {
+		case err != nil:
+			// Keep the last age (the alarm's own error path logs store
+			// trouble), and let the next refresh read it.
+			next.known, next.atMS = false, 0
+		case !st.Empty:
+			next.lowerMS = st.LowerBoundMS
+		}
+	}
+	m.mu.Lock()
+	if prev := m.seen[src]; !next.known {
+		next.lowerMS, next.known = prev.lowerMS, prev.known
+	}
+	m.seen[src] = next
+	m.mu.Unlock()
 }
 
 // refreshLimit bounds the sources one refresh reads (two reads each).
@@ -164,58 +189,60 @@ const refreshLimit = 256
 // source moved to. The figures are the store's (AlarmResult reports the
 // same ones after an alarm), so every replica that exports a source's
 // gauges converges on them. A read that fails keeps the last values.
-func (m *metrics) refresh(ctx context.Context, st relaycore.Store, nowMS, staleMS int64) (read int) {
-	if st == nil {
+func (m *metrics) refresh(ctx context.Context, nowMS, staleMS int64) (read int) {
+	if m.source == nil {
 		return 0
 	}
 	type entry struct {
 		src relaycore.Partition
 		ms  int64
 	}
-	m.seenMu.Lock()
+	m.mu.Lock()
 	var stale []entry
-	for src, ms := range m.seenMS {
-		if ms <= nowMS-staleMS {
-			stale = append(stale, entry{src, ms})
+	for src, e := range m.seen {
+		if e.atMS <= nowMS-staleMS {
+			stale = append(stale, entry{src, e.atMS})
 		}
 	}
-	m.seenMu.Unlock()
+	m.mu.Unlock()
 	slices.SortFunc(stale, func(a, b entry) int { return cmp.Or(cmp.Compare(a.ms, b.ms), cmp.Compare(a.src, b.src)) })
 	now := time.UnixMilli(nowMS)
 	for _, e := range stale[:min(len(stale), refreshLimit)] {
 		if ctx.Err() != nil {
 			return read
 		}
-		state, err := relaycore.SourceRelayState(ctx, st, e.src, now)
+		state, err := relaycore.SourceRelayState(ctx, m.source, e.src, now)
 		if err != nil {
 			continue
 		}
-		chk, err := relaycore.CheckAlarm(ctx, st, e.src, now)
+		chk, err := relaycore.CheckAlarm(ctx, m.source, e.src, now)
 		if err != nil {
 			continue
 		}
 		read++
+		lower := int64(0)
+		if !state.Empty {
+			lower = state.LowerBoundMS
+		}
 		s := string(e.src)
-		m.seenMu.Lock()
-		_, exported := m.seenMS[e.src]
-		if exported {
+		m.mu.Lock()
+		if _, exported := m.seen[e.src]; exported {
 			// Not dropped meanwhile (a busy alarm hands the source to
 			// another replica, whose gauges are then the ones to read).
 			m.blocked.WithLabelValues(s).Set(float64(chk.Blocked))
 			m.quarantined.WithLabelValues(s).Set(float64(state.Hold.Quarantined))
 			m.paused.WithLabelValues(s).Set(float64(state.Hold.Paused))
 			m.held.WithLabelValues(s).Set(float64(state.Hold.HeldRows))
-			m.age.set(e.src, state)
-			m.seenMS[e.src] = nowMS
+			m.seen[e.src] = sourceSeen{lowerMS: lower, atMS: nowMS, known: true}
 		}
-		m.seenMu.Unlock()
+		m.mu.Unlock()
 	}
 	return read
 }
 
 // refreshLoop runs refresh every period for sources not refreshed or
 // alarmed here for a period, until ctx ends.
-func (m *metrics) refreshLoop(ctx context.Context, st relaycore.Store, period time.Duration) {
+func (m *metrics) refreshLoop(ctx context.Context, period time.Duration) {
 	t := time.NewTicker(period)
 	defer t.Stop()
 	for {
@@ -223,7 +250,7 @@ func (m *metrics) refreshLoop(ctx context.Context, st relaycore.Store, period ti
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			m.refresh(ctx, st, time.Now().UnixMilli(), period.Milliseconds())
+			m.refresh(ctx, time.Now().UnixMilli(), period.Milliseconds())
 		}
 	}
 }
@@ -231,15 +258,12 @@ func (m *metrics) refreshLoop(ctx context.Context, st relaycore.Store, period ti
 // forget drops src's per-source gauges (counters stay: they are this
 // process's own work).
 func (m *metrics) forget(src relaycore.Partition) {
-	m.seenMu.Lock()
-	defer m.seenMu.Unlock()
-	delete(m.seenMS, src)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.seen, src)
 	for _, g := range []*prometheus.GaugeVec{m.blocked, m.quarantined, m.paused, m.held} {
 		g.DeleteLabelValues(string(src))
 	}
-	m.age.mu.Lock()
-	delete(m.age.lowerMS, src)
-	m.age.mu.Unlock()
 }
 
 func (m *metrics) sweep(found int, err error) {
@@ -250,60 +274,28 @@ func (m *metrics) sweep(found int, err error) {
 	}
 }
 
-// ageCollector keeps each source's oldest undelivered commit time (read
-// after each alarm) and ages it when scraped, so a source whose alarms
-// stopped shows a growing age rather than the last one measured.
+// ageCollector exports each source's oldest undelivered commit time
+// (metrics.seen, set by its alarms and refreshes) aged when scraped, so a
+// source whose alarms stopped shows a growing age rather than the last
+// one measured.
 type ageCollector struct {
-	source relaycore.Store
-	desc   *prometheus.Desc
-
-	mu      sync.Mutex
-	lowerMS map[relaycore.Partition]int64 // 0: outbox empty
-}
-
-// update records src's oldest undelivered commit time after alarm r: 0
-// when it cleared the outbox, the bound its re-arm read when it has one,
-// else read from the store.
-func (a *ageCollector) update(ctx context.Context, src relaycore.Partition, r relaycore.AlarmResult) {
-	lower := int64(0)
-	if !r.Cleared && r.LowerBoundMS > 0 {
-		lower = r.LowerBoundMS
-	} else if !r.Cleared {
-		st, err := relaycore.SourceRelayState(ctx, a.source, src, time.Now())
-		if err != nil {
-			return // keep the last value; the alarm's own error path logs store trouble
-		}
-		if !st.Empty {
-			lower = st.LowerBoundMS
-		}
-	}
-	a.mu.Lock()
-	a.lowerMS[src] = lower
-	a.mu.Unlock()
-}
-
-// set records the oldest undelivered commit time of state, read by a
-// refresh.
-func (a *ageCollector) set(src relaycore.Partition, state relaycore.SourceState) {
-	lower := int64(0)
-	if !state.Empty {
-		lower = state.LowerBoundMS
-	}
-	a.mu.Lock()
-	a.lowerMS[src] = lower
-	a.mu.Unlock()
+	m    *metrics
+	desc *prometheus.Desc
 }
 
 func (a *ageCollector) Describe(ch chan<- *prometheus.Desc) { ch <- a.desc }
 
 func (a *ageCollector) Collect(ch chan<- prometheus.Metric) {
 	now := time.Now().UnixMilli()
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for src, lower := range a.lowerMS {
+	a.m.mu.Lock()
+	defer a.m.mu.Unlock()
+	for src, e := range a.m.seen {
+		if !e.known {
+			continue
+		}
 		age := 0.0
-		if lower > 0 {
-			age = float64(max(0, now-lower)) / 1000
+		if e.lowerMS > 0 {
+			age = float64(max(0, now-e.lowerMS)) / 1000
 		}
 		ch <- prometheus.MustNewConstMetric(a.desc, prometheus.GaugeValue, age, string(src))
 	}

@@ -152,10 +152,10 @@ func TestRefreshFollowsTheStore(t *testing.T) {
 		t.Fatalf("quarantined %v before any refresh; the test wants the stale reading first", q)
 	}
 	now := time.Now().UnixMilli()
-	if n := m.refresh(ctx, src, now, time.Hour.Milliseconds()); n != 0 {
+	if n := m.refresh(ctx, now, time.Hour.Milliseconds()); n != 0 {
 		t.Fatalf("a refresh for gauges older than an hour read %d sources; want none (set just now)", n)
 	}
-	if n := m.refresh(ctx, src, now+1000, 1000); n != 1 {
+	if n := m.refresh(ctx, now+1000, 1000); n != 1 {
 		t.Fatalf("refresh read %d sources, want 1", n)
 	}
 	if q, held, b := gauge(m.quarantined), gauge(m.held), gauge(m.blocked); q != 0 || held != 0 || b != 0 {
@@ -163,7 +163,7 @@ func TestRefreshFollowsTheStore(t *testing.T) {
 	}
 	// A busy alarm drops the source: it is no longer refreshed here.
 	m.alarm(ctx, "s", relaycore.AlarmResult{Busy: true}, nil)
-	if n := m.refresh(ctx, src, now+10_000, 0); n != 0 {
+	if n := m.refresh(ctx, now+10_000, 0); n != 0 {
 		t.Fatalf("refresh read %d sources after the busy alarm dropped s; want none", n)
 	}
 }

@@ -263,7 +263,7 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 	gaugesDone := make(chan struct{})
 	go func() {
 		defer close(gaugesDone)
-		m.refreshLoop(clockCtx, src, cfg.Alarms.SweepInterval)
+		m.refreshLoop(clockCtx, cfg.Alarms.SweepInterval)
 	}()
 	// The owner and the gauges' refresh stop with the clock, and before
 	// the store closes (the deferred close runs after this).
