@@ -22,9 +22,19 @@ import (
 // before that one arrives), the listener closes an idle connection to
 // make room: one that never carried an authenticated request first (a
 // health probe's, or an attacker's), then the one idle longest. A
-// connection busy with a request is never closed for room; when none is
-// idle, the first to become idle is. Closing an idle connection is what
-// idle_timeout does anyway: HTTP clients expect it and open another.
+// connection busy with a request is never closed for room, and neither is
+// one idle for less than minIdleForRoom: a busy client's next request is
+// often on its way already (an HTTP/2 client's streams follow each other
+// within milliseconds), and closing the connection under it loses that
+// request with no way for the client to know whether it ran. Before, the
+// first connection to turn idle was closed at once: a client opening 300
+// requests at once (Go's transport dials one connection per waiting
+// request) filled the slots with its own dials, and its two HTTP/2
+// connections were closed between streams, failing 25 requests with
+// "unexpected EOF". When no connection has been idle that long, Accept
+// waits for the first to get there (or for a slot to free). Closing a
+// connection idle that long is what idle_timeout does anyway: HTTP
+// clients expect it and open another.
 //
 // The connection states come from http.Server.ConnState (trackState),
 // which reports HTTP/2 connections as idle when no stream is open;
@@ -32,7 +42,10 @@ import (
 // an authenticated request.
 type limitListener struct {
 	net.Listener
-	n         int
+	n int
+	// minIdle is how long a connection must have been idle before it may
+	// be closed for room (minIdleForRoom; tests set less).
+	minIdle   time.Duration
 	done      chan struct{}
 	closeOnce sync.Once
 	// wake gets a token when a slot frees (Accept re-checks).
@@ -51,9 +64,15 @@ func newLimitListener(l net.Listener, n int, onEvict func()) *limitListener {
 	if onEvict == nil {
 		onEvict = func() {}
 	}
-	return &limitListener{Listener: l, n: n, done: make(chan struct{}), wake: make(chan struct{}, 1), onEvict: onEvict,
-		conns: map[*limitConn]struct{}{}}
+	return &limitListener{Listener: l, n: n, minIdle: minIdleForRoom, done: make(chan struct{}), wake: make(chan struct{}, 1),
+		onEvict: onEvict, conns: map[*limitConn]struct{}{}}
 }
+
+// minIdleForRoom is how long a connection must have been idle before the
+// listener closes it to make room: long against the gap between a busy
+// client's requests, short against idle_timeout and against how long a
+// waiting client will wait.
+const minIdleForRoom = time.Second
 
 func (l *limitListener) Accept() (net.Conn, error) {
 	for {
@@ -65,12 +84,12 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			break
 		}
 		l.waiting = true
-		victim := l.evictLocked()
+		victim, wait := l.evictLocked(time.Now())
 		l.mu.Unlock()
 		l.close(victim)
-		select {
-		case <-l.wake:
-		case <-l.done:
+		// A connection idle for less than minIdle is due in wait; a
+		// connection turning idle, or one closing, wakes this loop.
+		if !l.await(wait) {
 			return nil, net.ErrClosed
 		}
 	}
@@ -86,15 +105,42 @@ func (l *limitListener) Accept() (net.Conn, error) {
 	return lc, nil
 }
 
-// evictLocked picks the connection to close for room, if one is idle and
-// none is already closing for room (its slot is on its way), and marks it.
-func (l *limitListener) evictLocked() net.Conn {
+// await waits for a wake, or for wait to pass (0: no deadline); false:
+// the listener closed.
+func (l *limitListener) await(wait time.Duration) bool {
+	var due <-chan time.Time
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		due = t.C
+	}
+	select {
+	case <-l.wake:
+	case <-due:
+	case <-l.done:
+		return false
+	}
+	return true
+}
+
+// evictLocked picks the connection to close for room at now, if one has
+// been idle for minIdle and none is already closing for room (its slot is
+// on its way), and marks it. With none to close, wait is how long until
+// the first idle connection has been idle for minIdle (0: none is idle,
+// or one is closing).
+func (l *limitListener) evictLocked(now time.Time) (victim net.Conn, wait time.Duration) {
 	if l.evicting > 0 {
-		return nil
+		return nil, 0
 	}
 	var best *limitConn
 	for c := range l.conns {
 		if c.state != http.StateIdle || c.outer == nil || c.evicted {
+			continue
+		}
+		if left := c.since.Add(l.minIdle).Sub(now); left > 0 {
+			if wait == 0 || left < wait {
+				wait = left
+			}
 			continue
 		}
 		if best == nil || !c.authed && best.authed || c.authed == best.authed && c.since.Before(best.since) {
@@ -102,11 +148,11 @@ func (l *limitListener) evictLocked() net.Conn {
 		}
 	}
 	if best == nil {
-		return nil
+		return nil, wait
 	}
 	best.evicted = true
 	l.evicting++
-	return best.outer
+	return best.outer, 0
 }
 
 // close closes a connection picked for room (nil: none), off the caller's
@@ -138,8 +184,8 @@ func (l *limitListener) release(c *limitConn) {
 }
 
 // trackState is the http.Server's ConnState hook: it records each
-// connection's state, and an Accept waiting for a slot gets the first
-// connection to turn idle.
+// connection's state, and wakes an Accept waiting for a slot when one
+// turns idle (Accept closes it once it has been idle for minIdle).
 func (l *limitListener) trackState(outer net.Conn, state http.ConnState) {
 	c := innerConn(outer)
 	if c == nil {
@@ -147,12 +193,14 @@ func (l *limitListener) trackState(outer net.Conn, state http.ConnState) {
 	}
 	l.mu.Lock()
 	c.outer, c.state, c.since = outer, state, time.Now()
-	var victim net.Conn
-	if state == http.StateIdle && l.waiting {
-		victim = l.evictLocked()
-	}
+	waiting := l.waiting
 	l.mu.Unlock()
-	l.close(victim)
+	if state == http.StateIdle && waiting {
+		select {
+		case l.wake <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // authenticated marks the connection (the server's, as ConnContext got

@@ -3,8 +3,10 @@ package relayserve
 import (
 	"errors"
 	"net"
+	"net/http"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // The listener never hands out more than n connections at once: a
@@ -66,5 +68,92 @@ func TestLimitListener(t *testing.T) {
 	}
 	for _, c := range served {
 		c.Close()
+	}
+}
+
+// A connection is closed for room only once it has been idle for minIdle:
+// one that has just turned idle (a busy HTTP/2 client's next stream is
+// often on its way) is not, nor one that turned active again; the first
+// to have been idle long enough is, the unauthenticated before the
+// authenticated. Before, Accept closed the first connection to turn idle
+// at once.
+func TestLimitListenerClosesOnlyLongIdle(t *testing.T) {
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLimitListener(inner, 2, nil)
+	defer l.Close()
+	var conns []net.Conn
+	for range 2 {
+		d, err := net.Dial("tcp", inner.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		c, err := l.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conns = append(conns, c)
+	}
+	authed, probe := conns[0], conns[1]
+	l.trackState(authed, http.StateIdle)
+	l.authenticated(authed)
+	l.trackState(probe, http.StateIdle)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t0 := innerConn(probe).since
+	if v, wait := l.evictLocked(t0); v != nil || wait <= 0 || wait > l.minIdle {
+		t.Fatalf("just idle: closed %v, wait %v; want none closed, a wait up to %v", v, wait, l.minIdle)
+	}
+	innerConn(authed).since = t0.Add(-l.minIdle)
+	if v, _ := l.evictLocked(t0); v != authed {
+		t.Fatalf("closed %v, want the authenticated connection, the only one idle for %v", v, l.minIdle)
+	}
+	innerConn(authed).evicted, l.evicting = false, 0
+	if v, _ := l.evictLocked(t0.Add(l.minIdle)); v != probe {
+		t.Fatalf("closed %v, want the unauthenticated connection first once both were idle for %v", v, l.minIdle)
+	}
+	innerConn(probe).evicted, l.evicting = false, 0
+	innerConn(probe).state, innerConn(authed).state = http.StateActive, http.StateActive
+	if v, wait := l.evictLocked(t0.Add(time.Hour)); v != nil || wait != 0 {
+		t.Fatalf("both active: closed %v, wait %v; want none and no wait", v, wait)
+	}
+}
+
+// A waiting Accept closes the connection once it has been idle for
+// minIdle, with no other event to wake it, and then accepts the new one.
+func TestLimitListenerWaitsForIdle(t *testing.T) {
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLimitListener(inner, 1, nil)
+	l.minIdle = 20 * time.Millisecond
+	defer l.Close()
+	d1, err := net.Dial("tcp", inner.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d1.Close()
+	c1, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.trackState(c1, http.StateIdle)
+	d2, err := net.Dial("tcp", inner.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d2.Close()
+	c2, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if _, err := d1.Read(make([]byte, 1)); err == nil {
+		t.Fatal("the idle connection was not closed for room")
 	}
 }
