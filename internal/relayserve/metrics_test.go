@@ -167,3 +167,39 @@ func TestRefreshFollowsTheStore(t *testing.T) {
 		t.Fatalf("refresh read %d sources after the busy alarm dropped s; want none", n)
 	}
 }
+
+// The oldest undelivered commit time an alarm leaves for the age gauge:
+// the bound its re-arm read when it has one (the store is not read), the
+// store's (SourceRelayState) when it has none, none once the alarm cleared
+// the outbox.
+func TestAlarmOldestCommitTime(t *testing.T) {
+	ctx := context.Background()
+	src, dst := mem.New(relaycore.Capabilities{}), mem.New(relaycore.Capabilities{})
+	h := &relaycore.RelayHandler{Source: src, Target: dst}
+	rows := []relaycore.Row{{Target: "t", Puts: []relaycore.KV{{Key: "k", Value: []byte("v")}}}}
+	if _, err := h.Enqueue(ctx, "s", rows, relaycore.EnqueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := relaycore.SourceRelayState(ctx, src, "s", time.Now())
+	if err != nil || st.Empty || st.LowerBoundMS <= 0 {
+		t.Fatalf("source state %+v, %v; want a row pending", st, err)
+	}
+	m := newMetrics(src)
+	lower := func() (int64, bool) {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.seen["s"].lowerMS, m.seen["s"].known
+	}
+	m.alarm(ctx, "s", relaycore.AlarmResult{}, nil)
+	if got, known := lower(); !known || got != st.LowerBoundMS {
+		t.Fatalf("an alarm without a bound: %d (known %v), want the store's %d", got, known, st.LowerBoundMS)
+	}
+	m.alarm(ctx, "s", relaycore.AlarmResult{LowerBoundMS: st.LowerBoundMS - 5000}, nil)
+	if got, _ := lower(); got != st.LowerBoundMS-5000 {
+		t.Fatalf("an alarm with a bound: %d, want its own %d, not the store's", got, st.LowerBoundMS-5000)
+	}
+	m.alarm(ctx, "s", relaycore.AlarmResult{Cleared: true, LowerBoundMS: 7}, nil)
+	if got, known := lower(); !known || got != 0 {
+		t.Fatalf("an alarm that cleared the outbox: %d (known %v), want none", got, known)
+	}
+}
