@@ -157,3 +157,56 @@ func TestLimitListenerWaitsForIdle(t *testing.T) {
 		t.Fatal("the idle connection was not closed for room")
 	}
 }
+
+// An Accept already waiting when a connection turns idle is woken by it
+// (trackState) and closes it once it has been idle for minIdle: before the
+// wake it had nothing to wait for but a slot freeing.
+func TestLimitListenerWokenByIdle(t *testing.T) {
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLimitListener(inner, 1, nil)
+	l.minIdle = 20 * time.Millisecond
+	defer l.Close()
+	d1, err := net.Dial("tcp", inner.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d1.Close()
+	c1, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.trackState(c1, http.StateActive)
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			t.Error(err)
+		}
+		accepted <- c
+	}()
+	// Accept is waiting once it has marked itself so.
+	for {
+		l.mu.Lock()
+		w := l.waiting
+		l.mu.Unlock()
+		if w {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	d2, err := net.Dial("tcp", inner.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d2.Close()
+	l.trackState(c1, http.StateIdle)
+	if c := <-accepted; c != nil {
+		c.Close()
+	}
+	if _, err := d1.Read(make([]byte, 1)); err == nil {
+		t.Fatal("the connection that turned idle was not closed for room")
+	}
+}
