@@ -250,28 +250,22 @@ func outboxHead(ctx context.Context, st Store, source Partition) (*Item, error) 
 
 // lowerBound is AlarmResult.LowerBoundMS for a re-arm that found first
 // (nil: the outbox is empty, held rows keep the alarm) with v read: what
-// SourceRelayState would answer, from what the re-arm read anyway. The
-// first page's commit time bounds the outbox's (commit times grow with
-// seq); without pages, os's last commit time does; held rows lower it to
-// their oldest as the last fire left the hold summary. 0: unknown.
+// SourceRelayState would answer (undeliveredLowerBound), from what the
+// re-arm read anyway, with held rows as the last fire left the hold
+// summary. 0: unknown.
 func (h *RelayHandler) lowerBound(first *Item, v alarmView, last FireResult) int64 {
-	var lower int64
+	var pageMS int64
 	if first != nil {
-		_, commitMS, err := pageHeader(first.Key, first.Value)
-		if err != nil {
+		var err error
+		if _, pageMS, err = pageHeader(first.Key, first.Value); err != nil {
 			return 0
 		}
-		lower = commitMS
-	} else {
-		os, err := decodeOS(v.osRaw, v.osFound)
-		if err != nil {
-			return 0
-		}
-		lower = os.LastCommitMS
 	}
-	if last.Hold.HeldRows > 0 {
-		lower = min(lower, last.Hold.OldestMS)
+	os, err := decodeOS(v.osRaw, v.osFound)
+	if err != nil {
+		return 0
 	}
+	lower := undeliveredLowerBound(first != nil, pageMS, os.LastCommitMS, last.Hold)
 	return max(min(lower, unixMS(h.clock().Now())), 0)
 }
 

@@ -61,3 +61,30 @@ func TestAlarmReportsLowerBound(t *testing.T) {
 	}
 	e.drain(e.source, 20)
 }
+
+// Held rows bound the commit times too: a quarantined target's row,
+// older than every row left in the outbox, is the lower bound
+// SourceRelayState answers and an alarm that leaves rows reports.
+func TestLowerBoundCountsHeldRows(t *testing.T) {
+	e := newEnv(t, "free")
+	e.h.Budget = relaycore.RelayBudget{FiresPerAlarm: 1, TargetsPerFire: 4, CallsPerTarget: 1, RowsPerFire: 1}
+	held := e.clock.Now().UnixMilli()
+	e.enqueue(put("t1", "k", "v"))
+	if _, err := e.h.Quarantine(e.ctx, e.source, "t1", relaycore.Actor{By: "op", Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Minute)
+	e.enqueue(put("t2", "k1", "v"))
+	e.enqueue(put("t2", "k2", "v"))
+	st, err := relaycore.SourceRelayState(e.ctx, e.src, e.source, e.clock.Now())
+	if err != nil || st.LowerBoundMS != held {
+		t.Fatalf("source state lower bound %d (%v), want the held row's commit time %d", st.LowerBoundMS, err, held)
+	}
+	ar, err := e.h.Alarm(e.ctx, e.source)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ar.Cleared || ar.LowerBoundMS != held {
+		t.Fatalf("alarm %+v: lower bound %d, want the held row's %d", ar, ar.LowerBoundMS, held)
+	}
+}

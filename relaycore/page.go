@@ -356,10 +356,6 @@ func (r *pageReader) key(prev string) string {
 	return prev[:shared] + string(rest)
 }
 
-// decodePage decodes a row page (format 1 or 2) stored under key. It never
-// panics on malformed input and bounds what it allocates by the page's
-// size (a compressed section by maxPageRawBytes, decoded keys by
-// maxPageKeyBytes); errors wrap ErrCorruptRecord.
 // pageHeader reads only a page's first seq and commit time, which precede
 // its (possibly compressed) rows in every format.
 func pageHeader(key string, raw []byte) (first uint64, commitMS int64, err error) {
@@ -379,6 +375,10 @@ func pageHeader(key string, raw []byte) (first uint64, commitMS int64, err error
 	return first, commitMS, nil
 }
 
+// decodePage decodes a row page (format 1 or 2) stored under key. It never
+// panics on malformed input and bounds what it allocates by the page's
+// size (a compressed section by maxPageRawBytes, decoded keys by
+// maxPageKeyBytes); errors wrap ErrCorruptRecord.
 func decodePage(key string, raw []byte) (Page, error) {
 	bad := func(why string) (Page, error) {
 		return Page{}, fmt.Errorf("%w: page %s: %s", ErrCorruptRecord, key, why)

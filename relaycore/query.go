@@ -46,12 +46,14 @@ func SourceRelayState(ctx context.Context, st Store, source Partition, now time.
 
 func sourceState(ctx context.Context, st Store, source Partition) (SourceState, error) {
 	var (
-		osRaw   []byte
-		osFound bool
-		qRaw    []byte
-		qFound  bool
-		first   *Page
-		after   string
+		osRaw    []byte
+		osFound  bool
+		qRaw     []byte
+		qFound   bool
+		first    bool
+		firstSeq uint64
+		firstMS  int64
+		after    string
 	)
 scan:
 	for {
@@ -66,11 +68,11 @@ scan:
 			case it.Key == layout.KeyHold:
 				qRaw, qFound = it.Value, true
 			case isPageKey(it.Key):
-				p, err := decodePage(it.Key, it.Value)
-				if err != nil {
+				// Only the header: the rows are not needed.
+				if firstSeq, firstMS, err = pageHeader(it.Key, it.Value); err != nil {
 					return SourceState{}, fmt.Errorf("source state %s: %w", source, err)
 				}
-				first = &p
+				first = true
 				break scan
 			}
 		}
@@ -87,10 +89,10 @@ scan:
 	if err != nil {
 		return SourceState{}, fmt.Errorf("source state %s: %w", source, err)
 	}
-	s := SourceState{NextSeq: os.NextSeq, Empty: first == nil && hold.HeldRows == 0, LowerBoundMS: os.LastCommitMS, HeldRows: hold.HeldRows, Hold: HoldSummary(hold)}
-	if first != nil {
-		s.FirstUndelivered = first.First
-		s.LowerBoundMS = first.CommitMS
+	s := SourceState{NextSeq: os.NextSeq, Empty: !first && hold.HeldRows == 0, HeldRows: hold.HeldRows, Hold: HoldSummary(hold),
+		LowerBoundMS: undeliveredLowerBound(first, firstMS, os.LastCommitMS, HoldSummary(hold))}
+	if first {
+		s.FirstUndelivered = firstSeq
 	}
 	// Held rows (quarantined, paused or retried targets) are undelivered
 	// too; q keeps lower bounds of their seqs and commit times.
@@ -98,10 +100,24 @@ scan:
 		if s.FirstUndelivered == 0 || hold.MinSeq < s.FirstUndelivered {
 			s.FirstUndelivered = hold.MinSeq
 		}
-		s.LowerBoundMS = min(s.LowerBoundMS, hold.OldestMS)
 		s.HeldOldestMS = hold.OldestMS
 	}
 	return s, nil
+}
+
+// undeliveredLowerBound bounds the commit times of a source's undelivered
+// rows from below: the first outbox page's (hasPage; commit times grow
+// with seq), else the last commit's, lowered to the oldest held row's
+// when rows are held (hold: as q, or the last fire, left it).
+func undeliveredLowerBound(hasPage bool, pageMS, lastCommitMS int64, hold HoldSummary) int64 {
+	lower := lastCommitMS
+	if hasPage {
+		lower = pageMS
+	}
+	if hold.HeldRows > 0 {
+		lower = min(lower, hold.OldestMS)
+	}
+	return lower
 }
 
 // RelayWatermark is a commit-time lower bound for source's undelivered
