@@ -78,27 +78,11 @@ func TestLimitListener(t *testing.T) {
 // authenticated. Before, Accept closed the first connection to turn idle
 // at once.
 func TestLimitListenerClosesOnlyLongIdle(t *testing.T) {
-	inner, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := newLimitListener(inner, 2, nil)
-	defer l.Close()
-	var conns []net.Conn
-	for range 2 {
-		d, err := net.Dial("tcp", inner.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer d.Close()
-		c, err := l.Accept()
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		conns = append(conns, c)
-	}
-	authed, probe := conns[0], conns[1]
+	l := newTestLimitListener(t, 2)
+	dial(t, l)
+	authed := accept(t, l)
+	dial(t, l)
+	probe := accept(t, l)
 	l.trackState(authed, http.StateIdle)
 	l.authenticated(authed)
 	l.trackState(probe, http.StateIdle)
@@ -126,33 +110,12 @@ func TestLimitListenerClosesOnlyLongIdle(t *testing.T) {
 // A waiting Accept closes the connection once it has been idle for
 // minIdle, with no other event to wake it, and then accepts the new one.
 func TestLimitListenerWaitsForIdle(t *testing.T) {
-	inner, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := newLimitListener(inner, 1, nil)
+	l := newTestLimitListener(t, 1)
 	l.minIdle = 20 * time.Millisecond
-	defer l.Close()
-	d1, err := net.Dial("tcp", inner.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d1.Close()
-	c1, err := l.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.trackState(c1, http.StateIdle)
-	d2, err := net.Dial("tcp", inner.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d2.Close()
-	c2, err := l.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c2.Close()
+	d1 := dial(t, l)
+	l.trackState(accept(t, l), http.StateIdle)
+	dial(t, l)
+	accept(t, l)
 	if _, err := d1.Read(make([]byte, 1)); err == nil {
 		t.Fatal("the idle connection was not closed for room")
 	}
@@ -162,22 +125,10 @@ func TestLimitListenerWaitsForIdle(t *testing.T) {
 // (trackState) and closes it once it has been idle for minIdle: before the
 // wake it had nothing to wait for but a slot freeing.
 func TestLimitListenerWokenByIdle(t *testing.T) {
-	inner, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := newLimitListener(inner, 1, nil)
+	l := newTestLimitListener(t, 1)
 	l.minIdle = 20 * time.Millisecond
-	defer l.Close()
-	d1, err := net.Dial("tcp", inner.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d1.Close()
-	c1, err := l.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
+	d1 := dial(t, l)
+	c1 := accept(t, l)
 	l.trackState(c1, http.StateActive)
 	accepted := make(chan net.Conn, 1)
 	go func() {
@@ -197,11 +148,7 @@ func TestLimitListenerWokenByIdle(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	d2, err := net.Dial("tcp", inner.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d2.Close()
+	dial(t, l)
 	l.trackState(c1, http.StateIdle)
 	if c := <-accepted; c != nil {
 		c.Close()
@@ -209,4 +156,39 @@ func TestLimitListenerWokenByIdle(t *testing.T) {
 	if _, err := d1.Read(make([]byte, 1)); err == nil {
 		t.Fatal("the connection that turned idle was not closed for room")
 	}
+}
+
+// newTestLimitListener is a limitListener of n slots on a loopback port,
+// closed at the end of the test.
+func newTestLimitListener(t *testing.T, n int) *limitListener {
+	t.Helper()
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLimitListener(inner, n, nil)
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// dial opens a client connection to l, closed at the end of the test.
+func dial(t *testing.T, l *limitListener) net.Conn {
+	t.Helper()
+	d, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// accept is l.Accept, the connection closed at the end of the test.
+func accept(t *testing.T, l *limitListener) net.Conn {
+	t.Helper()
+	c, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
