@@ -91,7 +91,12 @@ func (h *RelayHandler) rearm(ctx context.Context, source Partition, last FireRes
 		}
 		var again bool
 		if empty {
+			// Rows of quarantined or paused targets wake nothing but are
+			// undelivered: their bound stays (SourceRelayState's too).
 			ar.LowerBoundMS = 0
+			if last.Hold.HeldRows > 0 {
+				ar.LowerBoundMS = h.lowerBound(nil, v, last)
+			}
 			again, err = h.clearAlarm(ctx, source, v, ar)
 		} else {
 			ar.LowerBoundMS = h.lowerBound(first, v, last)
@@ -329,11 +334,13 @@ type AlarmResult struct {
 	// (infra/alarmclock's Linger) holds only those: a backlog is fired
 	// again at once.
 	More bool
-	// LowerBoundMS, after an alarm that re-armed (rows left), bounds the
-	// commit times of the source's undelivered rows from below, as
+	// LowerBoundMS, after an alarm that left undelivered rows (in the
+	// outbox, or held: a cleared alarm with quarantined or paused targets'
+	// rows has one too), bounds their commit times from below, as
 	// SourceRelayState's LowerBoundMS does, from what the re-arm read: a
 	// runtime reports the oldest undelivered age without reading the
-	// source again. 0 when cleared, busy, or unknown.
+	// source again. 0 when nothing is left (cleared with nothing held),
+	// busy, or unknown.
 	LowerBoundMS int64
 	// NextDueMS is the re-armed alarm's due time (0 when cleared or busy).
 	NextDueMS int64

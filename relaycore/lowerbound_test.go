@@ -88,3 +88,40 @@ func TestLowerBoundCountsHeldRows(t *testing.T) {
 		t.Fatalf("alarm %+v: lower bound %d, want the held row's %d", ar, ar.LowerBoundMS, held)
 	}
 }
+
+// An alarm that clears the outbox while a quarantined target still holds
+// rows reports their bound too: they are undelivered (SourceRelayState is
+// not Empty), and a runtime that read 0 from a cleared alarm would report
+// a quarantine as an age of 0 until its next refresh.
+func TestClearedAlarmReportsHeldRows(t *testing.T) {
+	e := newEnv(t, "free")
+	held := e.clock.Now().UnixMilli()
+	e.enqueue(put("t1", "k", "v"))
+	if _, err := e.h.Quarantine(e.ctx, e.source, "t1", relaycore.Actor{By: "op", Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Minute)
+	e.enqueue(put("t2", "k", "v"))
+	ar, err := e.h.Alarm(e.ctx, e.source)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ar.Cleared || ar.Hold.HeldRows != 1 {
+		t.Fatalf("alarm %+v; the test wants the outbox cleared with t1's row held", ar)
+	}
+	st, err := relaycore.SourceRelayState(e.ctx, e.src, e.source, e.clock.Now())
+	if err != nil || st.Empty || st.LowerBoundMS != held {
+		t.Fatalf("source state %+v (%v); want the held row's commit time %d", st, err, held)
+	}
+	if ar.LowerBoundMS != held {
+		t.Fatalf("cleared alarm: lower bound %d, want the held row's %d", ar.LowerBoundMS, held)
+	}
+	// Released and delivered: nothing is held and the bound is gone.
+	if _, err := e.h.Release(e.ctx, e.source, "t1", relaycore.Actor{By: "op", Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	e.drain(e.source, 20)
+	if ar, err = e.h.Alarm(e.ctx, e.source); err != nil || !ar.Cleared || ar.LowerBoundMS != 0 {
+		t.Fatalf("alarm after the release %+v (%v); want cleared with no bound", ar, err)
+	}
+}

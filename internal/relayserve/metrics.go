@@ -110,7 +110,7 @@ func newMetrics(source relaycore.Store) *metrics {
 	})
 	m.age = &ageCollector{m: m, desc: prometheus.NewDesc(
 		"relay_oldest_undelivered_age_seconds",
-		"Now minus the commit time of the source's oldest undelivered row, held rows included; 0 when its outbox is empty. As of each alarm (and the refresh of sources alarmed elsewhere), aged at scrape time.",
+		"Now minus the commit time of the source's oldest undelivered row, held rows (quarantined, paused or retrying targets) included; 0 when nothing is undelivered. As of each alarm (and the refresh of sources alarmed elsewhere), aged at scrape time.",
 		[]string{"source"}, nil)}
 	m.clock = &clockCollector{}
 	for _, c := range []prometheus.Collector{
@@ -153,12 +153,13 @@ func (m *metrics) alarm(ctx context.Context, src relaycore.Partition, r relaycor
 	m.quarantined.WithLabelValues(s).Set(float64(r.Hold.Quarantined))
 	m.paused.WithLabelValues(s).Set(float64(r.Hold.Paused))
 	m.held.WithLabelValues(s).Set(float64(r.Hold.HeldRows))
-	// The oldest undelivered commit time: none when the alarm cleared the
-	// outbox, else the bound its re-arm read, else read here.
+	// The oldest undelivered commit time: the bound the alarm's re-arm
+	// read (held rows included, also when it cleared the outbox), else
+	// none when it cleared the outbox with nothing held, else read here.
 	next := sourceSeen{known: true, atMS: time.Now().UnixMilli()}
-	if !r.Cleared && r.LowerBoundMS > 0 {
+	if r.LowerBoundMS > 0 {
 		next.lowerMS = r.LowerBoundMS
-	} else if !r.Cleared && m.source != nil {
+	} else if (!r.Cleared || r.Hold.HeldRows > 0) && m.source != nil {
 		st, err := relaycore.SourceRelayState(ctx, m.source, src, time.Now())
 		switch {
 		case err != nil:

@@ -198,8 +198,18 @@ func TestAlarmOldestCommitTime(t *testing.T) {
 	if got, _ := lower(); got != st.LowerBoundMS-5000 {
 		t.Fatalf("an alarm with a bound: %d, want its own %d, not the store's", got, st.LowerBoundMS-5000)
 	}
-	m.alarm(ctx, "s", relaycore.AlarmResult{Cleared: true, LowerBoundMS: 7}, nil)
+	m.alarm(ctx, "s", relaycore.AlarmResult{Cleared: true}, nil)
 	if got, known := lower(); !known || got != 0 {
-		t.Fatalf("an alarm that cleared the outbox: %d (known %v), want none", got, known)
+		t.Fatalf("an alarm that cleared the outbox with nothing held: %d (known %v), want none", got, known)
+	}
+	// Cleared with a quarantined target's rows held: they are undelivered.
+	heldHold := relaycore.HoldSummary{Quarantined: 1, HeldRows: 2}
+	m.alarm(ctx, "s", relaycore.AlarmResult{Cleared: true, Hold: heldHold, LowerBoundMS: 7}, nil)
+	if got, known := lower(); !known || got != 7 {
+		t.Fatalf("an alarm that cleared the outbox with rows held: %d (known %v), want its bound 7", got, known)
+	}
+	m.alarm(ctx, "s", relaycore.AlarmResult{Cleared: true, Hold: heldHold}, nil)
+	if got, known := lower(); !known || got != st.LowerBoundMS {
+		t.Fatalf("an alarm that cleared with rows held and no bound: %d (known %v), want the store's %d", got, known, st.LowerBoundMS)
 	}
 }

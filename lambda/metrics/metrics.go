@@ -60,7 +60,8 @@ const (
 	RowsDelivered = "RowsDelivered"
 	// OldestUndeliveredAge is now minus the commit time of the source's
 	// oldest undelivered row, held rows included (the lag of the source's
-	// watermark); 0 when the outbox is empty.
+	// watermark); 0 when nothing is undelivered (held rows of a
+	// quarantined target keep it growing after the outbox is empty).
 	OldestUndeliveredAge = "OldestUndeliveredAge"
 	// Gauges after the alarm's last fire.
 	TargetsBlocked     = "TargetsBlocked"
@@ -129,7 +130,8 @@ type AlarmOutcome struct {
 // the counters: its Hold and Blocked figures are zero, not observed. The
 // age is the alarm's own LowerBoundMS (what its re-arm read), else read
 // from the source's head (relaycore.SourceRelayState: one Query), unless
-// the alarm cleared the outbox (age 0) or was busy or failed.
+// the alarm cleared the outbox with nothing held (age 0) or was busy or
+// failed.
 func (r *Recorder) Alarm(ctx context.Context, o AlarmOutcome) {
 	if r == nil {
 		return
@@ -163,13 +165,14 @@ func (r *Recorder) Alarm(ctx context.Context, o AlarmOutcome) {
 }
 
 func (r *Recorder) age(ctx context.Context, source relaycore.Partition, ar relaycore.AlarmResult) (int64, bool) {
-	if ar.Cleared {
-		return 0, true
-	}
 	now := r.clock().Now()
 	if ar.LowerBoundMS > 0 {
-		// What the alarm's re-arm read: no Query of its own.
+		// What the alarm's re-arm read (held rows included, also when it
+		// cleared the outbox): no Query of its own.
 		return max(0, now.UnixMilli()-ar.LowerBoundMS), true
+	}
+	if ar.Cleared && ar.Hold.HeldRows == 0 {
+		return 0, true
 	}
 	if r.State == nil {
 		return 0, false

@@ -30,8 +30,9 @@ var t0 = time.UnixMilli(1_800_000_000_000)
 // metric).
 func TestLines(t *testing.T) {
 	busy := relaycore.AlarmResult{Busy: true}
+	// Cleared with rows held: the held rows' bound is the age.
 	full := relaycore.AlarmResult{Fires: 2, RowsDelivered: 7, Blocked: 3, TargetsQuarantined: 1, Cleared: true,
-		Hold: relaycore.HoldSummary{Quarantined: 2, Paused: 1, HeldRows: 9}}
+		Hold: relaycore.HoldSummary{Quarantined: 2, Paused: 1, HeldRows: 9}, LowerBoundMS: t0.UnixMilli() - 5000}
 	for _, tc := range []struct {
 		name string
 		rec  *metrics.Recorder
@@ -44,7 +45,7 @@ func TestLines(t *testing.T) {
 			do: func(r *metrics.Recorder) {
 				r.Alarm(context.Background(), metrics.AlarmOutcome{Source: "orders", Result: full})
 			},
-			want: `{"Alarms":1,"AlarmsIdle":0,"OldestUndeliveredAge":0,"RowsDelivered":7,"RowsHeld":9,"Source":"orders","Stack":"prod",` +
+			want: `{"Alarms":1,"AlarmsIdle":0,"OldestUndeliveredAge":5000,"RowsDelivered":7,"RowsHeld":9,"Source":"orders","Stack":"prod",` +
 				`"TargetsAutoQuarantined":1,"TargetsBlocked":3,"TargetsPaused":1,"TargetsQuarantined":2,` +
 				`"_aws":{"Timestamp":1800000000000,"CloudWatchMetrics":[{"Namespace":"Relay","Dimensions":[["Stack"]],"Metrics":[` +
 				`{"Name":"Alarms","Unit":"Count"},{"Name":"AlarmsIdle","Unit":"Count"},{"Name":"RowsDelivered","Unit":"Count"},` +
