@@ -100,13 +100,25 @@ func (h *RelayHandler) rearm(ctx context.Context, source Partition, last FireRes
 			again, err = h.clearAlarm(ctx, source, v, ar)
 		} else {
 			ar.LowerBoundMS = h.lowerBound(first, v, last)
-			again, err = h.rearmAt(ctx, source, v, last, ar)
+			again, err = h.rearmAt(ctx, source, v, committedSince(last, v), ar)
 		}
 		if !again {
 			return err
 		}
 	}
 	return fmt.Errorf("alarm %s: clear: %w", source, ErrContention)
+}
+
+// committedSince returns last with no back-off (NextDueMS 0: due now)
+// when rows were committed after the fire read os: their enqueuers found
+// the alarm due, kept it and left the wake-up to this re-arm (docs/engine.md,
+// Enqueue), so a back-off chosen for the fire's failing targets must not
+// postpone them.
+func committedSince(last FireResult, v alarmView) FireResult {
+	if os, err := decodeOS(v.osRaw, v.osFound); err == nil && last.sawNextSeq > 0 && os.NextSeq > last.sawNextSeq {
+		last.NextDueMS = 0
+	}
+	return last
 }
 
 // alarmView is what rearm read of the source: rs, os and the alarm as

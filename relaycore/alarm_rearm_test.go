@@ -1,6 +1,7 @@
 package relaycore_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -12,30 +13,45 @@ import (
 // read it (or on its absence), so the enqueuer's earlier due time stands.
 func TestAlarmRearmKeepsEnqueuersWakeUp(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		// absent: the alarm record is gone when the alarm reads it (a
-		// concurrent clear); otherwise it is due in the future (back-off
-		// from an earlier alarm), so the enqueue rewrites it.
-		absent bool
+		// record: the alarm record when the alarm reads it. "later": due in
+		// the future (a back-off from an earlier alarm), so the enqueue
+		// rewrites it; "absent": gone (a concurrent clear); "due": already
+		// due, so the enqueue keeps it as it is (only os changes) and leaves
+		// the wake-up to the alarm under way.
+		record string
 	}{
-		{"alarm record due later", false},
-		{"alarm record absent", true},
+		{"later"}, {"absent"}, {"due"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
+		t.Run("alarm record "+tc.record, func(t *testing.T) {
 			e := newEnv(t, "free")
 			failing := true
 			e.failTargets("bad", &failing)
 			e.enqueue(put("bad", "k", "v"))
-			if tc.absent {
+			switch tc.record {
+			case "later":
+				later := e.clock.Now().Add(time.Hour).UnixMilli()
+				if err := e.src.Apply(e.ctx, e.source, relaycore.Batch{Writes: []relaycore.Write{
+					{Key: relaycore.KeyAlarm, Value: []byte(fmt.Sprintf(`{"due_ms":%d}`, later)), Due: later}}}); err != nil {
+					t.Fatal(err)
+				}
+			case "absent":
 				if err := e.src.Apply(e.ctx, e.source, relaycore.Batch{Writes: []relaycore.Write{{Key: relaycore.KeyAlarm, Delete: true}}}); err != nil {
 					t.Fatal(err)
 				}
-			} else if ar, err := e.h.Alarm(e.ctx, e.source); err != nil || ar.Progress || ar.NextDueMS <= e.clock.Now().UnixMilli() {
-				t.Fatalf("first alarm: %+v, %v; want a back-off", ar, err)
+			case "due":
+				if ar, err := e.h.Alarm(e.ctx, e.source); err != nil || ar.Progress || ar.NextDueMS <= e.clock.Now().UnixMilli() {
+					t.Fatalf("first alarm: %+v, %v; want a back-off", ar, err)
+				}
+				// A second failed round holds the row, retried later.
+				if ar, err := e.h.Alarm(e.ctx, e.source); err != nil || ar.RowsHeld != 1 || ar.NextDueMS <= e.clock.Now().UnixMilli() {
+					t.Fatalf("second alarm: %+v, %v; want the row held and a retry later", ar, err)
+				}
+				e.clock.Advance(3 * time.Second) // the retry and its alarm are due
 			}
-			// This alarm's fire makes no progress either, so it re-arms with
-			// back-off. Just before that write, another writer commits a
-			// row with a wake-up due now.
+			// This alarm's fire makes no progress (its target fails again),
+			// so it re-arms with back-off. Just before that write, another
+			// writer commits a row for a healthy target, with a wake-up due
+			// now.
 			var enqueuedAt int64
 			e.srcF.set(func(c call) error {
 				if c.Op == "apply" && c.Key == relaycore.KeyAlarm && enqueuedAt == 0 {
@@ -52,7 +68,7 @@ func TestAlarmRearmKeepsEnqueuersWakeUp(t *testing.T) {
 			}
 			v := e.inspect(e.source)
 			if v.Alarm == nil || v.Alarm.DueMS > enqueuedAt {
-				t.Fatalf("alarm record %+v after the re-arm: the wake-up the enqueue wrote (due %d) was postponed", v.Alarm, enqueuedAt)
+				t.Fatalf("alarm record %+v after the re-arm: the wake-up the enqueue wrote or kept (due %d) was postponed", v.Alarm, enqueuedAt)
 			}
 		})
 	}

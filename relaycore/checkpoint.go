@@ -223,15 +223,20 @@ func (c *checkpointBatch) selected() {
 				r.setState(StateQuarantined, f.now)
 				r.Note = &OperatorNote{Action: "quarantine", By: autoActor, Reason: fmt.Sprintf("%d failed rounds in a row", r.FailedRounds), AtMS: f.now}
 				res.TargetsQuarantined++
-			case len(c.newBlocked) < MaxBlockedTargets:
+			case r.FailedRounds == 1 && len(c.newBlocked) < MaxBlockedTargets:
+				// A first failure: blocked for the rest of the cycle, and
+				// retried by the next one.
 				c.clean(tw, slot, false)
 				c.newBlocked = append(c.newBlocked, tw.target)
 				res.TargetsBlocked++
 			default:
-				// The blocked set is full: rather than end the cycle (which
+				// It failed its last round too (the scan kept room to hold
+				// it), or the blocked set is full: rather than retry it at
+				// every new cycle (on a busy source, one per fire: ten
+				// quick fires would quarantine it) or end the cycle (which
 				// would retry the same targets from the head for ever), the
 				// target's rows are moved aside and retried on its own
-				// schedule, while the scan goes on past them.
+				// schedule, with back-off, while the scan goes on past them.
 				c.clean(tw, slot, true)
 				r.RetryMS = f.now + h.retryDelay(r.FailedRounds).Milliseconds()
 				res.TargetsHeld++
@@ -360,6 +365,7 @@ func (c *checkpointBatch) nextRS() {
 		res.NextDueMS = f.now + h.backoff(c.next.Idle).Milliseconds()
 	}
 	res.NextRetryMS = c.nextRetry
+	res.sawNextSeq = f.start.os.NextSeq
 	res.Hold = HoldSummary(c.q)
 	c.next.Claim = nil
 	if f.keep && res.continues() {

@@ -10,11 +10,12 @@ import (
 )
 
 // downPace runs a source whose only target, "down", refuses every apply,
-// for two minutes on an alarm clock (each alarm runs when it falls due, as
+// for fifteen minutes on an alarm clock (each alarm runs when it falls due, as
 // relay serve's does and as a fast kick does for an alarm due now), with
-// one enqueue into "down" every every (0: the first only). It returns the
-// target's apply calls and when it was quarantined (0: not by then).
-func downPace(t *testing.T, every time.Duration) (calls int, quarantinedAfter time.Duration) {
+// one enqueue into "down" and then one into paced every every (0: none).
+// It returns the target's apply calls and when it was quarantined (0: not
+// by then).
+func downPace(t *testing.T, every time.Duration, paced relaycore.Partition) (calls int, quarantinedAfter time.Duration) {
 	e := newEnv(t, "free")
 	e.h.Kicker = &recordingKicker{}
 	var mu sync.Mutex
@@ -28,18 +29,18 @@ func downPace(t *testing.T, every time.Duration) (calls int, quarantinedAfter ti
 		return nil
 	}, nil)
 	start := e.clock.Now()
-	enqueue := func() {
+	enqueue := func(target relaycore.Partition) {
 		t.Helper()
-		if _, err := e.h.Enqueue(e.ctx, e.source, []relaycore.Row{put("down", "k", "v")}, relaycore.EnqueueOptions{}); err != nil {
+		if _, err := e.h.Enqueue(e.ctx, e.source, []relaycore.Row{put(target, "k", "v")}, relaycore.EnqueueOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	enqueue()
+	enqueue("down")
 	next := start.Add(every)
-	for step := start; step.Sub(start) <= 2*time.Minute; step = step.Add(50 * time.Millisecond) {
+	for step := start; step.Sub(start) <= 15*time.Minute; step = step.Add(50 * time.Millisecond) {
 		e.clock.Set(step)
 		if every > 0 && !step.Before(next) {
-			enqueue()
+			enqueue(paced)
 			next = next.Add(every)
 		}
 		for {
@@ -72,16 +73,33 @@ func downPace(t *testing.T, every time.Duration) (calls int, quarantinedAfter ti
 // the source's back-off. Before the rule every enqueue moved the
 // backed-off alarm to now and retried the target at once (quarantined
 // after 25 s instead of 64 s; with the fast kick on Lambda, one fire per
-// enqueue).
+// enqueue). Since a repeated failure holds the target's rows for a retry
+// with back-off (2 s, 4 s, ... 256 s), the ten rounds take 8.5 minutes.
 func TestEnqueueKeepsBackoff(t *testing.T) {
-	alone, qAlone := downPace(t, 0)
-	busy, qBusy := downPace(t, 5*time.Second)
+	alone, qAlone := downPace(t, 0, "")
+	busy, qBusy := downPace(t, 5*time.Second, "down")
 	t.Logf("one row: %d calls, quarantined after %v; a row every 5 s: %d calls, quarantined after %v", alone, qAlone, busy, qBusy)
 	if qAlone == 0 {
-		t.Fatalf("the down target was not quarantined within 2 minutes (%d calls)", alone)
+		t.Fatalf("the down target was not quarantined within 15 minutes (%d calls)", alone)
 	}
 	if busy != alone || qBusy != qAlone {
 		t.Errorf("a row every 5 s: %d calls, quarantined after %v; want the back-off's %d calls, after %v", busy, qBusy, alone, qAlone)
+	}
+}
+
+// TestHealthyTrafficKeepsRetryPace: rows for a healthy target of the same
+// source, every 100 ms, start a new cycle at nearly every fire; the down
+// target is still retried at its own back-off, not once per cycle. Before
+// a repeated failure was held for a retry, every new cycle retried it, and
+// ten quick fires quarantined it about a second after its first failure.
+func TestHealthyTrafficKeepsRetryPace(t *testing.T) {
+	alone, qAlone := downPace(t, 0, "")
+	busy, qBusy := downPace(t, 100*time.Millisecond, "up")
+	t.Logf("alone: %d calls, quarantined after %v; beside a healthy target's row every 100 ms: %d calls, quarantined after %v", alone, qAlone, busy, qBusy)
+	// The first retry comes with the next cycle (the next healthy row)
+	// rather than after the source's back-off: up to its 250 ms earlier.
+	if busy != alone || qBusy == 0 || qBusy < qAlone-time.Second {
+		t.Fatalf("beside a healthy target: %d calls, quarantined after %v; want %d calls, after about %v", busy, qBusy, alone, qAlone)
 	}
 }
 

@@ -273,4 +273,7 @@ type FireResult struct {
 	// the alarm decides whether an idle sweep is due without reading rs.
 	sweptMS    int64
 	sweepKnown bool
+	// sawNextSeq is os.next as the fire read it: rows at or after it were
+	// committed while it ran (committedSince).
+	sawNextSeq uint64
 }

@@ -38,8 +38,10 @@ type RelayHandler struct {
 	// Default 10; negative: never automatically.
 	QuarantineAfter int
 	// RetryBase and RetryMax shape when a target whose rows are held for
-	// retry (it failed while the blocked set was full) is tried again:
-	// base × 2^(rounds−1), capped at max. Defaults 1s and 5min.
+	// retry (it failed two rounds in a row, or while the blocked set was
+	// full) is tried again: base × 2^(rounds−1), capped at max. Defaults
+	// 1s and 5min, so the default QuarantineAfter takes about 8.5 minutes
+	// of failures.
 	RetryBase, RetryMax time.Duration
 	// DeliverConcurrency is how many targets a fire delivers to at once
 	// (0 or 1: one after another). Each target's rows still go in seq
@@ -75,8 +77,9 @@ type RelayHandler struct {
 }
 
 // defaultQuarantineAfter is RelayHandler.QuarantineAfter's default: a target
-// failing 10 rounds in a row (at least a few minutes of failures with the
-// default back-off) is quarantined.
+// failing 10 rounds in a row (about 8.5 minutes of failures with the
+// default back-off: after its second failure it is retried on its own
+// schedule, RetryBase doubling up to RetryMax) is quarantined.
 const defaultQuarantineAfter = 10
 
 func (h *RelayHandler) quarantineAfter() int {
