@@ -380,8 +380,15 @@ func parse(data []byte, dir string) (Config, error) {
 		}
 		// Unknown keys and values of the wrong type, each with its line;
 		// the rest of the document was decoded and is validated too.
+		duplicate := false
 		for _, e := range te.Errors {
 			errs = append(errs, doc.yamlProblem(e))
+			duplicate = duplicate || strings.Contains(e, "already defined at line")
+		}
+		if duplicate {
+			// A mapping with a repeated key is not decoded at all (yaml.v3),
+			// so the rules would report its other keys as missing.
+			return c, errs
 		}
 	}
 	if dir != "" {
@@ -408,8 +415,12 @@ func (c *Config) validate() []error {
 	at := func(keys ...string) []string { return keys }
 
 	loopback := false
-	if host, _, err := net.SplitHostPort(c.Listen); err != nil {
+	if host, port, err := net.SplitHostPort(c.Listen); err != nil {
 		bad(at("listen"), "listen %q: want host:port (%v)", c.Listen, err)
+	} else if _, err := net.LookupPort("tcp", port); err != nil {
+		// What net.Listen would refuse at start: a check that passes must
+		// mean the server starts (ExecStartPre runs --check-config).
+		bad(at("listen"), "listen %q: port %q: want a number from 0 to 65535 or a service name", c.Listen, port)
 	} else {
 		loopback = LoopbackHost(host)
 	}

@@ -117,6 +117,8 @@ func TestParseRefuses(t *testing.T) {
 		{"replica name too long", minimal + "alarms: {replica: " + strings.Repeat("r", 129) + "}\n", []string{"alarms.replica", "at most 128 bytes"}},
 		{"bad log level", minimal + "log_level: loud\n", []string{`log_level "loud"`}},
 		{"same targets file", minimal + "targets: {db: relay.db}\n", []string{"targets.db is the same file"}},
+		{"port out of range", "listen: localhost:99999\ndb: x\nauth: {tokens_file: t}\n", []string{`line 1: listen "localhost:99999": port "99999": want a number from 0 to 65535`}},
+		{"negative port", "listen: 127.0.0.1:-5\ndb: x\nauth: {tokens_file: t}\n", []string{`listen "127.0.0.1:-5": port "-5"`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse([]byte(tc.yaml))
@@ -142,6 +144,23 @@ func TestParseReportsAll(t *testing.T) {
 	for _, w := range []string{`unknown key "bogus"`, "db is required", `budget.plan "gold"`, "auth.anonymous is allowed only", "tls.cert and tls.key are required"} {
 		if !strings.Contains(err.Error(), w) {
 			t.Errorf("error lacks %q:\n%v", w, err)
+		}
+	}
+}
+
+// A repeated key is reported alone: yaml.v3 decodes nothing of the
+// mapping that holds it, so the rules would call its other keys missing.
+func TestParseDuplicateKey(t *testing.T) {
+	_, err := Parse([]byte("db: relay.db\nauth:\n  tokens_file: t\nauth:\n  tokens_file: u\n"))
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	if !strings.Contains(err.Error(), `line 4: mapping key "auth" already defined at line 2`) {
+		t.Errorf("error lacks the repeated key:\n%v", err)
+	}
+	for _, bogus := range []string{"db is required", "no way to authenticate"} {
+		if strings.Contains(err.Error(), bogus) {
+			t.Errorf("error has %q, which the file sets:\n%v", bogus, err)
 		}
 	}
 }

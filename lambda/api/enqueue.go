@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"mime"
 	"reflect"
-	"unicode/utf8"
 
 	"github.com/relay-dev/relay/lambda/event"
 	"github.com/relay-dev/relay/relaycore"
@@ -86,10 +85,8 @@ func ParseRows(body []byte, maxRows int) ([]relaycore.Row, error) {
 
 // parseRowsJSON is ParseRows by encoding/json: every body, every error.
 func parseRowsJSON(body []byte, maxRows int) ([]relaycore.Row, error) {
-	if !utf8.Valid(body) {
-		// encoding/json would turn the bytes into U+FFFD and relay to a
-		// target (or write a key) the producer never named.
-		return nil, fail(400, "bad_request", "body: not valid UTF-8, which JSON text must be (a target name or key of other bytes cannot travel in a JSON string)")
+	if e := jsonTextProblem(body); e != nil {
+		return nil, e
 	}
 	var in EnqueueRequest
 	dec := json.NewDecoder(bytes.NewReader(body))

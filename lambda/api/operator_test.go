@@ -550,8 +550,13 @@ func TestNonUTF8TargetInRoutes(t *testing.T) {
 	r.do(t, "POST", "/v1/sources/orders/targets/"+enc+"/resume", "", `{}`, 200, nil)
 	var items api.TargetItemsResponse
 	r.do(t, "GET", "/v1/targets/"+enc+"/items", "", "", 200, &items)
-	if len(items.Items) != 1 || items.Items[0].Key != "k" {
-		t.Fatalf("items of the binary target: %+v", items)
+	if len(items.Items) != 1 || items.Items[0].Key != "k" || items.TargetHex != "74ff0062696e" {
+		t.Fatalf("items of the binary target: %+v; want key k and target_hex 74ff0062696e", items)
+	}
+	var wm api.TargetWatermarksResponse
+	r.do(t, "GET", "/v1/targets/"+enc+"/watermarks", "", "", 200, &wm)
+	if wm.TargetHex != "74ff0062696e" || len(wm.Watermarks) != 1 {
+		t.Fatalf("watermarks of the binary target: %+v; want one and target_hex 74ff0062696e", wm)
 	}
 	// The rule's other edges still hold in paths.
 	r.do(t, "GET", "/v1/sources/orders/targets/_relay%2Fx", "", "", 400, nil)
@@ -562,5 +567,25 @@ func TestNonUTF8TargetInRoutes(t *testing.T) {
 	resp := r.do(t, "POST", "/v1/sources/orders/rows", "", "{\"rows\":[{\"target\":\"t\xff\",\"puts\":[{\"key\":\"k\",\"value\":\"\"}]}]}", 400, nil)
 	if !strings.Contains(string(resp.Body), "UTF-8") {
 		t.Fatalf("a body that is not UTF-8: %s", resp.Body)
+	}
+	// Half a surrogate pair, escaped, is no character: encoding/json
+	// would read U+FFFD and relay to a target nobody named.
+	for _, name := range []string{`t\ud800`, `t\udc00x`, `t\ud800\u0041`} {
+		resp = r.do(t, "POST", "/v1/sources/orders/rows", "", `{"rows":[{"target":"`+name+`","puts":[{"key":"k","value":""}]}]}`, 400, nil)
+		if !strings.Contains(string(resp.Body), "surrogate") {
+			t.Fatalf("target %s: %s", name, resp.Body)
+		}
+	}
+	// A whole pair is a character, and an escaped backslash before "u" is
+	// no escape.
+	r.do(t, "POST", "/v1/sources/orders/rows", "", `{"rows":[{"target":"t\ud83d\ude00","puts":[{"key":"\\ud800","value":""}]}]}`, 200, nil)
+	// Operator bodies are read by the same rule.
+	resp = r.do(t, "POST", "/v1/sources/orders/targets/"+enc+"/pause", "", "{\"reason\":\"r\xff\"}", 400, nil)
+	if !strings.Contains(string(resp.Body), "UTF-8") {
+		t.Fatalf("an operator body that is not UTF-8: %s", resp.Body)
+	}
+	resp = r.do(t, "POST", "/v1/sources/orders/targets/"+enc+"/pause", "", `{"reason":"r\udfff"}`, 400, nil)
+	if !strings.Contains(string(resp.Body), "surrogate") {
+		t.Fatalf("an operator body with half a surrogate pair: %s", resp.Body)
 	}
 }

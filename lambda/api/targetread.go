@@ -3,8 +3,10 @@ package api
 import (
 	"context"
 	"encoding/base64"
+	"encoding/hex"
 	"log/slog"
 	"strconv"
+	"unicode/utf8"
 
 	"github.com/relay-dev/relay/relaycore"
 	"github.com/relay-dev/relay/relaycore/takedowns"
@@ -18,24 +20,43 @@ import (
 // TargetItemsResponse answers GET /v1/targets/{target}/items.
 type TargetItemsResponse struct {
 	Target string `json:"target"`
+	// TargetHex is the name's bytes in lowercase hex when they are not
+	// valid UTF-8 (Target shows U+FFFD in their place).
+	TargetHex string `json:"target_hex,omitempty"`
 	// Items are the partition's application keys in key order, values in
 	// standard base64 (as in the enqueue body).
 	Items []TargetItem `json:"items"`
-	// Next, when non-empty, is the after= of the next page.
-	Next string `json:"next,omitempty"`
+	// Next, when non-empty, is the after= of the next page; NextHex its
+	// bytes in hex when they are not valid UTF-8 (send them
+	// percent-encoded).
+	Next    string `json:"next,omitempty"`
+	NextHex string `json:"next_hex,omitempty"`
 }
 
-// TargetItem is one key of a target partition.
+// TargetItem is one key of a target partition. A key a Go program wrote
+// through the engine may be any bytes: KeyHex has them in lowercase hex
+// when they are not valid UTF-8.
 type TargetItem struct {
-	Key   string `json:"key"`
-	Value string `json:"value"`
+	Key    string `json:"key"`
+	KeyHex string `json:"key_hex,omitempty"`
+	Value  string `json:"value"`
 }
 
 // TargetWatermarksResponse answers GET /v1/targets/{target}/watermarks:
 // for each source that delivered to the target, the last seq applied.
 type TargetWatermarksResponse struct {
 	Target     string                      `json:"target"`
+	TargetHex  string                      `json:"target_hex,omitempty"`
 	Watermarks []relaycore.SourceWatermark `json:"watermarks"`
+}
+
+// bytesHex is s in lowercase hex when it is not valid UTF-8, else "": what
+// a JSON string cannot carry byte for byte.
+func bytesHex(s string) string {
+	if utf8.ValidString(s) {
+		return ""
+	}
+	return hex.EncodeToString([]byte(s))
 }
 
 // targetStore is the store the target partitions live in.
@@ -87,9 +108,10 @@ func (h *Handler) targetItems(ctx context.Context, m matched, req Request, _ *sl
 	if err != nil {
 		return nil, err
 	}
-	out := TargetItemsResponse{Target: string(m.target), Items: make([]TargetItem, len(pg.Items)), Next: pg.Next}
+	out := TargetItemsResponse{Target: string(m.target), TargetHex: relaycore.TargetNameHex(m.target),
+		Items: make([]TargetItem, len(pg.Items)), Next: pg.Next, NextHex: bytesHex(pg.Next)}
 	for i, kv := range pg.Items {
-		out.Items[i] = TargetItem{Key: kv.Key, Value: base64.StdEncoding.EncodeToString(kv.Value)}
+		out.Items[i] = TargetItem{Key: kv.Key, KeyHex: bytesHex(kv.Key), Value: base64.StdEncoding.EncodeToString(kv.Value)}
 	}
 	return out, nil
 }
@@ -109,5 +131,5 @@ func (h *Handler) targetWatermarks(ctx context.Context, m matched, req Request, 
 	if err != nil {
 		return nil, err
 	}
-	return TargetWatermarksResponse{Target: string(m.target), Watermarks: wm}, nil
+	return TargetWatermarksResponse{Target: string(m.target), TargetHex: relaycore.TargetNameHex(m.target), Watermarks: wm}, nil
 }
