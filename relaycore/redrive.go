@@ -149,6 +149,15 @@ func (f *fireRun) collectHeld(slot *recSlot, rowsLeft int) (*targetWork, error) 
 			}
 		}
 		if pg.Next == "" {
+			if len(tw.pages) == 0 {
+				// None left (a fire that took the claim over delivered them
+				// after this one read the record): the checkpoint still
+				// rewrites the record's marker, delete and put, as for a
+				// first page.
+				if mi, mb := f.markerRoom(t); !f.reserve(slot, mi, mb) {
+					return nil, nil
+				}
+			}
 			return tw, nil
 		}
 		after = pg.Next

@@ -407,11 +407,26 @@ func reportFailure(t *testing.T, b backend, cfg sim.Config, res sim.Result) {
 // without them (Config.NoBulk).
 var regressionSeeds = []uint64{468, 856, 981, 1203, 1982, 2397, 12067, 12342, 12501, 14423, 16919, 17222, 17565, 18779, 18896, 19328, 20576, 24036}
 
+// regressionSeedsBulk are later finds, replayed with bulk scenarios as
+// they ran.
+//
+// 13020: a redrive whose held pages another fire (that took over a lapsed
+// claim) had just delivered reserved no room for the marker rewrite its
+// checkpoint still writes, which then exceeded the store's 6-item batch
+// (fixed: collectHeld reserves it when no page is left).
+var regressionSeedsBulk = []uint64{13020}
+
 func TestSimulationRegressions(t *testing.T) {
 	b := backends()[0]
 	open := b.setup(t)
 	for _, seed := range regressionSeeds {
 		cfg := sim.Config{Seed: seed, Steps: b.steps, QueryEvery: b.query, Open: open, NoBulk: true}
+		if res := sim.Run(t.Context(), cfg); res.Failed() {
+			reportFailure(t, b, cfg, res)
+		}
+	}
+	for _, seed := range regressionSeedsBulk {
+		cfg := sim.Config{Seed: seed, Steps: b.steps, QueryEvery: b.query, Open: open}
 		if res := sim.Run(t.Context(), cfg); res.Failed() {
 			reportFailure(t, b, cfg, res)
 		}
