@@ -14,6 +14,9 @@ import (
 // alarm being unchanged so an append landing meanwhile keeps its wake-up, or
 // re-arms it (due now after progress, back-off after none) and kicks.
 func (h *RelayHandler) Alarm(ctx context.Context, source Partition) (AlarmResult, error) {
+	if err := h.needStores("Alarm", true); err != nil {
+		return AlarmResult{}, err
+	}
 	b := h.budget()
 	token := newNonce()
 	var ar AlarmResult

@@ -860,6 +860,13 @@ func CommitRelayRows(ctx context.Context, st Store, clock Clock, source Partitio
 // already on its way (kickDecision).
 func commitRelayRows(ctx context.Context, st Store, clock Clock, source Partition, lease *Lease, deadline time.Time, rows []Row, cfg EnqueueConfig) (res CommitResult, err error) {
 	res.Seqs = make([]uint64, len(rows))
+	if reason := SourceIDProblem(string(source)); reason != "" {
+		shown := string(source)
+		if len(shown) > 64 {
+			shown = shown[:64] + "…"
+		}
+		return res, fmt.Errorf("%w: source %q %s", ErrInvalidSourceID, shown, reason)
+	}
 	if len(rows) == 0 {
 		return res, nil
 	}

@@ -92,6 +92,13 @@ var (
 	// reason.
 	ErrInvalidRow = errors.New("invalid relay row")
 
+	// ErrInvalidSourceID means the source id breaks the one rule for ids
+	// (SourceIDProblem: 1..255 bytes of UTF-8 text without control
+	// characters, not starting with "_relay/"); nothing was written. The
+	// operator routes and the relay CLI refuse such an id, so a source
+	// enqueued under one could not be operated.
+	ErrInvalidSourceID = errors.New("invalid source id")
+
 	// ErrDeadlineExceeded means the clock reached the enqueue deadline
 	// (the caller's deadline or lease expiry minus the skew margin) before
 	// a batch was sent. Batches committed before it stay committed (see

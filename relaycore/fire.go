@@ -11,6 +11,9 @@ import (
 // delivered rows in one guarded batch. It does not touch the alarm record
 // (Alarm does). Safe to run concurrently with other fires and enqueuers.
 func (h *RelayHandler) Fire(ctx context.Context, source Partition) (FireResult, error) {
+	if err := h.needStores("Fire", true); err != nil {
+		return FireResult{}, err
+	}
 	return h.fire(ctx, source, newNonce(), false, &goneMemo{})
 }
 

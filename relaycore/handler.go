@@ -1,6 +1,7 @@
 package relaycore
 
 import (
+	"fmt"
 	"log/slog"
 	"math"
 	"time"
@@ -110,6 +111,24 @@ func (h *RelayHandler) retryDelay(rounds int) time.Duration {
 }
 
 func (h *RelayHandler) budget() RelayBudget { return h.Budget.orFree() }
+
+// needStores refuses op on a handler without the stores it needs, before
+// anything is read or written: a producer's handler needs only Source
+// (Enqueue checks rows against Source's capabilities when Target is nil),
+// one that fires needs Target too. Without this a nil Target surfaced as a
+// panic in the first delivery, after Enqueue had accepted the rows: a crash
+// loop for an embedder's alarm clock.
+func (h *RelayHandler) needStores(op string, target bool) error {
+	switch {
+	case h == nil:
+		return fmt.Errorf("relaycore: %s on a nil *RelayHandler", op)
+	case h.Source == nil:
+		return fmt.Errorf("relaycore: RelayHandler.%s without a Source store", op)
+	case target && h.Target == nil:
+		return fmt.Errorf("relaycore: RelayHandler.%s without a Target store (a handler that only enqueues needs none; one that fires delivers to it)", op)
+	}
+	return nil
+}
 
 func (h *RelayHandler) hook() RelayHook {
 	if h.Hook == nil {

@@ -2,7 +2,6 @@ package relaycore
 
 import (
 	"context"
-	"errors"
 	"time"
 )
 
@@ -35,7 +34,10 @@ type EnqueueOptions struct {
 // it then kicks h.Kicker once (best effort: the durable alarm the commit
 // wrote still holds, and a kick failure goes to h.Logger). Rows that could
 // never be delivered to h.Target (its capabilities; nil Target: those of
-// Source) fail before anything is written, with a *RowError naming the row.
+// Source) fail before anything is written, with a *RowError naming the row;
+// a source id that breaks SourceIDProblem's rule fails with
+// ErrInvalidSourceID. Enqueue needs only Source: a producer's handler may
+// leave Target nil (Alarm and Fire then refuse to run).
 //
 // Enqueue commits a chain of store batches when the rows need several.
 // After an os race (another writer committed first) it re-plans only the
@@ -45,8 +47,8 @@ type EnqueueOptions struct {
 // rows of the batch in flight may or may not be in the outbox (a retry
 // with the same IdempotencyKey commits them at most once).
 func (h *RelayHandler) Enqueue(ctx context.Context, source Partition, rows []Row, opts EnqueueOptions) (CommitResult, error) {
-	if h.Source == nil {
-		return CommitResult{Seqs: make([]uint64, len(rows))}, errors.New("relaycore: RelayHandler.Enqueue without a Source store")
+	if err := h.needStores("Enqueue", false); err != nil {
+		return CommitResult{Seqs: make([]uint64, len(rows))}, err
 	}
 	cfg := h.enqueueConfig()
 	cfg.IdempotencyKey = opts.IdempotencyKey
@@ -56,8 +58,8 @@ func (h *RelayHandler) Enqueue(ctx context.Context, source Partition, rows []Row
 // Requeue enqueues archive entry id of source again, as Requeue does, with
 // the handler's stores, clock, kicker and logger.
 func (h *RelayHandler) Requeue(ctx context.Context, source Partition, id uint64) ([]uint64, error) {
-	if h.Source == nil {
-		return nil, errors.New("relaycore: RelayHandler.Requeue without a Source store")
+	if err := h.needStores("Requeue", false); err != nil {
+		return nil, err
 	}
 	return Requeue(ctx, h.Source, h.clock(), source, id, h.enqueueConfig())
 }

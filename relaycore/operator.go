@@ -126,6 +126,9 @@ type opRun struct {
 // releases its claim on the way out (releaseClaim), so a failed action
 // leaves the source free for the next fire or action.
 func (h *RelayHandler) operate(ctx context.Context, source Partition, fn func(o *opRun) error) error {
+	if err := h.needStores("operator action", false); err != nil {
+		return err
+	}
 	now := unixMS(h.clock().Now())
 	token := opTokenPrefix + newNonce()
 	start, busy, err := h.claim(ctx, source, token, now, true, nil)
@@ -482,6 +485,9 @@ type SkipResult struct {
 // (rh covers them) are cleaned, not archived. One request skips at most
 // what fits one source batch (ErrSkipTooLarge names how far it may go).
 func (h *RelayHandler) Skip(ctx context.Context, source Partition, req SkipRequest) (SkipResult, error) {
+	if err := h.needStores("Skip", true); err != nil { // it reads the target's rh
+		return SkipResult{}, err
+	}
 	if err := req.Validate(); err != nil {
 		return SkipResult{}, err
 	}

@@ -448,6 +448,9 @@ func (c *Clock) sweep(ctx context.Context) {
 	}
 	now := c.nowMS()
 	due, err := c.cfg.Index.Due(ctx, now, c.cfg.SweepLimit)
+	if err != nil && ctx.Err() != nil {
+		return // Run is stopping: not a sweep that failed
+	}
 	found := 0
 	c.mu.Lock()
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -225,5 +226,47 @@ func TestBusyAlarmRetriedWhenClaimLapses(t *testing.T) {
 	waitDrained(t, c, src, []relaycore.Partition{"a"}, observed)
 	if busy.Load() == 0 {
 		t.Fatal("no alarm met the dead claim")
+	}
+}
+
+// blockingIndex answers Due only when the call's context ends, with its
+// error: a sweep under way when Run stops.
+type blockingIndex struct{ called chan struct{} }
+
+func (b blockingIndex) Due(ctx context.Context, _ int64, _ int) ([]relaycore.DueEntry, error) {
+	select {
+	case b.called <- struct{}{}:
+	default:
+	}
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// A sweep cut short because Run is stopping is not a failed sweep: no
+// SweepErrors, no ObserveSweep error, no WARN (before, a clean stop
+// counted one about every other time).
+func TestStopIsNotASweepError(t *testing.T) {
+	idx := blockingIndex{called: make(chan struct{}, 1)}
+	var observed []error
+	var mu sync.Mutex
+	c := alarmclock.New(alarmclock.Config{
+		Handler: &relaycore.RelayHandler{Source: mem.New(relaycore.Capabilities{}), Target: mem.New(relaycore.Capabilities{})},
+		Index:   idx,
+		ObserveSweep: func(_ int, err error) {
+			mu.Lock()
+			observed = append(observed, err)
+			mu.Unlock()
+		},
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { c.Run(ctx); close(done) }()
+	<-idx.called // the first sweep is listing the due index
+	cancel()
+	<-done
+	mu.Lock()
+	defer mu.Unlock()
+	if got := c.Stats().SweepErrors; got != 0 || len(observed) != 0 {
+		t.Fatalf("SweepErrors %d, observed %v after a stop during a sweep; want none", got, observed)
 	}
 }
