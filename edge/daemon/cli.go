@@ -59,6 +59,12 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, reload <
 		fmt.Fprintf(stderr, "edged: %s: %v\n", *cfgPath, tlsProblems(err))
 		return 2
 	}
+	// A storage.dir that is a file would fail the start with an error
+	// that names no key.
+	if fi, err := os.Stat(cfg.Storage.Dir); err == nil && !fi.IsDir() {
+		fmt.Fprintf(stderr, "edged: %s: %v\n", *cfgPath, config.Problems{{Key: "storage.dir", Message: fmt.Sprintf("%s is a file, want a directory (it is created when missing)", cfg.Storage.Dir)}})
+		return 2
+	}
 	if cfg.RelayAPI.Enabled() {
 		if _, err := relayapi.NewHTTPClient(cfg.RelayAPI, nil); err != nil {
 			fmt.Fprintf(stderr, "edged: %s: %v\n", *cfgPath, err)
@@ -126,10 +132,17 @@ func checkConfig(cfg *config.Config, path string, stdout io.Writer) int {
 	r := cfg.Relay
 	fmt.Fprintf(stdout, "relay: success_condition=%s max_retries=%d backoff=%s..%s evict_on_relay=%t workers=%d ack_timeout=%s dial_timeout=%s\n",
 		r.SuccessCondition, r.MaxRetries, r.Backoff.Initial, r.Backoff.Max, r.EvictOnRelay, r.Workers, r.AckTimeout, r.DialTimeout)
+	fmt.Fprintf(stdout, "relay: window=%d max_protocol_version=%d push_max_bytes=%d ledger_retention=%s\n",
+		r.Window, r.MaxProtocolVersion, r.PushMaxBytes, r.LedgerRetention)
 	fmt.Fprintf(stdout, "relay.bandwidth: total=%s per_peer=%s\n", r.Bandwidth.Total, r.Bandwidth.PerPeer)
 	s := cfg.Storage
 	fmt.Fprintf(stdout, "storage: dir=%s quota_bytes=%s quota_segments=%d max_segment_bytes=%s on_full=%s verify_on_start=%s\n",
 		s.Dir, s.QuotaBytes, s.QuotaSegments, s.MaxSegmentBytes, s.OnFull, s.VerifyOnStart)
+	fmt.Fprintf(stdout, "storage: fsync_each_file=%t pack_max_bytes=%s scrub_interval=%s scrub_rate=%s receive_memory_bytes=%s\n",
+		s.FsyncEachFile, s.PackMaxBytes, s.ScrubInterval, s.ScrubRate, s.ReceiveMemoryBytes)
+	for _, d := range cfg.RPC.IngestDirs {
+		fmt.Fprintf(stdout, "rpc.ingest_dir: %s\n", d)
+	}
 	shareBytes, shareSegs := peerShare(cfg)
 	fmt.Fprintf(stdout, "inbound: idle_timeout=%s min_rate=%s handshake_timeout=%s peer_reserve=%s or %d segments (%d%%)\n",
 		idleTimeout(cfg, 0), r.InboundMinRate, r.DialTimeout, config.ByteSize(shareBytes), shareSegs, s.PeerReservePercent)

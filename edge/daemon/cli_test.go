@@ -29,6 +29,11 @@ func TestCheckConfigNamesTLSKeys(t *testing.T) {
 		{"key file holds a certificate", "a.crt", "a.crt", "ca.crt", []string{"tls.key: load ", "no PEM private key"}},
 		{"certificate of another node", "b.crt", "b.key", "ca.crt", []string{"tls.cert: load ", `certificate is for node "b"`}},
 		{"ca file holds a key", "a.crt", "a.key", "a.key", []string{"tls.ca: load ", "no PEM certificates"}},
+		// A missing file does not hide what is wrong with another's content.
+		{"cert missing and ca holds a key", "missing.crt", "a.key", "a.key",
+			[]string{"invalid config (2 problems)", "tls.cert: stat ", "tls.ca: load ", "no PEM certificates"}},
+		{"key and ca hold certificates and keys", "a.crt", "a.crt", "a.key",
+			[]string{"invalid config (2 problems)", "tls.key: load ", "no PEM private key", "tls.ca: load ", "no PEM certificates"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -82,5 +87,26 @@ func TestCheckConfigRelayAPI(t *testing.T) {
 				t.Fatalf("exit %d, want %d with %q:\n%s%s", code, tc.code, tc.out, stdout.String(), stderr.String())
 			}
 		})
+	}
+}
+
+// A storage.dir that is a regular file is a problem under its key at
+// -check-config (and at start), not an error at start that names none.
+func TestCheckConfigStorageDirIsFile(t *testing.T) {
+	pkiDir := pkitest.New(t, "a")
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "data"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "edged.yaml")
+	doc := "node_id: a\ntls:\n  cert: " + filepath.Join(pkiDir, "a.crt") + "\n  key: " + filepath.Join(pkiDir, "a.key") +
+		"\n  ca: " + filepath.Join(pkiDir, "ca.crt") + "\nstorage: {dir: data}\n"
+	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	if code := Main(context.Background(), []string{"-check-config", "-config", path}, &stdout, &stderr, nil, "test"); code != 2 ||
+		!strings.Contains(stderr.String(), "storage.dir: ") || !strings.Contains(stderr.String(), "is a file, want a directory") {
+		t.Fatalf("exit %d, stderr %q; want 2 and the problem under storage.dir", code, stderr.String())
 	}
 }

@@ -57,7 +57,7 @@ func newMetrics(d *Daemon) *metrics {
 			Name: "edged_certificate_reload_errors_total", Help: "Certificate reloads that failed (the previous certificate stays in use).",
 		}),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "edged_relay_attempts_total", Help: "Outbound delivery attempts, by peer and outcome (acked, failed, postponed: refused for want of room, deadletter).",
+			Name: "edged_relay_attempts_total", Help: "Outbound delivery attempts, by peer and outcome (acked, failed, postponed: refused for want of room, deadletter, cancelled: taken down at the peer or here while sending).",
 		}, []string{"peer", "outcome"}),
 		sentBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "edged_relay_acked_bytes_total", Help: "Segment bytes acknowledged by peers.",

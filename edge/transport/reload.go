@@ -193,21 +193,54 @@ func (r *Reloader) files() [3][2]string {
 	return [3][2]string{{RoleCert, r.certFile}, {RoleKey, r.keyFile}, {RoleCA, r.caFile}}
 }
 
-// stamps looks at all three files and reports every one that fails.
+// stamps looks at all three files and reports every one that fails: the
+// ones it cannot stat and, beside them, what the others' content alone
+// shows (pemProblem), so one run names every bad file.
 func (r *Reloader) stamps() ([3]fileStamp, error) {
 	var s [3]fileStamp
-	var errs []error
+	var errs [3]error
+	failed := false
 	for i, f := range r.files() {
 		st, err := stamp(f[1])
 		if err != nil {
-			errs = append(errs, &FileError{Role: f[0], Path: f[1], Err: err})
+			errs[i], failed = &FileError{Role: f[0], Path: f[1], Err: err}, true
 		}
 		s[i] = st
 	}
-	if len(errs) > 0 {
-		return s, fmt.Errorf("reload tls files: %w", errors.Join(errs...))
+	if !failed {
+		return s, nil
 	}
-	return s, nil
+	for i, f := range r.files() {
+		if errs[i] != nil {
+			continue
+		}
+		if raw, err := os.ReadFile(f[1]); err != nil {
+			errs[i] = &FileError{Role: f[0], Path: f[1], Err: err}
+		} else {
+			errs[i] = r.pemProblem(f[0], raw)
+		}
+	}
+	return s, fmt.Errorf("reload tls files: %w", errors.Join(errs[:]...))
+}
+
+// pemProblem is the check of one file's content that needs no other file:
+// the PEM blocks it must hold.
+func (r *Reloader) pemProblem(role string, raw []byte) error {
+	switch role {
+	case RoleCert:
+		if !hasPEM(raw, func(t string) bool { return t == "CERTIFICATE" }) {
+			return &FileError{Role: RoleCert, Path: r.certFile, Err: fmt.Errorf("load %s: no PEM certificate", r.certFile)}
+		}
+	case RoleKey:
+		if !hasPEM(raw, func(t string) bool { return strings.HasSuffix(t, "PRIVATE KEY") }) {
+			return &FileError{Role: RoleKey, Path: r.keyFile, Err: fmt.Errorf("load %s: no PEM private key", r.keyFile)}
+		}
+	case RoleCA:
+		if !x509.NewCertPool().AppendCertsFromPEM(raw) {
+			return &FileError{Role: RoleCA, Path: r.caFile, Err: fmt.Errorf("load %s: no PEM certificates", r.caFile)}
+		}
+	}
+	return nil
 }
 
 // reloadLocked reads the files and switches material if their content
@@ -266,20 +299,16 @@ func (r *Reloader) parse(certPEM, keyPEM, caPEM []byte) (*Material, error) {
 	fail := func(role, path string, format string, args ...any) error {
 		return &FileError{Role: role, Path: path, Err: fmt.Errorf(format, args...)}
 	}
-	if !hasPEM(certPEM, func(t string) bool { return t == "CERTIFICATE" }) {
-		return nil, fail(RoleCert, r.certFile, "load %s: no PEM certificate", r.certFile)
-	}
-	if !hasPEM(keyPEM, func(t string) bool { return strings.HasSuffix(t, "PRIVATE KEY") }) {
-		return nil, fail(RoleKey, r.keyFile, "load %s: no PEM private key", r.keyFile)
+	// Every file whose content alone is wrong, at once.
+	if err := errors.Join(r.pemProblem(RoleCert, certPEM), r.pemProblem(RoleKey, keyPEM), r.pemProblem(RoleCA, caPEM)); err != nil {
+		return nil, err
 	}
 	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
 		return nil, fail(RoleKey, r.keyFile, "load %s with %s: %w", r.certFile, r.keyFile, err)
 	}
 	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(caPEM) {
-		return nil, fail(RoleCA, r.caFile, "load %s: no PEM certificates", r.caFile)
-	}
+	pool.AppendCertsFromPEM(caPEM)
 	id, err := pki.NodeID(cert.Leaf)
 	if err != nil {
 		return nil, fail(RoleCert, r.certFile, "load %s: %w", r.certFile, err)
