@@ -81,7 +81,7 @@ var markerValue = []byte("1")
 // delivered ones rewritten, and pages of targets that hold moved aside.
 // Its parts run in the order they add to the batch.
 func (f *fireRun) checkpoint() (FireResult, bool, error) {
-	c := &checkpointBatch{f: f, next: f.cur, newBlocked: slices.Clone(f.cur.Blocked), codec: codecFor(f.caps), quarantineAfter: f.h.quarantineAfter()}
+	c := &checkpointBatch{f: f, next: f.cur, newBlocked: append(slices.Clone(f.cur.Blocked), f.backoff...), codec: codecFor(f.caps), quarantineAfter: f.h.quarantineAfter()}
 	c.next.Version++
 	c.next.Cursor, c.next.From = f.stop, f.stopFrom
 	// The claim deleted the ghosts rs listed (or this alarm's last fire
@@ -223,20 +223,17 @@ func (c *checkpointBatch) selected() {
 				r.setState(StateQuarantined, f.now)
 				r.Note = &OperatorNote{Action: "quarantine", By: autoActor, Reason: fmt.Sprintf("%d failed rounds in a row", r.FailedRounds), AtMS: f.now}
 				res.TargetsQuarantined++
-			case r.FailedRounds == 1 && len(c.newBlocked) < MaxBlockedTargets:
-				// A first failure: blocked for the rest of the cycle, and
-				// retried by the next one.
+			case len(c.newBlocked) < MaxBlockedTargets:
+				// Blocked for the rest of the cycle; later cycles skip it
+				// until its back-off has passed (fireRun.backingOff).
 				c.clean(tw, slot, false)
 				c.newBlocked = append(c.newBlocked, tw.target)
 				res.TargetsBlocked++
 			default:
-				// It failed its last round too (the scan kept room to hold
-				// it), or the blocked set is full: rather than retry it at
-				// every new cycle (on a busy source, one per fire: ten
-				// quick fires would quarantine it) or end the cycle (which
+				// The blocked set is full: rather than end the cycle (which
 				// would retry the same targets from the head for ever), the
 				// target's rows are moved aside and retried on its own
-				// schedule, with back-off, while the scan goes on past them.
+				// schedule, while the scan goes on past them.
 				c.clean(tw, slot, true)
 				r.RetryMS = f.now + h.retryDelay(r.FailedRounds).Milliseconds()
 				res.TargetsHeld++

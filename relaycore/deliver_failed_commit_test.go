@@ -37,7 +37,7 @@ func (s *syncBuffer) String() string {
 // file system: bbolt cannot say whether a failed commit's meta page was
 // written, so infra/bolt reports "outcome unknown") must fail the target's
 // round as any refused batch does: a failed attempt with its last error, a
-// WARN line, the target blocked, then held for a retry with back-off, and quarantine after
+// WARN line, the target blocked, the fire backing off, and quarantine after
 // QuarantineAfter rounds. Before, deliver re-read rh, found the batch
 // missing and tried again until the calls ran out, then counted "budget
 // spent", so the target stayed active with no error and nothing logged.
@@ -76,14 +76,9 @@ func TestTargetCommitsThatFailAreFailedAttempts(t *testing.T) {
 		if ar.TargetCalls != 2 || ar.RowsDelivered != 0 {
 			t.Fatalf("round %d: %+v, want 2 target calls and nothing delivered", round, ar)
 		}
-		// The first round blocks both; the second, a repeated failure,
-		// holds their rows for a retry with back-off; the third (that
-		// retry) quarantines both.
-		if round == 1 && (ar.TargetsBlock != 2 || ar.Progress || ar.NextDueMS <= e.clock.Now().UnixMilli()) {
+		// The third round quarantines both, moving their rows aside.
+		if round < 3 && (ar.TargetsBlock != 2 || ar.Progress || ar.NextDueMS <= e.clock.Now().UnixMilli()) {
 			t.Fatalf("round %d: %+v: want both blocked, no progress and a back-off", round, ar)
-		}
-		if round == 2 && (ar.TargetsHeld != 2 || ar.RowsHeld != 2 || ar.NextDueMS <= e.clock.Now().UnixMilli()) {
-			t.Fatalf("round %d: %+v: want both held and a retry later", round, ar)
 		}
 		if round == 3 && (ar.TargetsQuarantined != 2 || !ar.Cleared) {
 			t.Fatalf("round 3: %+v: want both quarantined and nothing left to fire", ar)
@@ -94,9 +89,6 @@ func TestTargetCommitsThatFailAreFailedAttempts(t *testing.T) {
 			if s.FailedAttempts != round || s.FailedRounds != round || le == nil || le.Class != relaycore.ErrorClassApply ||
 				!strings.Contains(le.Message, "not applied") || !strings.Contains(le.Message, "no space left on device") || le.Seq == 0 {
 				t.Fatalf("round %d: %s is %+v (last error %+v)", round, tn, s, le)
-			}
-			if round >= 2 && s.Held != 1 {
-				t.Fatalf("after %d failed rounds %s holds %d rows, want its row held", round, tn, s.Held)
 			}
 			if round == 3 && (s.State != relaycore.StateQuarantined || s.Held != 1) {
 				t.Fatalf("after %d failed rounds %s is %s with %d held, want quarantined with its row held", round, tn, s.State, s.Held)

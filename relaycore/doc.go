@@ -64,8 +64,7 @@
 //     fires nothing until released. Pause is the same on purpose
 //     (maintenance), without counting failures.
 //   - retry marker: v/<due>/<hex>, the schedule of an active target's held
-//     rows (a retry after it failed twice in a row or with the blocked
-//     set full, or a redrive
+//     rows (a retry after it failed with the blocked set full, or a redrive
 //     after Release/Resume). Fires serve due markers first, with at most
 //     half of their targets.
 //   - dead-row archive: w/<first seq>, rows an operator skipped (Skip),

@@ -97,7 +97,10 @@ type fireRun struct {
 
 	redrive []*targetWork // targets served from held pages (retries, redrives)
 	sel     []*targetWork // targets selected by the outbox scan
-	moves   []heldMove    // outbox pages moved aside (targets that hold)
+	// backoff: targets the scan skipped as blocked without a call, their
+	// back-off after a failed round not passed yet (backingOff).
+	backoff []Partition
+	moves   []heldMove // outbox pages moved aside (targets that hold)
 
 	stop     uint64 // the scan's stop: the new cursor unless a target pauses it earlier
 	stopFrom string

@@ -29,20 +29,21 @@ type RelayHandler struct {
 	// fire's claim lapses after it. Default 30s.
 	ClaimTTL time.Duration
 	// BackoffBase and BackoffMax shape the delay after fires that deliver
-	// nothing: base × 2^(idle−1), capped at max. Defaults 250ms and 16s,
-	// so even a source stuck behind failing targets is retried well within
-	// RelayLagBoundMS.
+	// nothing: base × 2^(idle−1), capped at max, and, the same way, a
+	// failing target's next attempt after its last failed round: base ×
+	// 2^(rounds−1) (until then scans skip it as blocked). Defaults 250ms
+	// and 16s, so even a source stuck behind failing targets is retried
+	// well within RelayLagBoundMS.
 	BackoffBase, BackoffMax time.Duration
 	// QuarantineAfter is how many consecutive failed delivery rounds (a
-	// fire's turn at a target: once per scan cycle while it is blocked, or
-	// one retry of its held rows) quarantine a target automatically.
+	// fire's turn at a target: an attempt from the outbox, at most one per
+	// scan cycle and per back-off, or one retry of its held rows)
+	// quarantine a target automatically.
 	// Default 10; negative: never automatically.
 	QuarantineAfter int
 	// RetryBase and RetryMax shape when a target whose rows are held for
-	// retry (it failed two rounds in a row, or while the blocked set was
-	// full) is tried again: base × 2^(rounds−1), capped at max. Defaults
-	// 1s and 5min, so the default QuarantineAfter takes about 8.5 minutes
-	// of failures.
+	// retry (it failed while the blocked set was full) is tried again:
+	// base × 2^(rounds−1), capped at max. Defaults 1s and 5min.
 	RetryBase, RetryMax time.Duration
 	// DeliverConcurrency is how many targets a fire delivers to at once
 	// (0 or 1: one after another). Each target's rows still go in seq
@@ -78,9 +79,10 @@ type RelayHandler struct {
 }
 
 // defaultQuarantineAfter is RelayHandler.QuarantineAfter's default: a target
-// failing 10 rounds in a row (about 8.5 minutes of failures with the
-// default back-off: after its second failure it is retried on its own
-// schedule, RetryBase doubling up to RetryMax) is quarantined.
+// failing 10 rounds in a row (about a minute of failures: a failing
+// target is retried BackoffBase × 2^(rounds−1) after its last failure,
+// capped at BackoffMax, whatever its source's other traffic) is
+// quarantined.
 const defaultQuarantineAfter = 10
 
 func (h *RelayHandler) quarantineAfter() int {

@@ -67,6 +67,7 @@ func TestSourceInspectorMatchesInspectSource(t *testing.T) {
 		}
 		enqueue(rows...)
 		e.alarmOnce()
+		e.clock.Advance(time.Minute) // past t's back-off: each turn is a round
 	}
 	if s := status(t, e, "t"); s.State != relaycore.StateQuarantined { // failing from the start
 		t.Fatalf("t not quarantined: %+v", s)

@@ -67,12 +67,7 @@ func (f *fireRun) scan(targetsLeft, rowsLeft int) error {
 				continue // rows at or below the cursor: blocked targets'
 			}
 			if blocked[page.Target] {
-				n := min(len(rows), inspectLeft)
-				inspectLeft -= n
-				spent.inspected += n
-				res.RowsInspected += n
-				if n < len(rows) {
-					stopAt(rows[0].Seq+uint64(n)-1, page.Key)
+				if f.inspectSkipped(rows, page.Key, &inspectLeft) {
 					return nil
 				}
 				continue
@@ -81,6 +76,15 @@ func (f *fireRun) scan(targetsLeft, rowsLeft int) error {
 			slot, err := f.rec(page.Target)
 			if err != nil {
 				return err
+			}
+			if tw == nil && len(blocked) < MaxBlockedTargets && f.backingOff(slot.rec) {
+				// Failed lately: blocked, no call, until its back-off passed.
+				blocked[page.Target] = true
+				f.backoff = append(f.backoff, page.Target)
+				if f.inspectSkipped(rows, page.Key, &inspectLeft) {
+					return nil
+				}
+				continue
 			}
 			if tw == nil && slot.rec.holds() {
 				// Its older rows are held (or it is quarantined or paused):
@@ -135,6 +139,34 @@ func (f *fireRun) scan(targetsLeft, rowsLeft int) error {
 		after = pg.Next
 	}
 	return nil
+}
+
+// inspectSkipped counts the rows of a blocked target's page (key) as
+// inspected, within *left; stop: the budget ended within them, and the
+// scan stops after the last one counted.
+func (f *fireRun) inspectSkipped(rows []Row, key string, left *int) (stop bool) {
+	n := min(len(rows), *left)
+	*left -= n
+	f.spent.inspected += n
+	f.res.RowsInspected += n
+	if n < len(rows) {
+		f.stop, f.stopFrom = rows[0].Seq+uint64(n)-1, key
+		return true
+	}
+	return false
+}
+
+// backingOff reports whether r, an active target of the outbox that failed
+// its last round(s), is within its back-off: BackoffBase × 2^(rounds−1)
+// (capped at BackoffMax) from its last failure, the schedule a quiet
+// source's alarm keeps. Without it every new cycle retried it, and on a
+// busy source a cycle starts at nearly every fire: ten quick fires
+// quarantined a target about a second after its first failure.
+func (f *fireRun) backingOff(r targetRec) bool {
+	if r.State != StateActive || r.Held > 0 || r.FailedRounds == 0 || r.LastError == nil {
+		return false
+	}
+	return f.now < r.LastError.AtMS+f.h.backoff(r.FailedRounds).Milliseconds()
 }
 
 // move reserves the room to move outbox page (raw) of slot's target aside
