@@ -119,7 +119,7 @@ func (d *Daemon) askPeers(ctx context.Context, wanted []segstore.Wanted, first b
 	for _, w := range wanted {
 		peers := d.holdersOf(w)
 		if len(peers) == 0 && first {
-			d.log.Warn("lost segment: no peer to ask for it (none sent it here or acknowledged it); an operator can resend it from a node that holds it",
+			d.log.Warn("lost segment: no peer to ask for it (no known peer sent it here or acknowledged it; inbound-only peers in accept_from are never dialled); an operator can resend it from a node that holds it",
 				"segment", w.ID, "source", w.Source)
 		}
 		for _, p := range peers {

@@ -19,7 +19,8 @@ import (
 //	           are deferred to ReopenAt (ledger.Defer: no attempt counted, no dial)
 //	half_open  ReopenAt has passed: the next due record is the probe, an ordinary
 //	           attempt that dials; while it dials, the peer's other due records
-//	           are deferred to the probe's dial deadline. The probe's dial decides:
+//	           are deferred to the probe's dial deadline, or to when a failed
+//	           probe would reopen the circuit if that is sooner. The probe's dial decides:
 //	           success closes the circuit, failure opens it again for longer.
 //
 // The n-th consecutive failed round keeps the circuit open for
@@ -107,7 +108,17 @@ func (cs *circuits) admit(peer string, now time.Time) admission {
 	case c == nil || c.failures == 0:
 		return admission{}
 	case c.probing:
+		// Until the probe's dial deadline, or, sooner, until the circuit
+		// would reopen if the probe failed now: a probe that fails at once
+		// (connection refused) opens it for backoff(failures+1), and the
+		// records must not sit out the rest of a dial timeout (a peer that
+		// comes back would go unnoticed for dial_timeout, not
+		// relay.backoff.max). One due while the probe still dials meets
+		// the circuit again.
 		until := c.probeEnd
+		if next := now.Add(cs.backoff(c.failures + 1)); next.Before(until) {
+			until = next
+		}
 		if !until.After(now) {
 			// The probe outlived its dial deadline (a slow clock, or the
 			// dial of a stale-connection retry): wait one more dial timeout.

@@ -450,3 +450,31 @@ func TestDeferralsBatchedForDownPeer(t *testing.T) {
 		t.Fatalf("%d deferral transactions and %d dials, want at most 8 and 1", got, dialer.count("d"))
 	}
 }
+
+// TestProbeDeferralFollowsBackoff: while the half-open probe dials, the
+// peer's other due records wait at most until the circuit would reopen
+// after a failed probe (backoff of the next round), not the probe's whole
+// dial deadline: with relay.backoff.max below dial_timeout, a peer that
+// comes back is noticed within backoff.max. Before, a probe refused at once
+// left them deferred for the rest of the 10 s dial timeout.
+func TestProbeDeferralFollowsBackoff(t *testing.T) {
+	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	p := ledger.Policy{MaxRetries: 3, Initial: 200 * time.Millisecond, Max: time.Second}
+	cs := newCircuits(p, 10*time.Second)
+	boom := errors.New("connection refused")
+	cs.dialed("d", t0, boom) // open for Backoff(1) = 200ms
+	t1 := t0.Add(200 * time.Millisecond)
+	if a := cs.admit("d", t1); a.probe == 0 {
+		t.Fatalf("half-open at %v: %+v, want the probe", t1.Sub(t0), a)
+	}
+	if a := cs.admit("d", t1); !a.deferUntil.Equal(t1.Add(p.Backoff(2))) {
+		t.Fatalf("a record due while the probe dials: deferred to %v, want %v (Backoff(2)), not the dial deadline %v",
+			a.deferUntil.Sub(t0), t1.Add(p.Backoff(2)).Sub(t0), t1.Add(10*time.Second).Sub(t0))
+	}
+	// The probe fails at once: the circuit reopens when those records are
+	// due again.
+	cs.dialed("d", t1, boom)
+	if st := cs.state("d", t1); !st.ReopenAt.Equal(t1.Add(p.Backoff(2))) {
+		t.Fatalf("reopen at %v, want %v", st.ReopenAt.Sub(t0), t1.Add(p.Backoff(2)).Sub(t0))
+	}
+}

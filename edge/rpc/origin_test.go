@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net"
 	"net/http"
@@ -144,6 +145,37 @@ func TestDeadletterSelectorRequired(t *testing.T) {
 	for _, sel := range []Selector{{All: true}, {Peer: "b"}, {Segment: "s"}, {Segment: "s", Peer: "b"}} {
 		if _, err := c.PurgeDeadletter(ctx, sel); err != nil {
 			t.Errorf("purge %+v: %v", sel, err)
+		}
+	}
+}
+
+// TestMissesAreJSON: a path no route serves (404) and a route asked with
+// another method (405, with Allow) answer the documented {"error": ...}
+// body, not the mux's plain text.
+func TestMissesAreJSON(t *testing.T) {
+	ln := serve(t, "127.0.0.1:0", &purgeBackend{})
+	for _, tc := range []struct {
+		method, path string
+		code         int
+		allow        string
+	}{
+		{"GET", "/v1/nope", http.StatusNotFound, ""},
+		{"POST", "/v1/status", http.StatusMethodNotAllowed, "GET"},
+	} {
+		req, err := http.NewRequest(tc.method, "http://"+ln.Addr().String()+tc.path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body ErrorBody
+		derr := json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.code || derr != nil || body.Error == "" || resp.Header.Get("Content-Type") != "application/json" ||
+			!strings.Contains(resp.Header.Get("Allow"), tc.allow) {
+			t.Fatalf("%s %s: %d %q (decode %v, Allow %q); want %d with a JSON error", tc.method, tc.path, resp.StatusCode, body.Error, derr, resp.Header.Get("Allow"), tc.code)
 		}
 	}
 }

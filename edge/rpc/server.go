@@ -177,7 +177,7 @@ func NewServer(b Backend, g prometheus.Gatherer, log *slog.Logger, opt ServerOpt
 	if g != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelError)}))
 	}
-	s.srv = &http.Server{Handler: localOnly(mux), ReadHeaderTimeout: 10 * time.Second}
+	s.srv = &http.Server{Handler: localOnly(jsonMisses(mux)), ReadHeaderTimeout: 10 * time.Second}
 	return s
 }
 
@@ -441,7 +441,38 @@ func FormatState(s string) (string, error) {
 	}
 	st, err := ledger.ParseState(s)
 	if err != nil {
-		return "", fmt.Errorf("%w: %v", ErrBadRequest, err)
+		return "", fmt.Errorf("%w: %v (or all)", ErrBadRequest, err)
 	}
 	return st.String(), nil
 }
+
+// jsonMisses answers what mux has no route for (404, or 405 with Allow for
+// a path served under another method) with the documented JSON error body
+// instead of the mux's plain text.
+func jsonMisses(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h, pattern := mux.Handler(r)
+		if pattern != "" {
+			mux.ServeHTTP(w, r)
+			return
+		}
+		miss := &statusOnly{header: http.Header{}, code: http.StatusNotFound}
+		h.ServeHTTP(miss, r)
+		if allow := miss.header.Get("Allow"); allow != "" {
+			w.Header().Set("Allow", allow)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(miss.code)
+		json.NewEncoder(w).Encode(ErrorBody{Error: fmt.Sprintf("%s %s: %s", r.Method, r.URL.Path, strings.ToLower(http.StatusText(miss.code)))})
+	})
+}
+
+// statusOnly keeps the status and headers a handler writes, not its body.
+type statusOnly struct {
+	header http.Header
+	code   int
+}
+
+func (s *statusOnly) Header() http.Header         { return s.header }
+func (s *statusOnly) Write(b []byte) (int, error) { return len(b), nil }
+func (s *statusOnly) WriteHeader(code int)        { s.code = code }
