@@ -11,6 +11,7 @@ import (
 	"mime"
 	"reflect"
 
+	"github.com/relay-dev/relay/internal/strictjson"
 	"github.com/relay-dev/relay/lambda/event"
 	"github.com/relay-dev/relay/relaycore"
 	"github.com/relay-dev/relay/relaycore/takedowns"
@@ -89,6 +90,9 @@ func parseRowsJSON(body []byte, maxRows int) ([]relaycore.Row, error) {
 		return nil, e
 	}
 	var in EnqueueRequest
+	if err := strictjson.Check(body, &in); err != nil {
+		return nil, fail(400, "bad_request", "body: %v", err)
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&in); err != nil {

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/relay-dev/relay/internal/strictjson"
 	"github.com/relay-dev/relay/relaycore"
 )
 
@@ -111,6 +112,9 @@ func decodeStrict(req Request, out any) *apiError {
 	}
 	if e := jsonTextProblem(req.Body); e != nil {
 		return e
+	}
+	if err := strictjson.Check(req.Body, out); err != nil {
+		return fail(400, "bad_request", "body: %v", err)
 	}
 	dec := json.NewDecoder(bytes.NewReader(req.Body))
 	dec.DisallowUnknownFields()

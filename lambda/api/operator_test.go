@@ -201,6 +201,10 @@ func TestOperatorRefusals(t *testing.T) {
 		{"malformed json", "POST", tp + "quarantine", "", `{"reason":`, 400, "bad_request"},
 		{"no body", "POST", tp + "quarantine", "", ``, 400, "bad_request"},
 		{"unknown field", "POST", tp + "quarantine", "", `{"reason":"x","by":"mallory"}`, 400, "bad_request"},
+		// encoding/json alone reads the last, or a field in another case:
+		// this skip would archive seqs 2..9, not 2.
+		{"skip with a field repeated in another case", "POST", "/v1/sources/orders/targets/t2/skip", "", `{"expect_first":2,"through":2,"reason":"x","Through":9}`, 400, "bad_request"},
+		{"skip with a field repeated", "POST", "/v1/sources/orders/targets/t2/skip", "", `{"expect_first":2,"through":2,"through":9,"reason":"x"}`, 400, "bad_request"},
 		{"trailing data", "POST", tp + "pause", "", `{} {}`, 400, "bad_request"},
 		{"query on action", "POST", tp + "pause", "force=1", `{}`, 400, "bad_request"},
 		{"bad state filter", "GET", "/v1/sources/orders/targets", "state=stuck", "", 400, "bad_request"},

@@ -345,3 +345,22 @@ func BenchmarkParseRows(b *testing.B) {
 		b.ReportMetric(allocs/n, name)
 	}
 }
+
+// A field name in another case and a repeated field are refused:
+// encoding/json alone reads them (the name without case, the last of the
+// repeats), so {"target":"customer-42","TARGET":"customer-7"} relayed to
+// customer-7.
+func TestParseRowsRefusesCaseAndRepeats(t *testing.T) {
+	for _, body := range []string{
+		`{"Rows":[{"target":"t","deletes":["k"]}]}`,
+		`{"rows":[{"target":"customer-42","puts":[{"key":"k1","value":""}],"TARGET":"customer-7"}]}`,
+		`{"rows":[{"target":"t","puts":[{"key":"k","VALUE":""}]}]}`,
+		`{"rows":[{"target":"t","target":"u","deletes":["k"]}]}`,
+		`{"rows":[{"target":"t","deletes":["k"]}],"rows":[{"target":"u","deletes":["j"]}]}`,
+	} {
+		_, err := api.ParseRows([]byte(body), testMaxRows)
+		if err == nil || !(strings.Contains(err.Error(), "case-sensitive") || strings.Contains(err.Error(), "appears twice")) {
+			t.Errorf("%s: %v; want refused for the name's case or the repeat", body, err)
+		}
+	}
+}

@@ -17,6 +17,10 @@ func TestDecodeStrict(t *testing.T) {
 		{"valid", `{"source":"orders"}`, ""},
 		{"valid with space", " \n{\"source\":\"orders\"}\n", ""},
 		{"unknown field", `{"sourc":"orders"}`, `unknown field "sourc"`},
+		// encoding/json alone takes these, firing another source than named.
+		{"field name in another case", `{"Source":"orders"}`, `unknown field "Source" (field names are case-sensitive`},
+		{"repeated field", `{"source":"orders","source":"other"}`, `field "source" appears twice`},
+		{"half a surrogate pair", `{"source":"\ud800"}`, "surrogate pair"},
 		{"extra field", `{"source":"a","note":"x"}`, `unknown field "note"`},
 		{"wrong type", `{"source":42}`, `field "source" must be a JSON string`},
 		{"null", `null`, "not a JSON object"},
