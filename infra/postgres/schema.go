@@ -59,8 +59,37 @@ var migrations = []migration{
 // SchemaVersion is refused with ErrSchemaTooNew before anything is
 // written; so is an error halfway (the transaction rolls back). Open calls
 // it.
+//
+// A replica that waited for the lock while another migrated may still see
+// the schema as it was: a session refreshes its catalog cache when a
+// transaction starts (and when it locks a relation), not when it gets an
+// advisory lock, so a lookup of relay_schema made earlier on its
+// connection (Verify's) can answer "absent" after the other committed.
+// Its CREATE then fails with duplicate_table; the migration is run again
+// in a new transaction, which sees what the other one did.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+	var err error
+	for range 3 {
+		if err = migrateOnce(ctx, pool); !migratedMeanwhile(err) {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("postgres: migrate: %w", explain(err))
+	}
+	return nil
+}
+
+// migratedMeanwhile reports whether err is a migration step meeting what
+// a concurrent migration created: a table or index that exists, or the
+// relay_schema row of its version.
+func migratedMeanwhile(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "42P07" || pe.Code == "42710" || pe.Code == "23505")
+}
+
+func migrateOnce(ctx context.Context, pool *pgxpool.Pool) error {
+	return pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, migrationLock); err != nil {
 			return err
 		}
@@ -95,10 +124,6 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 		return nil
 	})
-	if err != nil {
-		return fmt.Errorf("postgres: migrate: %w", explain(err))
-	}
-	return nil
 }
 
 // querier is what schemaVersion needs of a pool or a transaction.

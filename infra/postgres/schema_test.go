@@ -70,6 +70,37 @@ func TestConcurrentOpens(t *testing.T) {
 	}
 }
 
+// TestConcurrentStartsAfterVerify: replicas starting together, each
+// checking its privileges first (relay serve runs Verify, then Open, on
+// one connection), all start. Verify's lookup of relay_schema left the
+// waiting replicas' sessions believing it absent after the first one
+// created it (the catalog cache is refreshed at a transaction's start,
+// not by the advisory lock), and they failed "relation relay_schema
+// already exists".
+func TestConcurrentStartsAfterVerify(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	const replicas = 4
+	pools := make([]*pgxpool.Pool, replicas)
+	for i := range pools {
+		pools[i] = pgtest.Pool(t, dsn, 1)
+		if err := postgres.Verify(t.Context(), pools[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	errs := make(chan error, replicas)
+	for _, pool := range pools {
+		go func() {
+			_, err := postgres.Open(t.Context(), pool, postgres.Options{})
+			errs <- err
+		}()
+	}
+	for range replicas {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestSchemaTooNewRefused: a database migrated by a newer release is
 // refused with a clear error, and nothing is written: here the newer
 // release left only its relay_schema row, so a relay that wrote anything
