@@ -45,6 +45,17 @@ func Verify(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 		switch {
 		case schema == nil:
+			// current_schema() skips the schemas the role may not use as
+			// well as those that do not exist: say which it is.
+			var unusable *string
+			if err := pool.QueryRow(ctx, `SELECT min(nspname) FROM pg_namespace
+				WHERE nspname = ANY (string_to_array(replace(replace(current_setting('search_path'), '"', ''), ' ', ''), ','))
+				AND NOT has_schema_privilege(nspname, 'USAGE')`).Scan(&unusable); err != nil {
+				return fmt.Errorf("postgres: verify: %w", err)
+			}
+			if unusable != nil {
+				return fmt.Errorf("%w: the relay's role lacks USAGE on schema %s of the search_path, so it cannot create the relay's tables there (GRANT USAGE, CREATE ON SCHEMA %s TO the role: docs/postgres.md)", ErrPermission, *unusable, *unusable)
+			}
 			return fmt.Errorf("%w: no schema of the search_path exists to create the relay's tables in (create it, or set search_path in the DSN)", ErrPermission)
 		case !create:
 			missing = append(missing, fmt.Sprintf("CREATE on schema %s (to create or migrate the relay's tables, schema version %d -> %d)", *schema, v, SchemaVersion))

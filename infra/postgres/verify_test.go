@@ -72,3 +72,25 @@ func TestVerify(t *testing.T) {
 		t.Fatalf("a newer schema: %v", err)
 	}
 }
+
+// TestVerifyNamesSchemaWithoutUsage: a search_path schema the role may not
+// use is named as such, not reported missing (current_schema() skips both
+// kinds the same way).
+func TestVerifyNamesSchemaWithoutUsage(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	owner := pgtest.Pool(t, dsn, 1)
+	if _, err := owner.Exec(t.Context(), `CREATE SCHEMA relayapp`); err != nil {
+		t.Fatal(err)
+	}
+	name := fmt.Sprintf("verify_role_%d", roleSeq.Add(1))
+	pgtest.Admin(t, "CREATE ROLE "+name+" LOGIN")
+	pool := pgtest.Pool(t, strings.Replace(dsn, "user=relay", "user="+name, 1)+" search_path=relayapp", 1)
+	err := postgres.Verify(t.Context(), pool)
+	if !errors.Is(err, postgres.ErrPermission) || !strings.Contains(err.Error(), "lacks USAGE on schema relayapp") {
+		t.Fatalf("a role without USAGE on its search_path schema: %v", err)
+	}
+	pool = pgtest.Pool(t, strings.Replace(dsn, "user=relay", "user="+name, 1)+" search_path=nosuch", 1)
+	if err := postgres.Verify(t.Context(), pool); !errors.Is(err, postgres.ErrPermission) || !strings.Contains(err.Error(), "no schema of the search_path exists") {
+		t.Fatalf("a search_path schema that does not exist: %v", err)
+	}
+}
