@@ -211,13 +211,17 @@ func decodeTargetRec(t Partition, raw []byte, found bool) (targetRec, error) {
 	if err := json.Unmarshal(raw, &r); err != nil {
 		return r, fmt.Errorf("%w: target state %q", ErrCorruptRecord, raw)
 	}
-	switch r.State {
-	case StateActive, StateQuarantined, StatePaused:
-	default:
+	if !r.State.known() {
 		return r, fmt.Errorf("%w: target state %q", ErrCorruptRecord, raw)
 	}
 	r.Target = t
 	return r, nil
+}
+
+// known reports whether s is one of the three states: the one rule for
+// target records and for ListTargets' filter.
+func (s TargetState) known() bool {
+	return s == StateActive || s == StateQuarantined || s == StatePaused
 }
 
 // holds reports whether the target's outbox rows must be moved aside when a

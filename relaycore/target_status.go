@@ -219,11 +219,9 @@ func (f TargetFilter) keep(s TargetStatus, nowMS int64) bool {
 // a source with many idle targets may return fewer than Limit targets with
 // a next to go on from.
 func ListTargets(ctx context.Context, st Store, source Partition, f TargetFilter, now time.Time) (out []TargetStatus, next Partition, err error) {
-	switch f.State {
-	case "", StateActive, StateQuarantined, StatePaused:
-	default:
+	if f.State != "" && !f.State.known() {
 		// A misspelt state would list nothing, as if no target were in it.
-		return nil, "", fmt.Errorf("list targets %s: %w: state %q: want active, quarantined or paused (or empty: any)", source, ErrInvalidOperatorInput, f.State)
+		return nil, "", fmt.Errorf("%w: state %q: want active, quarantined or paused (or empty: any)", ErrInvalidOperatorInput, f.State)
 	}
 	nowMS := now.UnixMilli()
 	limit := f.Limit

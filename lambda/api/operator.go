@@ -57,13 +57,8 @@ func (h *Handler) listTargets(ctx context.Context, m matched, req Request, _ *sl
 	if e != nil {
 		return nil, e
 	}
-	var f relaycore.TargetFilter
-	switch s := relaycore.TargetState(q["state"]); s {
-	case "", relaycore.StateActive, relaycore.StateQuarantined, relaycore.StatePaused:
-		f.State = s
-	default:
-		return nil, fail(400, "bad_request", "state %q: want active, quarantined or paused", s)
-	}
+	// The state is checked by the engine (ListTargets: 400 before any read).
+	f := relaycore.TargetFilter{State: relaycore.TargetState(q["state"])}
 	if v, ok := q["all"]; ok {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
@@ -81,7 +76,7 @@ func (h *Handler) listTargets(ctx context.Context, m matched, req Request, _ *sl
 	f.After = relaycore.Partition(q["after"])
 	out, next, err := relaycore.ListTargets(ctx, h.Source, m.source, f, h.clock().Now())
 	if err != nil {
-		return nil, err
+		return nil, operatorError(err)
 	}
 	if out == nil {
 		out = []relaycore.TargetStatus{}
