@@ -1,28 +1,40 @@
 // Package strictjson refuses what encoding/json accepts silently in a
-// request body: an object key that names a field only when compared
-// without case ("PUTS" for "puts"), and a key that appears twice in one
-// object. encoding/json matches names case-insensitively and keeps the
-// last of repeated keys, and DisallowUnknownFields catches neither, so
-// {"through":1,"Through":3} skipped three rows and
-// {"target":"a","TARGET":"b"} relayed to b.
+// request body, reading something other than what it says: bytes that are
+// not UTF-8 and a \u escape of half a UTF-16 surrogate pair (both read as
+// U+FFFD: "t\ud800" relayed to a target nobody named), an object key that
+// names a field only when compared without case ("PUTS" for "puts"), and
+// a key that appears twice in one object. encoding/json matches names
+// case-insensitively and keeps the last of repeated keys, and
+// DisallowUnknownFields catches neither, so {"through":1,"Through":3}
+// skipped three rows and {"target":"a","TARGET":"b"} relayed to b.
 package strictjson
 
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
 	"strconv"
 	"strings"
 	"sync"
+	"unicode/utf8"
 )
 
-// Check walks data, a JSON document meant for v (a pointer, as for
-// json.Unmarshal), and reports the first key that is repeated within its
-// object, or that names none of its struct's fields exactly. Everything
-// else (syntax, types, unknown fields) is left to the decoder, which
-// reports it better: Check returns nil for what it cannot tokenize.
+// Check reports what in data, a JSON document meant for v (a pointer, as
+// for json.Unmarshal), encoding/json would read other than as written:
+// bytes that are not UTF-8, half a surrogate pair, and the first key that
+// is repeated within its object or names none of its struct's fields
+// exactly. Everything else (syntax, types, unknown fields) is left to the
+// decoder, which reports it better: Check returns nil for what it cannot
+// tokenize.
 func Check(data []byte, v any) error {
+	if !utf8.Valid(data) {
+		return errors.New("not valid UTF-8, which JSON text must be (a name or key of other bytes cannot travel in a JSON string)")
+	}
+	if at := loneSurrogate(data); at >= 0 {
+		return fmt.Errorf("%s at byte %d is half of a UTF-16 surrogate pair, which stands for no character (JSON would read it as U+FFFD)", data[at:at+6], at)
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
 	err := walk(dec, reflect.TypeOf(v))
@@ -144,11 +156,11 @@ func fieldsOf(t reflect.Type) map[string]reflect.Type {
 	return m
 }
 
-// LoneSurrogate returns the offset of the first \u escape in body that is
+// loneSurrogate returns the offset of the first \u escape in body that is
 // a surrogate without its other half, or -1. A backslash occurs only in
 // strings of valid JSON, each one escape; malformed escapes are left to
 // the decoder.
-func LoneSurrogate(body []byte) int {
+func loneSurrogate(body []byte) int {
 	for i := 0; i < len(body); i++ {
 		if body[i] != '\\' {
 			continue

@@ -44,6 +44,12 @@ func TestCheck(t *testing.T) {
 		{`{"rows":[{"target":"a","deletes":["k"]}]} trailing`, ""}, // the decoder's to refuse
 		{`{"rows":[{"target":`, ""}, // syntax: the decoder's
 		{`{"unknown":1}`, ""},       // DisallowUnknownFields' to refuse
+		{`{"rows":[{"target":"t\ud800"}]}`, "half of a UTF-16 surrogate pair"},
+		{`{"rows":[{"target":"t\udc00"}]}`, "half of a UTF-16 surrogate pair"},
+		{`{"rows":[{"target":"t\ud800\u0041"}]}`, "half of a UTF-16 surrogate pair"},
+		{`{"rows":[{"target":"t\ud83d\ude00"}]}`, ""}, // a whole pair
+		{`{"rows":[{"target":"t\\ud800"}]}`, ""},      // an escaped backslash, then text
+		{"{\"rows\":[{\"target\":\"t\xff\"}]}", "not valid UTF-8"},
 	} {
 		err := Check([]byte(tc.body), &request{})
 		switch {

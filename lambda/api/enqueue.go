@@ -86,9 +86,6 @@ func ParseRows(body []byte, maxRows int) ([]relaycore.Row, error) {
 
 // parseRowsJSON is ParseRows by encoding/json: every body, every error.
 func parseRowsJSON(body []byte, maxRows int) ([]relaycore.Row, error) {
-	if e := jsonTextProblem(body); e != nil {
-		return nil, e
-	}
 	var in EnqueueRequest
 	if err := strictjson.Check(body, &in); err != nil {
 		return nil, fail(400, "bad_request", "body: %v", err)

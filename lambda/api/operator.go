@@ -95,17 +95,14 @@ func (h *Handler) getTarget(ctx context.Context, m matched, req Request, _ *slog
 	return TargetResponse{Source: string(m.source), Status: st}, nil
 }
 
-// decodeStrict decodes a POST body strictly: application/json, UTF-8 text
-// read as written (jsonTextProblem), one object, no unknown fields, nothing
+// decodeStrict decodes a POST body strictly: application/json, text read
+// as written (strictjson.Check), one object, no unknown fields, nothing
 // after it.
 func decodeStrict(req Request, out any) *apiError {
 	if _, e := query(req); e != nil {
 		return e
 	}
 	if e := jsonContent(req); e != nil {
-		return e
-	}
-	if e := jsonTextProblem(req.Body); e != nil {
 		return e
 	}
 	if err := strictjson.Check(req.Body, out); err != nil {

@@ -3,10 +3,8 @@ package api
 import (
 	"context"
 	"encoding/base64"
-	"encoding/hex"
 	"log/slog"
 	"strconv"
-	"unicode/utf8"
 
 	"github.com/relay-dev/relay/relaycore"
 	"github.com/relay-dev/relay/relaycore/takedowns"
@@ -48,15 +46,6 @@ type TargetWatermarksResponse struct {
 	Target     string                      `json:"target"`
 	TargetHex  string                      `json:"target_hex,omitempty"`
 	Watermarks []relaycore.SourceWatermark `json:"watermarks"`
-}
-
-// bytesHex is s in lowercase hex when it is not valid UTF-8, else "": what
-// a JSON string cannot carry byte for byte.
-func bytesHex(s string) string {
-	if utf8.ValidString(s) {
-		return ""
-	}
-	return hex.EncodeToString([]byte(s))
 }
 
 // targetStore is the store the target partitions live in.
@@ -109,9 +98,10 @@ func (h *Handler) targetItems(ctx context.Context, m matched, req Request, _ *sl
 		return nil, err
 	}
 	out := TargetItemsResponse{Target: string(m.target), TargetHex: relaycore.TargetNameHex(m.target),
-		Items: make([]TargetItem, len(pg.Items)), Next: pg.Next, NextHex: bytesHex(pg.Next)}
+		Items: make([]TargetItem, len(pg.Items)), Next: pg.Next, NextHex: relaycore.TargetNameHex(relaycore.Partition(pg.Next))}
 	for i, kv := range pg.Items {
-		out.Items[i] = TargetItem{Key: kv.Key, KeyHex: bytesHex(kv.Key), Value: base64.StdEncoding.EncodeToString(kv.Value)}
+		out.Items[i] = TargetItem{Key: kv.Key, KeyHex: relaycore.TargetNameHex(relaycore.Partition(kv.Key)), // the same rule for a key's bytes
+			Value: base64.StdEncoding.EncodeToString(kv.Value)}
 	}
 	return out, nil
 }

@@ -19,7 +19,6 @@ import (
 	"io"
 	"log/slog"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/aws/aws-lambda-go/lambdacontext"
 
@@ -64,12 +63,6 @@ func DecodeStrict(function string, payload []byte, v any) error {
 	}
 	if err := strictjson.Check(trimmed, v); err != nil {
 		return &InvalidEventError{function, err.Error()}
-	}
-	if !utf8.Valid(trimmed) {
-		return &InvalidEventError{function, "payload is not valid UTF-8"}
-	}
-	if at := strictjson.LoneSurrogate(trimmed); at >= 0 {
-		return &InvalidEventError{function, fmt.Sprintf("%s at byte %d is half of a UTF-16 surrogate pair, which stands for no character", trimmed[at:at+6], at)}
 	}
 	dec := json.NewDecoder(bytes.NewReader(trimmed))
 	dec.DisallowUnknownFields()
