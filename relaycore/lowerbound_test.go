@@ -62,18 +62,26 @@ func TestAlarmReportsLowerBound(t *testing.T) {
 	e.drain(e.source, 20)
 }
 
-// Held rows bound the commit times too: a quarantined target's row,
-// older than every row left in the outbox, is the lower bound
-// SourceRelayState answers and an alarm that leaves rows reports.
-func TestLowerBoundCountsHeldRows(t *testing.T) {
-	e := newEnv(t, "free")
-	e.h.Budget = relaycore.RelayBudget{FiresPerAlarm: 1, TargetsPerFire: 4, CallsPerTarget: 1, RowsPerFire: 1}
+// heldRow enqueues a row for t1 and quarantines t1, which holds it, then
+// moves the clock a minute on; it returns the held row's commit time.
+func heldRow(t *testing.T, e *env) int64 {
+	t.Helper()
 	held := e.clock.Now().UnixMilli()
 	e.enqueue(put("t1", "k", "v"))
 	if _, err := e.h.Quarantine(e.ctx, e.source, "t1", relaycore.Actor{By: "op", Reason: "test"}); err != nil {
 		t.Fatal(err)
 	}
 	e.clock.Advance(time.Minute)
+	return held
+}
+
+// Held rows bound the commit times too: a quarantined target's row,
+// older than every row left in the outbox, is the lower bound
+// SourceRelayState answers and an alarm that leaves rows reports.
+func TestLowerBoundCountsHeldRows(t *testing.T) {
+	e := newEnv(t, "free")
+	e.h.Budget = relaycore.RelayBudget{FiresPerAlarm: 1, TargetsPerFire: 4, CallsPerTarget: 1, RowsPerFire: 1}
+	held := heldRow(t, e)
 	e.enqueue(put("t2", "k1", "v"))
 	e.enqueue(put("t2", "k2", "v"))
 	st, err := relaycore.SourceRelayState(e.ctx, e.src, e.source, e.clock.Now())
@@ -95,12 +103,7 @@ func TestLowerBoundCountsHeldRows(t *testing.T) {
 // a quarantine as an age of 0 until its next refresh.
 func TestClearedAlarmReportsHeldRows(t *testing.T) {
 	e := newEnv(t, "free")
-	held := e.clock.Now().UnixMilli()
-	e.enqueue(put("t1", "k", "v"))
-	if _, err := e.h.Quarantine(e.ctx, e.source, "t1", relaycore.Actor{By: "op", Reason: "test"}); err != nil {
-		t.Fatal(err)
-	}
-	e.clock.Advance(time.Minute)
+	held := heldRow(t, e)
 	e.enqueue(put("t2", "k", "v"))
 	ar, err := e.h.Alarm(e.ctx, e.source)
 	if err != nil {
