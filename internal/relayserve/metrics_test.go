@@ -171,7 +171,7 @@ func TestRefreshFollowsTheStore(t *testing.T) {
 // The oldest undelivered commit time an alarm leaves for the age gauge:
 // the bound its re-arm read when it has one (the store is not read), the
 // store's (SourceRelayState) when it has none, none once the alarm cleared
-// the outbox.
+// the outbox with nothing held (held rows keep theirs).
 func TestAlarmOldestCommitTime(t *testing.T) {
 	ctx := context.Background()
 	src, dst := mem.New(relaycore.Capabilities{}), mem.New(relaycore.Capabilities{})
