@@ -13,6 +13,7 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 
 	"github.com/relay-dev/relay/lambda/env"
+	"github.com/relay-dev/relay/lambda/event"
 )
 
 func main() { os.Exit(run(context.Background(), os.Getenv, os.Stdout, os.Stderr)) }
@@ -30,6 +31,6 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 		fmt.Fprintln(stderr, "api: start:", err)
 		return 1
 	}
-	lambda.StartWithOptions(h.Handle, lambda.WithContext(ctx))
+	lambda.StartWithOptions(event.Invoker(h.Handle), lambda.WithContext(ctx))
 	return 0
 }

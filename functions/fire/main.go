@@ -11,6 +11,7 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 
 	"github.com/relay-dev/relay/lambda/env"
+	"github.com/relay-dev/relay/lambda/event"
 )
 
 func main() { os.Exit(run(context.Background(), os.Getenv, os.Stdout, os.Stderr)) }
@@ -22,6 +23,6 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 		return 1
 	}
 	h := d.FireHandler() // wired in lambda/env, as lambda/emudeploy runs it
-	lambda.StartWithOptions(h.Handle, lambda.WithContext(ctx))
+	lambda.StartWithOptions(event.Invoker(h.Handle), lambda.WithContext(ctx))
 	return 0
 }

@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"strings"
 
+	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/aws/aws-lambda-go/lambdacontext"
 
 	"github.com/relay-dev/relay/internal/strictjson"
@@ -73,6 +74,34 @@ func DecodeStrict(function string, payload []byte, v any) error {
 		return &InvalidEventError{function, "trailing data after the JSON object"}
 	}
 	return nil
+}
+
+// Invoker adapts handle to the Lambda runtime (lambda.Start) so that
+// every payload reaches it as sent. Given handle itself, aws-lambda-go
+// decodes the payload into its argument first and fails an empty or
+// non-JSON payload before handle runs, with "unexpected EOF" or a syntax
+// error (errorType "errorString", no function, no reason, no log line of
+// ours); through Invoker, handle refuses it with an *InvalidEventError
+// like any other event it does not understand. The result is encoded as
+// the runtime would (JSON, HTML characters not escaped).
+func Invoker[R any](handle func(context.Context, json.RawMessage) (R, error)) lambda.Handler {
+	return invoker[R](handle)
+}
+
+type invoker[R any] func(context.Context, json.RawMessage) (R, error)
+
+func (f invoker[R]) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
+	res, err := f(ctx, payload)
+	if err != nil {
+		return nil, err
+	}
+	var out bytes.Buffer
+	enc := json.NewEncoder(&out)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(res); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(out.Bytes(), []byte("\n")), nil
 }
 
 // jsonReason turns a decoding error into a message that names the field.

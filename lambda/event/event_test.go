@@ -1,9 +1,14 @@
 package event
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/aws/aws-lambda-go/lambda"
 )
 
 type sample struct {
@@ -77,5 +82,39 @@ func TestSource(t *testing.T) {
 				t.Errorf("Source(%q) err = %v, want %q", tc.in, err, tc.reason)
 			}
 		})
+	}
+}
+
+// TestInvokerEncodesAsTheRuntime: a result through Invoker is the bytes
+// aws-lambda-go's own handler would send for it, and a payload the
+// runtime could not decode (empty, not JSON) reaches the handler as sent.
+func TestInvokerEncodesAsTheRuntime(t *testing.T) {
+	type result struct {
+		Source string `json:"source"`
+		N      int    `json:"n,omitempty"`
+	}
+	handle := func(_ context.Context, payload json.RawMessage) (result, error) {
+		if len(bytes.TrimSpace(payload)) == 0 {
+			return result{}, &InvalidEventError{"test", "payload is not a JSON object"}
+		}
+		return result{Source: "a<b>&c", N: len(payload)}, nil
+	}
+	payload := []byte(`{"source":"x"}`)
+	want, err := lambda.NewHandler(handle).Invoke(context.Background(), payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Invoker(handle).Invoke(context.Background(), payload)
+	if err != nil || !bytes.Equal(got, want) {
+		t.Errorf("Invoker: %q, %v; the runtime's handler: %q", got, err, want)
+	}
+	for _, p := range [][]byte{nil, []byte("not json")} {
+		_, err := Invoker(handle).Invoke(context.Background(), p)
+		if p == nil && !errors.Is(err, ErrInvalidEvent) {
+			t.Errorf("empty payload: %v, want the handler's InvalidEventError", err)
+		}
+		if p != nil && err != nil {
+			t.Errorf("payload %q: %v, want it passed to the handler", p, err)
+		}
 	}
 }

@@ -280,21 +280,25 @@ func TestDuplicateFiresDeliverOnce(t *testing.T) {
 }
 
 // TestMalformedEventsWriteNothing: events/malformed.json (valid JSON, not
-// a valid event) gets an error body from every function, and a malformed
-// function URL request a 4xx; nothing reaches DynamoDB's write path or
-// Scheduler.
+// a valid event), an empty payload and one that is not JSON get an
+// InvalidEventError from every function (not the runtime's "EOF" or
+// syntax error, which would name no function and no reason), and a
+// malformed function URL request a 4xx; nothing reaches DynamoDB's write
+// path or Scheduler.
 func TestMalformedEventsWriteNothing(t *testing.T) {
 	r := newRig(t)
 	bad := readEvent(t, "malformed.json")
 	for id := range functions {
 		f := r.start(id, nil)
-		status, body := f.invoke(t, bad)
-		var le lambdaError
-		if err := json.Unmarshal(body, &le); err != nil || status != http.StatusOK {
-			t.Fatalf("%s: %d %s", id, status, body)
-		}
-		if le.ErrorType != "InvalidEventError" || !strings.Contains(le.ErrorMessage, "invalid") {
-			t.Errorf("%s: error body %s, want an InvalidEventError", id, body)
+		for _, payload := range [][]byte{bad, nil, []byte("  "), []byte("source=orders"), []byte(`{"source":"orders"`)} {
+			status, body := f.invoke(t, payload)
+			var le lambdaError
+			if err := json.Unmarshal(body, &le); err != nil || status != http.StatusOK {
+				t.Fatalf("%s, payload %q: %d %s", id, payload, status, body)
+			}
+			if le.ErrorType != "InvalidEventError" || !strings.Contains(le.ErrorMessage, "invalid") {
+				t.Errorf("%s, payload %q: error body %s, want an InvalidEventError", id, payload, body)
+			}
 		}
 		if id == "ApiFunction" {
 			var resp urlResponse
