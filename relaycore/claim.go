@@ -22,22 +22,27 @@ type claimed struct {
 	rsRaw []byte
 	os    OutboxState
 	q     holdSummary
+	// unknown: neither rs nor os exists (nothing was ever enqueued or
+	// fired for the source), so a fire has nothing to do and claims
+	// nothing: a fire event naming a source nobody wrote to leaves no item.
+	unknown bool
 }
 
 // readOSHold reads os and q with one scan: they are adjacent keys.
-func readOSHold(ctx context.Context, st Store, source Partition) (OutboxState, holdSummary, error) {
+// osFound: os exists (every enqueue and DeclareLeaseRequired writes it).
+func readOSHold(ctx context.Context, st Store, source Partition) (os OutboxState, q holdSummary, osFound bool, err error) {
 	head, err := scanRange(ctx, st, source, KeyOS, layout.KeyHold+"\x00")
 	if err != nil {
-		return OutboxState{}, holdSummary{}, fmt.Errorf("read os %s: %w", source, err)
+		return OutboxState{}, holdSummary{}, false, fmt.Errorf("read os %s: %w", source, err)
 	}
 	osRaw, osFound := head[KeyOS]
-	os, err := decodeOS(osRaw, osFound)
+	os, err = decodeOS(osRaw, osFound)
 	if err != nil {
-		return OutboxState{}, holdSummary{}, err
+		return OutboxState{}, holdSummary{}, false, err
 	}
 	qRaw, qFound := head[layout.KeyHold]
-	q, err := decodeHold(qRaw, qFound)
-	return os, q, err
+	q, err = decodeHold(qRaw, qFound)
+	return os, q, osFound, err
 }
 
 // claim reads rs, os and q and takes the source's fire claim, starting a
@@ -62,9 +67,14 @@ func (h *RelayHandler) claim(ctx context.Context, source Partition, token string
 		if c := rs.Claim; c != nil && c.Owner != token && c.UntilMS > now {
 			return claimed{rs: claimedRS{RelayState: rs}}, true, nil
 		}
-		os, q, err := readOSHold(ctx, h.Source, source)
+		os, q, osFound, err := readOSHold(ctx, h.Source, source)
 		if err != nil {
 			return claimed{}, false, fmt.Errorf("claim %s: %w", source, err)
+		}
+		if !found && !osFound && !keepCycle {
+			// An enqueue committing after these reads arms the alarm and
+			// kicks another fire, which finds os.
+			return claimed{unknown: true}, false, nil
 		}
 		if keys := ghostKeys(rs); !memo.done(keys) {
 			if err := h.deleteGhosts(ctx, source, keys); err != nil {
@@ -166,6 +176,9 @@ func (f *fireRun) claim() (busy bool, err error) {
 	h, res := f.h, f.res
 	now := unixMS(h.clock().Now())
 	start, busy, err := h.claim(f.ctx, f.source, f.token, now, false, f.memo)
+	if f.unknown = start.unknown; f.unknown {
+		return false, nil
+	}
 	if err != nil || busy {
 		res.Busy = busy
 		if busy {

@@ -55,7 +55,7 @@ func (h *RelayHandler) fireOnce(ctx context.Context, source Partition, token str
 	f := &fireRun{h: h, ctx: ctx, source: source, token: token, keep: keep, spent: spent, res: &res, memo: memo}
 	// claim.go: take the source's claim (or meet a live one: busy) and
 	// read rs, os and q.
-	if busy, err := f.claim(); err != nil || busy {
+	if busy, err := f.claim(); err != nil || busy || f.unknown {
 		return res, false, err
 	}
 	// collect.go: select the work, held rows that are due (redrive.go) and
@@ -85,13 +85,16 @@ type fireRun struct {
 	source Partition
 	token  string // the claim's owner
 	keep   bool   // keep the claim for the alarm's next fire if it continues
-	b      RelayBudget
-	now    int64
-	caps   Capabilities
-	res    *FireResult
-	spent  *fireSpend
-	start  claimed
-	cur    RelayState
+	// unknown: the source has neither rs nor os (claimed.unknown); the
+	// attempt ends at once, having written nothing.
+	unknown bool
+	b       RelayBudget
+	now     int64
+	caps    Capabilities
+	res     *FireResult
+	spent   *fireSpend
+	start   claimed
+	cur     RelayState
 
 	recs map[Partition]*recSlot // target records read this attempt
 

@@ -68,3 +68,38 @@ func TestFireStepsAsideForLiveClaim(t *testing.T) {
 		t.Fatalf("target k = %q, want w", v)
 	}
 }
+
+// A fire or an alarm for a source nothing was ever enqueued to (a
+// mistyped schedule, a stray event) writes nothing: no rs claim is left
+// behind to grow the table by one item per name tried. Once rows are
+// enqueued, the next fire delivers them as usual.
+func TestFireOfUnknownSourceWritesNothing(t *testing.T) {
+	e := newEnv(t, "free")
+	applies := 0
+	e.srcF.set(func(c call) error {
+		if c.Op == "apply" {
+			applies++
+		}
+		return nil
+	}, nil)
+	if res, err := e.h.Fire(e.ctx, "never-written"); err != nil || res.Busy || res.Progress || res.More {
+		t.Fatalf("fire of an unknown source: %+v, %v", res, err)
+	}
+	if ar, err := e.h.Alarm(e.ctx, "never-written"); err != nil || !ar.Cleared || ar.Busy || ar.Fires > 1 {
+		t.Fatalf("alarm of an unknown source: %+v, %v", ar, err)
+	}
+	if applies != 0 {
+		t.Fatalf("%d batches written for a source nobody wrote to", applies)
+	}
+	if page, err := e.src.Scan(e.ctx, "never-written", relaycore.ScanRequest{}); err != nil || len(page.Items) != 0 {
+		t.Fatalf("items of the unknown source: %+v, %v", page.Items, err)
+	}
+	e.srcF.set(nil, nil)
+	e.enqueueFrom("never-written", put("t", "k", "v"))
+	if res, err := e.h.Fire(e.ctx, "never-written"); err != nil || res.RowsDelivered != 1 {
+		t.Fatalf("first fire after an enqueue: %+v, %v", res, err)
+	}
+	if v, ok := e.target("t", "k"); !ok || v != "v" {
+		t.Fatalf("target t/k = %q, %v after delivery", v, ok)
+	}
+}
