@@ -59,6 +59,8 @@ func (f *opFlags) register(c *cobra.Command, withActor bool) {
 type operator struct {
 	serve func(context.Context, api.Request) (api.Response, error)
 	close func()
+	// headers are sent with every request besides content-type.
+	headers map[string]string
 }
 
 // open opens the stores named by the flags, or dials the server of --url.
@@ -177,6 +179,9 @@ func (e *apiError) Error() string {
 func (o *operator) call(ctx context.Context, method, path string, query url.Values, body any, out any) ([]byte, error) {
 	req := api.Request{Method: method, Path: path, Query: query.Encode(),
 		Headers: map[string]string{"content-type": "application/json"}}
+	for k, v := range o.headers {
+		req.Headers[k] = v
+	}
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {

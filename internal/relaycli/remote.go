@@ -144,6 +144,11 @@ func (s *server) serve(ctx context.Context, r api.Request) (api.Response, error)
 	if err != nil {
 		return api.Response{}, err
 	}
+	for k, v := range r.Headers {
+		if k != "content-type" || r.Body != nil {
+			req.Header.Set(k, v)
+		}
+	}
 	// Whether the request left in full decides what a lost answer means:
 	// before that the server cannot have acted on it.
 	var sent atomic.Bool

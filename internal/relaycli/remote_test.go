@@ -73,7 +73,7 @@ func startServe(t *testing.T) *remoteFixture {
 			"ops-cert": {filepath.Join(pkiDir, "ops-cert.crt"), filepath.Join(pkiDir, "ops-cert.key")},
 		}}
 	var lines []string
-	for _, p := range []string{"ops", "reader", "producer"} {
+	for _, p := range []string{"ops", "reader", "producer", "legal"} {
 		tok, line, err := relayserve.MintToken(p)
 		if err != nil {
 			t.Fatal(err)
@@ -96,6 +96,7 @@ principals:
   ops-cert: {read: true, operate: true}
   reader: {read: true}
   producer: {produce: [orders]}
+  legal: {takedown: true}
 alarms: {sweep_interval: 1s, claim_ttl: 1s}
 `, filepath.Join(pkiDir, "server.crt"), filepath.Join(pkiDir, "server.key"), f.ca)
 	cfgPath := filepath.Join(dir, "relay.yaml")
@@ -346,5 +347,32 @@ func TestNoAnswerAfterSendMayBeApplied(t *testing.T) {
 	out, errOut := cli(t, 1, "", "target", "pause", "--source", "orders", "t1", "--url", "http://"+l.Addr().String(), "--json")
 	if e := jsonError(t, out); e.Code != codeNoAnswer || !e.MaybeApplied || !strings.Contains(errOut, "may have been applied") {
 		t.Errorf("%+v\nstderr: %s", e, errOut)
+	}
+}
+
+// relay takedown request with --idempotency-key may be run again after a
+// lost answer: the second run answers the takedown the first opened
+// (once the relay has delivered its record), marked replayed; the key
+// with another reason is refused with the API's code.
+func TestTakedownRequestIdempotencyKey(t *testing.T) {
+	f := startServe(t)
+	legal := f.as("legal")
+	args := append([]string{"takedown", "request", "seg-9f2c", "--reason", "dmca 2026-118", "--idempotency-key", "dmca-2026-118"}, legal...)
+	out, _ := cli(t, 0, "", append(args, "--json")...)
+	var first api.TakedownResponse
+	if err := json.Unmarshal([]byte(out), &first); err != nil || first.ID == "" || first.Replayed || first.IdempotencyKey != "dmca-2026-118" {
+		t.Fatalf("first request: %v\n%s", err, out)
+	}
+	again := waitFor(t, "the request run again answered", func(r api.TakedownResponse) bool { return r.ID != "" }, args...)
+	if again.ID != first.ID || !again.Replayed {
+		t.Fatalf("run again: %+v, want takedown %s replayed", again, first.ID)
+	}
+	out, _ = cli(t, 0, "", args...)
+	if !strings.Contains(out, "takedown "+first.ID) || !strings.Contains(out, "nothing new was written") {
+		t.Errorf("run again, text:\n%s", out)
+	}
+	out, _ = cli(t, 1, "", append([]string{"takedown", "request", "seg-9f2c", "--reason", "another", "--idempotency-key", "dmca-2026-118", "--json"}, legal...)...)
+	if e := jsonError(t, out); e.Code != "idempotency_key_reused" || e.Status != 409 {
+		t.Errorf("the key with another reason: %+v", e)
 	}
 }

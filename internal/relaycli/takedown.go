@@ -22,6 +22,8 @@ type takedownFlags struct {
 	server serverFlags
 	asJSON bool
 	reason string
+	// idemKey: request's --idempotency-key.
+	idemKey string
 }
 
 func (f *takedownFlags) register(c *cobra.Command, withReason bool) {
@@ -43,6 +45,9 @@ func (f *takedownFlags) call(cmd *cobra.Command, method, path string, body any) 
 	}
 	defer srv.client.CloseIdleConnections()
 	o := &operator{serve: srv.serve, close: func() {}}
+	if f.idemKey != "" {
+		o.headers = map[string]string{api.IdempotencyKeyHeader: f.idemKey}
+	}
 	return o.call(cmd.Context(), method, path, url.Values{}, body, nil)
 }
 
@@ -71,11 +76,16 @@ func takedownCmd(stdout io.Writer) *cobra.Command {
 			if err := json.Unmarshal(raw, &r); err != nil {
 				return err
 			}
-			_, err = fmt.Fprintf(stdout, "takedown %s of %s requested by %s at %s: %d holders %v\n", r.ID, r.ContentID, r.RequestedBy, msTime(r.RequestedMS), len(r.Holders), r.Holders)
+			again := ""
+			if r.Replayed {
+				again = " (an earlier request with this --idempotency-key; nothing new was written)"
+			}
+			_, err = fmt.Fprintf(stdout, "takedown %s of %s requested by %s at %s: %d holders %v%s\n", r.ID, r.ContentID, r.RequestedBy, msTime(r.RequestedMS), len(r.Holders), r.Holders, again)
 			return err
 		},
 	}
 	rf.register(req, true)
+	req.Flags().StringVar(&rf.idemKey, "idempotency-key", "", "makes the request safe to run again (a lost answer, a timeout): the same key, content and reason answer the takedown the first run opened instead of opening another ([A-Za-z0-9._:-], at most 128 bytes)")
 
 	var sf takedownFlags
 	status := &cobra.Command{

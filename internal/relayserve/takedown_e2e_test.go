@@ -110,10 +110,26 @@ func TestTakedownOverHTTPS(t *testing.T) {
 		return h
 	}, func(h api.HoldersResponse) bool { return len(h.Holders) == 2 })
 
-	r := op.do("POST", "/v1/takedowns", []byte(`{"content_id":"seg-9f2c","reason":"dmca 2026-118"}`))
+	reqBody := []byte(`{"content_id":"seg-9f2c","reason":"dmca 2026-118"}`)
+	r := op.do("POST", "/v1/takedowns", reqBody, "Idempotency-Key", "dmca-2026-118")
 	var td api.TakedownResponse
-	if json.Unmarshal(r.body, &td); r.status != 200 || td.RequestedBy != "td-op" || len(td.Holders) != 2 {
+	if json.Unmarshal(r.body, &td); r.status != 200 || td.RequestedBy != "td-op" || len(td.Holders) != 2 || td.Replayed {
 		t.Fatalf("request: %d %s", r.status, r.body)
+	}
+	// Retried with its key (a lost answer): the same takedown, replayed,
+	// once its record is in the open list (503 takedown_pending before).
+	again := poll(t, "the retried request answered", func() result {
+		return op.do("POST", "/v1/takedowns", reqBody, "Idempotency-Key", "dmca-2026-118")
+	}, func(r result) bool { return r.status != 503 || r.errCode(t) != "takedown_pending" })
+	var td2 api.TakedownResponse
+	if json.Unmarshal(again.body, &td2); again.status != 200 || !td2.Replayed || td2.ID != td.ID || len(td2.Holders) != 2 {
+		t.Fatalf("retried request: %d %s, want takedown %s replayed", again.status, again.body, td.ID)
+	}
+	if r := op.do("POST", "/v1/takedowns", []byte(`{"content_id":"seg-9f2c","reason":"another"}`), "Idempotency-Key", "dmca-2026-118"); r.status != 409 || r.errCode(t) != "idempotency_key_reused" {
+		t.Fatalf("the key with another reason: %d %s", r.status, r.body)
+	}
+	if r := op.do("POST", "/v1/takedowns", reqBody, "Idempotency-Key", "not a key"); r.status != 400 || r.errCode(t) != "bad_request" {
+		t.Fatalf("a malformed key: %d %s", r.status, r.body)
 	}
 	orders := func(n *clientT, q string) api.OrdersResponse {
 		var o api.OrdersResponse

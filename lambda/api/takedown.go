@@ -81,6 +81,10 @@ type TakedownRequest struct {
 type TakedownResponse struct {
 	takedowns.Takedown
 	Holders []string `json:"holders"`
+	// Replayed: an earlier request by the caller with the same
+	// Idempotency-Key header, content and reason opened this takedown, and
+	// this one wrote nothing.
+	Replayed bool `json:"replayed,omitempty"`
 }
 
 // WaiveRequest is the body of POST /v1/takedowns/{id}/waive.
@@ -266,14 +270,22 @@ func (h *Handler) postTakedown(ctx context.Context, _ matched, req Request, _ *s
 	if e := decodeStrict(req, &in); e != nil {
 		return nil, e
 	}
-	td, nodes, err := o.Request(ctx, in.ContentID, in.Reason, actorOf(req.Caller))
-	if err != nil {
+	key, keyed := req.Headers[IdempotencyKeyHeader]
+	if keyed {
+		if err := relaycore.ValidIdempotencyKey(key); err != nil {
+			return nil, fail(400, "bad_request", "header %s: %v", IdempotencyKeyHeader, err)
+		}
+	}
+	op, err := o.Request(ctx, in.ContentID, in.Reason, actorOf(req.Caller), takedowns.RequestOptions{IdempotencyKey: key})
+	switch {
+	case errors.Is(err, relaycore.ErrIdempotencyKeyReused):
+		return nil, fail(409, "idempotency_key_reused", "%v; use a new key for a new takedown", err)
+	case errors.Is(err, relaycore.ErrCommitUnknown) && !keyed:
+		return nil, fail(503, "commit_unknown", "%v; a retry may open a second takedown of the content: send an Idempotency-Key to make retries safe", err)
+	case err != nil:
 		return nil, takedownError(err)
 	}
-	if nodes == nil {
-		nodes = []string{}
-	}
-	return TakedownResponse{Takedown: td, Holders: nodes}, nil
+	return TakedownResponse{Takedown: op.Takedown, Holders: op.Holders, Replayed: op.Replayed}, nil
 }
 
 func (h *Handler) getTakedown(ctx context.Context, m matched, req Request, _ *slog.Logger) (any, error) {

@@ -46,6 +46,9 @@ func (c *clock) add(d time.Duration) {
 type counting struct {
 	relaycore.Store
 	applies, reads atomic.Int64
+	// fault, when set (by a test, between calls), answers a batch before
+	// the store sees it: a non-nil error refuses it unapplied.
+	fault func(relaycore.Batch) error
 }
 
 func (c *counting) Get(ctx context.Context, p relaycore.Partition, key string) ([]byte, bool, error) {
@@ -59,6 +62,11 @@ func (c *counting) Scan(ctx context.Context, p relaycore.Partition, req relaycor
 }
 
 func (c *counting) Apply(ctx context.Context, p relaycore.Partition, b relaycore.Batch) error {
+	if c.fault != nil {
+		if err := c.fault(b); err != nil {
+			return err
+		}
+	}
 	err := c.Store.Apply(ctx, p, b)
 	if err == nil || relaycore.MayBeApplied(err) {
 		c.applies.Add(1)

@@ -278,7 +278,7 @@ func runModel(t *testing.T, seed uint64) {
 			sendReport(n)
 		case k < 30:
 			if requests < 2 {
-				if _, _, err := e.o.Request(ctx, content, "dmca 2026-118", "operator"); err == nil {
+				if _, err := e.o.Request(ctx, content, "dmca 2026-118", "operator", takedowns.RequestOptions{}); err == nil {
 					requests++
 				} else if !transient(err) {
 					t.Fatalf("request: %v", err)
@@ -316,7 +316,7 @@ func runModel(t *testing.T, seed uint64) {
 		checkSafety(t, e, step)
 	}
 	if requests == 0 {
-		if _, _, err := e.o.Request(ctx, content, "dmca 2026-118", "operator"); err != nil {
+		if _, err := e.o.Request(ctx, content, "dmca 2026-118", "operator", takedowns.RequestOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -92,7 +92,8 @@ func TestTakedownFlow(t *testing.T) {
 		e.report("edge-c", "seg-other", "held", t0)
 		e.deliver()
 		e.clock.add(time.Second)
-		td, nodes, err := e.o.Request(e.ctx, "seg-9f2c", "dmca 2026-118", "operator-1")
+		op, err := e.o.Request(e.ctx, "seg-9f2c", "dmca 2026-118", "operator-1", takedowns.RequestOptions{})
+		td, nodes := op.Takedown, op.Holders
 		if err != nil || strings.Join(nodes, ",") != "edge-a,edge-b" {
 			t.Fatalf("request: %v %v", nodes, err)
 		}
@@ -175,7 +176,8 @@ func (e *env) ordered() (takedowns.Takedown, takedowns.Order) {
 	e.report("edge-a", "seg-9f2c", "held", t0)
 	e.report("edge-b", "seg-9f2c", "held", t0)
 	e.deliver()
-	td, _, err := e.o.Request(e.ctx, "seg-9f2c", "dmca 2026-118", "operator-1")
+	op, err := e.o.Request(e.ctx, "seg-9f2c", "dmca 2026-118", "operator-1", takedowns.RequestOptions{})
+	td := op.Takedown
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -473,7 +475,7 @@ func TestRunCost(t *testing.T) {
 	e.deliver()
 	const n = 10
 	for range n {
-		if _, _, err := e.o.Request(e.ctx, "seg-9f2c", "dmca 2026-118", "operator-1"); err != nil {
+		if _, err := e.o.Request(e.ctx, "seg-9f2c", "dmca 2026-118", "operator-1", takedowns.RequestOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -548,4 +550,97 @@ func TestOpenWithoutRecord(t *testing.T) {
 	if err != nil || len(pg.Items) != 0 {
 		t.Fatalf("open list: %+v %v", pg.Items, err)
 	}
+}
+
+// A request with an idempotency key is safe to retry: the retry answers
+// the takedown the first opened and writes nothing; the key with another
+// content or reason is refused; another caller's key is its own; and a
+// request cut short after its record committed, before its holders'
+// requests, is answered by its retry while the owner requests the same
+// holders itself.
+func TestRequestIdempotent(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e *env) {
+		t0 := e.clock.Now()
+		e.report("edge-a", "seg-9f2c", "held", t0)
+		e.report("edge-b", "seg-9f2c", "held", t0)
+		e.deliver()
+		e.clock.add(time.Second)
+		key := takedowns.RequestOptions{IdempotencyKey: "dmca-2026-118"}
+		first, err := e.o.Request(e.ctx, "seg-9f2c", "dmca 2026-118", "operator-1", key)
+		if err != nil || first.Replayed || strings.Join(first.Holders, ",") != "edge-a,edge-b" || first.Takedown.IdempotencyKey != key.IdempotencyKey {
+			t.Fatalf("request: %+v %v", first, err)
+		}
+		retry := func(content, reason, by string, opts takedowns.RequestOptions) (takedowns.Opened, error) {
+			t.Helper()
+			before := e.src.applies.Load()
+			op, err := e.o.Request(e.ctx, content, reason, by, opts)
+			if n := e.src.applies.Load() - before; n != 0 && (err != nil || op.Replayed) {
+				t.Fatalf("a retry answered %+v, %v and applied %d batches", op, err, n)
+			}
+			return op, err
+		}
+		if _, err := retry("seg-9f2c", "dmca 2026-118", "operator-1", key); !errors.Is(err, takedowns.ErrNotYet) {
+			t.Fatalf("retry before the record is delivered: %v, want ErrNotYet", err)
+		}
+		e.deliver()
+		e.clock.add(time.Minute)
+		again, err := retry("seg-9f2c", "dmca 2026-118", "operator-1", key)
+		if err != nil || !again.Replayed || again.Takedown != first.Takedown || strings.Join(again.Holders, ",") != "edge-a,edge-b" {
+			t.Fatalf("retry: %+v %v, want %+v replayed", again, err, first)
+		}
+		for _, bad := range [][2]string{{"seg-9f2c", "another reason"}, {"seg-other", "dmca 2026-118"}} {
+			if _, err := retry(bad[0], bad[1], "operator-1", key); !errors.Is(err, relaycore.ErrIdempotencyKeyReused) {
+				t.Errorf("the key with content %q, reason %q: %v, want ErrIdempotencyKeyReused", bad[0], bad[1], err)
+			}
+		}
+		if _, err := retry("seg-9f2c", "dmca 2026-118", "operator-1", takedowns.RequestOptions{IdempotencyKey: "no spaces"}); !errors.Is(err, takedowns.ErrInvalid) {
+			t.Errorf("a malformed key: %v, want ErrInvalid", err)
+		}
+		other, err := e.o.Request(e.ctx, "seg-9f2c", "dmca 2026-118", "operator-2", key)
+		if err != nil || other.Replayed || other.Takedown.ID == first.Takedown.ID {
+			t.Fatalf("another caller's request with the same key: %+v %v, want a takedown of its own", other, err)
+		}
+
+		// Cut short: the second batch (the holders' requests) fails.
+		errCut := errors.New("injected: store unavailable")
+		n := 0
+		e.src.fault = func(relaycore.Batch) error {
+			if n++; n == 2 {
+				return errCut
+			}
+			return nil
+		}
+		cut := takedowns.RequestOptions{IdempotencyKey: "cut-short"}
+		_, err = e.o.Request(e.ctx, "seg-9f2c", "dmca 2026-119", "operator-1", cut)
+		e.src.fault = nil
+		if !errors.Is(err, errCut) {
+			t.Fatalf("request cut short: %v", err)
+		}
+		e.deliver()
+		op, err := retry("seg-9f2c", "dmca 2026-119", "operator-1", cut)
+		if err != nil || !op.Replayed || len(op.Holders) != 0 {
+			t.Fatalf("retry of the request cut short: %+v %v, want it replayed without requests yet", op, err)
+		}
+		for range 3 {
+			e.run()
+			e.deliver()
+		}
+		op, err = retry("seg-9f2c", "dmca 2026-119", "operator-1", cut)
+		if err != nil || strings.Join(op.Holders, ",") != "edge-a,edge-b" {
+			t.Fatalf("after the owner's passes: %+v %v, want both holders requested", op, err)
+		}
+		for _, node := range []string{"edge-a", "edge-b"} {
+			want := fmt.Sprintf("seg-9f2c/%s/%019d", node, op.Takedown.RequestedMS)
+			found := false
+			for _, o := range e.orders(node) {
+				found = found || o.Request == want && o.Takedown == op.Takedown.ID
+			}
+			if !found {
+				t.Errorf("%s has no order %s of takedown %s: %+v", node, want, op.Takedown.ID, e.orders(node))
+			}
+		}
+		if st := e.status(first.Takedown.ID); st.HoldersExpected != 2 || st.IdempotencyKey != key.IdempotencyKey {
+			t.Errorf("status of the first takedown: %+v", st)
+		}
+	})
 }

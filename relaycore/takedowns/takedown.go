@@ -3,6 +3,7 @@ package takedowns
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -26,6 +27,32 @@ type Takedown struct {
 	Reason      string `json:"reason"`
 	RequestedBy string `json:"requested_by"`
 	RequestedMS int64  `json:"requested_ms"`
+	// IdempotencyKey is the key the request was made with
+	// (RequestOptions), if any: with RequestedBy, it finds the takedown
+	// again when the request is retried.
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
+}
+
+// RequestOptions are a takedown request's options.
+type RequestOptions struct {
+	// IdempotencyKey (1..128 bytes of [A-Za-z0-9._:-]), when set, makes
+	// the request safe to retry: a request by the same caller with the
+	// same key, content and reason, within the relay's idempotency TTL
+	// (RelayHandler.IdempotencyTTL, 24 h by default), answers the
+	// takedown the first one opened (Opened.Replayed) and opens none; with
+	// another content or reason it fails with
+	// relaycore.ErrIdempotencyKeyReused. Without a key, a retry after a
+	// lost answer opens a second takedown of the same content.
+	IdempotencyKey string
+}
+
+// Opened is what Request answers: the takedown, the holders it requested
+// at once (sorted), and whether it was opened by an earlier request with
+// the same idempotency key (then nothing was written).
+type Opened struct {
+	Takedown Takedown
+	Holders  []string
+	Replayed bool
 }
 
 // Order is one order in a node's order partition (edge/takedown.Order:
@@ -83,31 +110,45 @@ func checkID(id string) error {
 // the audit's "who". A holder missing from the requests (a report the
 // index had not received yet, a commit cut short) is a late holder to the
 // owner, which requests it itself.
-func (o *Owner) Request(ctx context.Context, content, reason, by string) (Takedown, []string, error) {
+//
+// With opts.IdempotencyKey, the record and the open-list entry commit
+// first, as one idempotent enqueue, and the holders' requests after: a
+// request cut short between the two is a takedown without requests, whose
+// holders the owner requests as late holders, and its retry answers that
+// takedown. A retry finds the takedown in the open list; until the relay
+// has delivered the first request's record there it fails with ErrNotYet.
+func (o *Owner) Request(ctx context.Context, content, reason, by string, opts RequestOptions) (Opened, error) {
 	if err := CheckContent(content); err != nil {
-		return Takedown{}, nil, err
+		return Opened{}, err
 	}
 	if err := checkReason(reason); err != nil {
-		return Takedown{}, nil, err
+		return Opened{}, err
+	}
+	key := opts.IdempotencyKey
+	if key != "" {
+		if err := relaycore.ValidIdempotencyKey(key); err != nil {
+			return Opened{}, invalid("%v", err)
+		}
 	}
 	holders, err := o.Holders(ctx, content)
 	if err != nil {
-		return Takedown{}, nil, err
+		return Opened{}, err
 	}
 	var rnd [4]byte
 	if _, err := rand.Read(rnd[:]); err != nil {
-		return Takedown{}, nil, err
+		return Opened{}, err
 	}
 	now := o.now().UnixMilli()
 	td := Takedown{V: 1, ID: fmt.Sprintf("%013d-%s", now, hex.EncodeToString(rnd[:])), ContentID: content,
-		Reason: reason, RequestedBy: by, RequestedMS: now}
+		Reason: reason, RequestedBy: by, RequestedMS: now, IdempotencyKey: key}
 	meta, _ := json.Marshal(td)
 	target := TakedownTarget(td.ID)
 	rows := []relaycore.Row{
 		{Target: OpenTarget, Puts: []relaycore.KV{{Key: td.ID, Value: meta}}},
 		{Target: target, Puts: []relaycore.KV{{Key: keyMeta, Value: meta}}},
 	}
-	var nodes []string
+	var requests []relaycore.Row
+	nodes := []string{}
 	for _, h := range holders {
 		if h.State != StateHeld {
 			continue
@@ -115,17 +156,83 @@ func (o *Owner) Request(ctx context.Context, content, reason, by string) (Takedo
 		row, err := relaycore.NewTakedownRow(target, relaycore.ContentTakedownV1{Version: 1, ContentID: content,
 			LateHolder: h.Node, RequestedMS: now, Reason: reason})
 		if err != nil {
-			return Takedown{}, nil, err
+			return Opened{}, err
 		}
-		rows = append(rows, row)
+		requests = append(requests, row)
 		nodes = append(nodes, h.Node)
 	}
-	if _, err := o.Relay.Enqueue(ctx, ControlSource, rows, relaycore.EnqueueOptions{}); err != nil {
-		return Takedown{}, nil, err
+	if key == "" {
+		rows, requests = append(rows, requests...), nil
+	}
+	res, err := o.Relay.Enqueue(ctx, ControlSource, rows, relaycore.EnqueueOptions{IdempotencyKey: requestIdemKey(by, key)})
+	if errors.Is(err, relaycore.ErrIdempotencyKeyReused) || err == nil && res.Replayed {
+		return o.replay(ctx, content, reason, by, key)
+	}
+	if err != nil {
+		return Opened{}, err
 	}
 	o.log().Info("takedown requested", "takedown", td.ID, "content_id", content, "by", by, "reason", reason,
-		"requested_ms", now, "holders", nodes)
-	return td, nodes, nil
+		"requested_ms", now, "holders", nodes, "idempotency_key", key)
+	if len(requests) > 0 {
+		if _, err := o.Relay.Enqueue(ctx, ControlSource, requests, relaycore.EnqueueOptions{}); err != nil {
+			// Open without these requests: the owner makes the same ones
+			// (lateRequest: a holder without a request, at the takedown's
+			// time), and a retry with the key answers this takedown.
+			return Opened{}, fmt.Errorf("takedown %s opened, its holders' requests not committed (the owner makes them; a retry with the idempotency key answers this takedown): %w", td.ID, err)
+		}
+	}
+	return Opened{Takedown: td, Holders: nodes}, nil
+}
+
+// requestIdemKey is the relay idempotency key of a takedown request by
+// caller by with key (none without one): a digest, so that every caller
+// has keys of its own and any caller name fits the key's alphabet.
+func requestIdemKey(by, key string) string {
+	if key == "" {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(by + "\x00" + key))
+	return "takedown:" + hex.EncodeToString(sum[:16])
+}
+
+// replay answers a retried request: the open takedown by caller by with
+// key, which must be of the same content and reason.
+func (o *Owner) replay(ctx context.Context, content, reason, by, key string) (Opened, error) {
+	open, err := o.readAll(ctx, OpenTarget, "")
+	if err != nil {
+		return Opened{}, err
+	}
+	for _, kv := range open {
+		var td Takedown
+		if json.Unmarshal(kv.Value, &td) != nil || td.RequestedBy != by || td.IdempotencyKey != key {
+			continue
+		}
+		if td.ContentID != content || td.Reason != reason {
+			return Opened{}, fmt.Errorf("%w: key %q opened takedown %s of content %q (reason %q)", relaycore.ErrIdempotencyKeyReused, key, td.ID, td.ContentID, td.Reason)
+		}
+		// The holders' requests are rows of their own, delivered after the
+		// record at times: answer them once all have arrived.
+		if done, err := o.caughtUp(ctx, TakedownTarget(td.ID)); err != nil || !done {
+			return Opened{}, errors.Join(fmt.Errorf("%w: takedown %s, opened with idempotency key %q", ErrNotYet, td.ID, key), err)
+		}
+		v, err := o.load(ctx, td.ID)
+		if err != nil {
+			return Opened{}, err
+		}
+		nodes := []string{}
+		for _, r := range v.requests {
+			if r.RequestedMS == td.RequestedMS {
+				nodes = append(nodes, r.LateHolder)
+			}
+		}
+		sort.Strings(nodes)
+		o.log().Info("takedown request replayed", "takedown", td.ID, "content_id", content, "by", by, "idempotency_key", key)
+		return Opened{Takedown: td, Holders: nodes, Replayed: true}, nil
+	}
+	if done, err := o.caughtUp(ctx, OpenTarget); err != nil || !done {
+		return Opened{}, errors.Join(fmt.Errorf("%w: the takedown idempotency key %q opened", ErrNotYet, key), err)
+	}
+	return Opened{}, fmt.Errorf("%w: key %q opened a takedown that is closed since", relaycore.ErrIdempotencyKeyReused, key)
 }
 
 // view is one takedown as its partition and the holder index show it.
