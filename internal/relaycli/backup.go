@@ -96,7 +96,7 @@ bbolt's consistency check and only then renamed into place.
 		},
 	}
 	c.Flags().StringVar(&dbPath, "db", "", "bbolt file of a stopped relay")
-	sf.register(c)
+	sf.register(c, "a principal with the operate and read roles")
 	return c
 }
 

@@ -113,6 +113,9 @@ The store is chosen by --store:
 			if store == "dynamo" && cmd.Flags().Changed("db") {
 				return usageErrorf("--db is a bbolt file: it needs --store bolt")
 			}
+			if _, err := relaycore.PlanBudget(cfg.Plan); err != nil {
+				return usageErrorf("--plan %q: want free or paid", cfg.Plan)
+			}
 			dyn.seed = cfg.Seed
 			stores, closeStores, err := openStores(cmd.Context(), store, dbPath, dyn)
 			if err != nil {

@@ -51,7 +51,7 @@ func (f *opFlags) register(c *cobra.Command, withActor bool) {
 		fl.StringVar(&f.by, "by", "", "who does this, recorded with the action (default: the OS user; not with --url: the server records the principal that authenticated)")
 		fl.StringVar(&f.reason, "reason", "", "why, recorded with the action (at most 256 bytes)")
 	}
-	f.server.register(c)
+	f.server.register(c, "a principal with the operate role (and read, for archive show and export)")
 }
 
 // operator is an open store with the API handler over it, or a running
@@ -311,7 +311,7 @@ func targetsCmd(stdout io.Writer) *cobra.Command {
 	show := &cobra.Command{
 		Use:   "show --source SOURCE TARGET",
 		Short: "Show one target's delivery state",
-		Args:  cobra.ExactArgs(1),
+		Args:  oneTarget,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return operate(cmd, &sf, stdout, "GET", sourcePath(sf.source, "targets", args[0]), nil, nil, func(res api.TargetResponse) error {
 				printStatus(stdout, res.Status)
@@ -363,6 +363,18 @@ func printStatus(w io.Writer, t relaycore.TargetStatus) {
 	tw.Flush()
 }
 
+// oneTarget takes one argument, a target name by the engine's rule
+// (relaycore.TargetNameProblem), checked before anything is sent.
+func oneTarget(cmd *cobra.Command, args []string) error {
+	if err := cobra.ExactArgs(1)(cmd, args); err != nil {
+		return err
+	}
+	if reason := relaycore.TargetNameProblem(args[0]); reason != "" {
+		return fmt.Errorf("TARGET %q: a target name %s", args[0], reason)
+	}
+	return nil
+}
+
 func targetCmd(stdout io.Writer) *cobra.Command {
 	c := &cobra.Command{Use: "target", Short: "Act on one target: quarantine, release, pause, resume, skip", Long: operatorLong}
 	for _, a := range []struct{ name, short string }{
@@ -375,7 +387,7 @@ func targetCmd(stdout io.Writer) *cobra.Command {
 		sub := &cobra.Command{
 			Use:   a.name + " --source SOURCE TARGET",
 			Short: a.short,
-			Args:  cobra.ExactArgs(1),
+			Args:  oneTarget,
 			RunE: func(cmd *cobra.Command, args []string) error {
 				return operate(cmd, &f, stdout, "POST", sourcePath(f.source, "targets", args[0], a.name), nil, api.ActionRequest{Reason: f.reason}, func(res api.TargetResponse) error {
 					fmt.Fprintf(stdout, "%s: %s %s\n", a.name, args[0], res.Status.State)
@@ -396,8 +408,13 @@ applying them, and copies them (with who, why, when and the target's last error)
 source's dead-row archive in the same transaction. N must be the target's first undelivered
 held seq ('relay targets show' prints it as held N..): if a delivery moved it meanwhile the
 skip is refused and nothing changes.`,
-		Args: cobra.ExactArgs(1),
+		Args: oneTarget,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			for _, name := range []string{"expect-first", "through", "reason"} {
+				if !cmd.Flags().Changed(name) {
+					return usageErrorf("--%s is required", name)
+				}
+			}
 			return operate(cmd, &f, stdout, "POST", sourcePath(f.source, "targets", args[0], "skip"), nil,
 				api.SkipRequest{ExpectFirst: f.skipFirst, Through: f.skipLast, Reason: f.reason}, func(res api.SkipResponse) error {
 					fmt.Fprintf(stdout, "skipped %d rows (seqs %d..%d) of %s into archive entry %d\n", res.Rows, res.First, res.Last, args[0], res.ArchiveID)
@@ -480,7 +497,12 @@ func archiveCmd(stdout io.Writer) *cobra.Command {
 	requeue := &cobra.Command{
 		Use:   "requeue --source SOURCE ID",
 		Short: "Enqueue an archive entry's rows again for the same target (new seqs), once",
-		Args:  cobra.ExactArgs(1),
+		Args: cobra.MatchAll(cobra.ExactArgs(1), func(_ *cobra.Command, args []string) error {
+			if id, err := strconv.ParseUint(args[0], 10, 64); err != nil || id == 0 {
+				return fmt.Errorf("ID %q: want an archive entry id, a decimal number ('relay archive list' prints them)", args[0])
+			}
+			return nil
+		}),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return operate(cmd, &rf, stdout, "POST", sourcePath(rf.source, "archive", args[0], "requeue"), nil, struct{}{}, func(res api.RequeueResponse) error {
 				fmt.Fprintf(stdout, "archive entry %d re-enqueued as seqs %s\n", res.ID, joinSeqs(res.Seqs))

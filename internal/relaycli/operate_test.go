@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -231,5 +232,32 @@ func TestOperatorCommandsOnDynamo(t *testing.T) {
 	_, errOut := cli(t, 1, "", "targets", "list", "--store", "dynamo", "--endpoint", ep.URL, "--table-prefix", "staging-", "--source", "orders")
 	if !strings.Contains(errOut, "staging-source") {
 		t.Errorf("missing tables: %s", errOut)
+	}
+}
+
+// Arguments the command can tell are wrong are refused as usage (exit 1,
+// code usage) before anything is opened or sent: the --db named here does
+// not exist, so any command that got as far as the store would fail
+// otherwise.
+func TestBadArgumentsAreUsage(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "none.db")
+	for _, args := range [][]string{
+		{"target", "skip", "--source", "orders", "t1", "--through", "3", "--reason", "x", "--db", db},
+		{"target", "skip", "--source", "orders", "t1", "--expect-first", "3", "--through", "3", "--db", db},
+		{"archive", "requeue", "--source", "orders", "abc", "--db", db},
+		{"archive", "requeue", "--source", "orders", "0", "--db", db},
+		{"target", "pause", "--source", "orders", "", "--db", db},
+		{"targets", "show", "--source", "orders", "_relay/x", "--db", db},
+		{"targets", "list", "--source", "orders", "--bogus", "--db", db},
+		{"serve", "token", "--principal", "bad name"},
+		{"demo", "--plan", "bogus"},
+	} {
+		out, _ := cli(t, 1, "", append(args, "--json")...)
+		if e := jsonError(t, out); e.Code != codeUsage {
+			t.Errorf("relay %s: %+v, want code usage", strings.Join(args, " "), e)
+		}
+	}
+	if _, err := os.Stat(db); !os.IsNotExist(err) {
+		t.Errorf("a refused command created %s: %v", db, err)
 	}
 }

@@ -32,12 +32,13 @@ type serverFlags struct {
 	url, tokenFile, caFile, certFile, keyFile string
 }
 
-// register adds the flags to c. relay serve's operator routes need the
-// operate role, and those that answer rows' keys and values (the archive's
-// entries and export, the backup) read as well (docs/serve.md, Roles).
-func (s *serverFlags) register(c *cobra.Command) {
+// register adds the flags to c; who names the principal the command's
+// routes need (docs/serve.md, Roles): relay serve's operator routes need
+// the operate role, those that answer rows' keys and values (the
+// archive's entries and export, the backup) read as well, and the
+// takedown routes the takedown role.
+func (s *serverFlags) register(c *cobra.Command, who string) {
 	fl := c.Flags()
-	const who = "a principal with the operate and read roles"
 	fl.StringVar(&s.url, "url", "", "base URL of a running relay serve (https://host:7480)")
 	fl.StringVar(&s.tokenFile, "token-file", "", "with --url: file holding a bearer token of "+who)
 	fl.StringVar(&s.caFile, "ca", "", "with --url: CA certificate (PEM) that signed the server's certificate (default: the system's roots)")

@@ -363,7 +363,22 @@ func TestTakedownRequestIdempotencyKey(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &first); err != nil || first.ID == "" || first.Replayed || first.IdempotencyKey != "dmca-2026-118" {
 		t.Fatalf("first request: %v\n%s", err, out)
 	}
-	again := waitFor(t, "the request run again answered", func(r api.TakedownResponse) bool { return r.ID != "" }, args...)
+	// Until the relay has delivered the first run's record, a second run
+	// says takedown_pending (exit 1); then it answers.
+	var again api.TakedownResponse
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) { // a hang guard
+		var out, errb bytes.Buffer
+		code := RunWithInput(t.Context(), append(args, "--json"), strings.NewReader(""), &out, &errb)
+		if code == 0 {
+			if err := json.Unmarshal(out.Bytes(), &again); err != nil {
+				t.Fatalf("run again: %v\n%s", err, out.String())
+			}
+			break
+		}
+		if e := jsonError(t, out.String()); e.Code != "takedown_pending" || time.Now().After(deadline) {
+			t.Fatalf("run again: exit %d, %+v", code, e)
+		}
+	}
 	if again.ID != first.ID || !again.Replayed {
 		t.Fatalf("run again: %+v, want takedown %s replayed", again, first.ID)
 	}

@@ -129,7 +129,7 @@ prints it with the line the server's tokens file needs (auth.tokens_file; docs/s
 			}
 			token, line, err := relayserve.MintToken(principal)
 			if err != nil {
-				return err
+				return &usageError{fmt.Errorf("--principal: %w", err)} // only the name can be wrong
 			}
 			if asJSON {
 				enc := json.NewEncoder(stdout)

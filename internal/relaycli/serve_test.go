@@ -54,7 +54,7 @@ func TestServeTokenJSON(t *testing.T) {
 		t.Fatalf("token --json without --principal: %+v", e)
 	}
 	out, _ = cli(t, 1, "", "serve", "token", "--principal", "has space", "--json")
-	if e := jsonError(t, out); e.Code != codeFailed || !strings.Contains(e.Message, "has space") {
+	if e := jsonError(t, out); e.Code != codeUsage || !strings.Contains(e.Message, "has space") {
 		t.Fatalf("token --json with a bad principal: %+v", e)
 	}
 }

@@ -18,6 +18,9 @@ import (
 // (docs/takedown.md). They send the API's takedown routes and print the
 // answers; --json prints the API's body.
 
+// takedownPrincipal is who the takedown routes answer.
+const takedownPrincipal = "a principal with the takedown role"
+
 type takedownFlags struct {
 	server serverFlags
 	asJSON bool
@@ -27,7 +30,7 @@ type takedownFlags struct {
 }
 
 func (f *takedownFlags) register(c *cobra.Command, withReason bool) {
-	f.server.register(c)
+	f.server.register(c, takedownPrincipal)
 	c.Flags().BoolVar(&f.asJSON, "json", false, "print the API's JSON answer (and a JSON error object when the command fails)")
 	if withReason {
 		c.Flags().StringVar(&f.reason, "reason", "", "why (required; recorded with the caller, who and when)")
@@ -145,7 +148,7 @@ func takedownCmd(stdout io.Writer) *cobra.Command {
 			return err
 		},
 	}
-	xf.server.register(receipts)
+	xf.server.register(receipts, takedownPrincipal)
 
 	var wf takedownFlags
 	waive := &cobra.Command{

@@ -257,7 +257,7 @@ type Alarms struct {
 	// on any of them; it bounds how long a replica's death holds back
 	// the sources it was firing (docs/serve.md, Replicas and failover).
 	ClaimTTL time.Duration `yaml:"claim_ttl"`
-	// IdleTargetTTL (alarms.idle_target_ttl, default 168h, 0: never) is
+	// IdleTargetTTL (alarms.idle_target_ttl, default 168h, 0s: never) is
 	// how long a target with nothing pending or held must stay idle before
 	// an alarm collects its figures (relaycore.RelayHandler.IdleTargetTTL),
 	// so the store holds the figures of the targets in use rather than of
@@ -506,7 +506,7 @@ func (c *Config) validate() []error {
 		bad(at("alarms", "claim_ttl"), "alarms.claim_ttl %v: want 1s..5m", c.Alarms.ClaimTTL)
 	}
 	if t := c.Alarms.IdleTargetTTL; t != 0 && (t < time.Hour || t > 87600*time.Hour) {
-		bad(at("alarms", "idle_target_ttl"), "alarms.idle_target_ttl %v: want 0 (never) or 1h..87600h", t)
+		bad(at("alarms", "idle_target_ttl"), "alarms.idle_target_ttl %v: want 0s (never) or 1h..87600h", t)
 	}
 	if l := c.Alarms.Linger; !(l >= 0 && l <= maxLinger) {
 		bad(at("alarms", "linger"), "alarms.linger %v: want 0 (fire a busy source again at once) to %d (times its last fire's duration)", l, maxLinger)

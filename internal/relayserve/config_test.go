@@ -109,7 +109,7 @@ func TestParseRefuses(t *testing.T) {
 		{"anonymous principal", minimal + "principals: {anonymous: {read: true}}\n", []string{"anonymous is reserved"}},
 		{"bad limits", minimal + "limits: {max_body_bytes: 10, read_timeout: -1s}\n", []string{"limits.max_body_bytes 10", "limits.read_timeout -1s"}},
 		{"claim ttl too short", minimal + "alarms: {claim_ttl: 100ms}\n", []string{"alarms.claim_ttl 100ms: want 1s..5m"}},
-		{"idle target ttl too short", minimal + "alarms: {idle_target_ttl: 30m}\n", []string{"alarms.idle_target_ttl 30m0s: want 0 (never) or 1h..87600h"}},
+		{"idle target ttl too short", minimal + "alarms: {idle_target_ttl: 30m}\n", []string{"alarms.idle_target_ttl 30m0s: want 0s (never) or 1h..87600h"}},
 		{"linger negative", minimal + "alarms: {linger: -1}\n", []string{"alarms.linger -1: want 0 (fire a busy source again at once) to 10"}},
 		{"linger too long", minimal + "alarms: {linger: 11}\n", []string{"alarms.linger 11: want 0"}},
 		{"linger not a number", minimal + "alarms: {linger: .nan}\n", []string{"alarms.linger NaN: want 0"}},

@@ -2,6 +2,7 @@ package api
 
 import (
 	"errors"
+	"strings"
 
 	"github.com/relay-dev/relay/relaycore"
 )
@@ -45,11 +46,11 @@ var (
 		{relaycore.ErrInvalidIdempotencyKey, 400, "bad_request", "header Idempotency-Key: %v"},
 		{relaycore.ErrBatchTooLarge, 413, "too_large", "%v"},
 		{relaycore.ErrValueTooLarge, 413, "too_large", "%v"},
-		{relaycore.ErrContention, 503, "unavailable", "%v; rows with seq 0 in seqs were not committed and may be retried"},
-		{relaycore.ErrDeadlineExceeded, 503, "unavailable", "%v; rows with seq 0 in seqs were not committed and may be retried"},
+		{relaycore.ErrContention, 503, "unavailable", "%v; " + rowsToken + " were not committed and may be retried"},
+		{relaycore.ErrDeadlineExceeded, 503, "unavailable", "%v; " + rowsToken + " were not committed and may be retried"},
 		{relaycore.ErrCommitUnknown, 503, "commit_unknown", commitUnknownFormat},
 		{relaycore.ErrMaybeApplied, 503, "commit_unknown", commitUnknownFormat},
-		{relaycore.ErrUnavailable, 503, "unavailable", "%v; rows with seq 0 in seqs were not committed: retry them after the retry-after seconds"},
+		{relaycore.ErrUnavailable, 503, "unavailable", "%v; " + rowsToken + " were not committed: retry them after the retry-after seconds"},
 	}
 )
 
@@ -61,7 +62,7 @@ var (
 const (
 	unavailableFormat   = "%v; nothing was changed: retry after the retry-after seconds"
 	maybeAppliedFormat  = "%v; it may or may not have been applied: read the state again before retrying"
-	commitUnknownFormat = "%v; rows with seq 0 in seqs may or may not have been committed: retry them with the same Idempotency-Key header (it commits them at most once); without one a retry may commit them twice"
+	commitUnknownFormat = "%v; " + rowsToken + " may or may not have been committed: retry them with the same Idempotency-Key header (it commits them at most once); without one a retry may commit them twice"
 )
 
 // storeAnswers answer what no route's table matched: a store out of reach
@@ -127,5 +128,14 @@ func enqueueError(err error, res relaycore.CommitResult) error {
 			break
 		}
 	}
+	if e.seqs == nil {
+		// No row committed, and the body carries no seqs to look in.
+		e.message = strings.Replace(e.message, rowsToken, "the request's rows", 1)
+	}
 	return e
 }
+
+// rowsToken names, in an enqueue's 503 messages, the rows a retry is
+// about: the ones with seq 0 in the body's seqs when some rows committed;
+// enqueueError rewords it when none did (the body has no seqs then).
+const rowsToken = "rows with seq 0 in seqs"
