@@ -245,7 +245,7 @@ func (h *RelayHandler) kick(ctx context.Context, source Partition, due int64) {
 	if h.Kicker == nil {
 		return
 	}
-	if err := h.Kicker.Kick(ctx, source, due); err != nil {
+	if err := kickBounded(ctx, h.Kicker, source, due); err != nil {
 		loggerOr(h.Logger).Warn("relay kick failed; the durable alarm still holds", "source", string(source), "due_ms", due, "err", err)
 	}
 }

@@ -139,7 +139,7 @@ func busyRetryMS(c *Claim, now int64) int64 {
 
 // releaseTimeout bounds releaseClaim, which runs even when the failed
 // call's context was cancelled.
-const releaseTimeout = 2 * time.Second
+const releaseTimeout = time.Second
 
 // releaseClaim gives up token's claim on source, if rs still holds it: the
 // way out of a fire or an operator action that failed, so that the source

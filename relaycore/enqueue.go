@@ -877,7 +877,7 @@ func commitRelayRows(ctx context.Context, st Store, clock Clock, source Partitio
 		if res.Kick = kickDecision(ctx, st, clock, source, res); res.Kick != KickSent {
 			return
 		}
-		if kerr := cfg.Kicker.Kick(ctx, source, res.AlarmDueMS); kerr != nil {
+		if kerr := kickBounded(ctx, cfg.Kicker, source, res.AlarmDueMS); kerr != nil {
 			cfg.logger().Warn("relay kick failed; the durable alarm still holds", "source", string(source), "due_ms", res.AlarmDueMS, "err", kerr)
 		}
 	}()

@@ -264,3 +264,49 @@ func TestEnqueueRacingBackoffReplans(t *testing.T) {
 		t.Fatalf("alarm %+v after the race, want it due now (%d), not at the back-off", v.Alarm, e.clock.Now().UnixMilli())
 	}
 }
+
+// deadlineKicker records the deadline of each kick's context and answers
+// as a kicker whose service hangs would once that deadline passes.
+type deadlineKicker struct {
+	left []time.Duration // time left before each kick's deadline, as it began
+}
+
+func (k *deadlineKicker) Kick(ctx context.Context, _ relaycore.Partition, _ int64) error {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return errors.New("kick without a deadline")
+	}
+	k.left = append(k.left, time.Until(d))
+	return context.DeadlineExceeded
+}
+
+// A kick runs after its rows committed, so it is bounded (3 s) however
+// long the caller's context lasts, and a kick that times out is logged,
+// never the enqueue's error: a caller never retries rows that committed
+// because a kicker's service hung. The same holds for the alarm's kicks.
+func TestKickIsBounded(t *testing.T) {
+	e := newEnv(t, "free")
+	k := &deadlineKicker{}
+	e.h.Kicker = k
+	res, err := e.h.Enqueue(e.ctx, e.source, []relaycore.Row{put("t", "k", "v")}, relaycore.EnqueueOptions{})
+	if err != nil || len(res.Seqs) != 1 || res.Seqs[0] == 0 {
+		t.Fatalf("enqueue whose kick timed out: %+v, %v", res, err)
+	}
+	e.tgtF.set(func(c call) error {
+		if c.Op == "apply" {
+			return errInjected // the target fails: the alarm re-arms and kicks
+		}
+		return nil
+	}, nil)
+	if _, err := e.h.Alarm(e.ctx, e.source); err != nil {
+		t.Fatalf("alarm whose kick timed out: %v", err)
+	}
+	if len(k.left) < 2 {
+		t.Fatalf("%d kicks, want the enqueue's and the alarm's", len(k.left))
+	}
+	for i, left := range k.left {
+		if left > 3*time.Second {
+			t.Errorf("kick %d: %v to its deadline, want at most 3 s", i, left)
+		}
+	}
+}

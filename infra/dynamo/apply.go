@@ -402,16 +402,16 @@ func (s *Store) retryApply(ctx context.Context, p relaycore.Partition, a attempt
 				return fmt.Errorf("apply %s: %w (%w): gave up after %d attempts: %w", p, relaycore.ErrMaybeApplied, relaycore.ErrUnavailable, n, err)
 			}
 			if ctx.Err() != nil {
-				return fmt.Errorf("apply %s: %w (last error: %w)", p, ctx.Err(), err)
+				return fmt.Errorf("apply %s: %w (%w; last error: %w)", p, ctx.Err(), relaycore.ErrUnavailable, err)
 			}
 			return fmt.Errorf("apply %s: %w (%w) after %d attempts: %w", p, ErrRetriesExhausted, relaycore.ErrUnavailable, n, err)
 		}
 		s.stats.retries.Add(1)
 		if serr := s.opts.Sleep(ctx, s.backoff(a.seed, n)); serr != nil {
 			if firstAmbiguous != nil {
-				return fmt.Errorf("apply %s: %w: %w", p, relaycore.ErrMaybeApplied, serr)
+				return fmt.Errorf("apply %s: %w (%w): %w", p, relaycore.ErrMaybeApplied, relaycore.ErrUnavailable, serr)
 			}
-			return fmt.Errorf("apply %s: %w (last error: %w)", p, serr, err)
+			return fmt.Errorf("apply %s: %w (%w; last error: %w)", p, serr, relaycore.ErrUnavailable, err)
 		}
 	}
 }

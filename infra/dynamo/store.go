@@ -405,7 +405,9 @@ func (s *Store) retrySafe(ctx context.Context, seed string, call func() error) e
 		}
 		s.stats.retries.Add(1)
 		if serr := s.opts.Sleep(ctx, s.backoff(seed, n)); serr != nil {
-			return fmt.Errorf("%w (last error: %w)", serr, err)
+			// The caller ran out of time with the store failing: out of
+			// reach for this caller (a host answers "retry later").
+			return fmt.Errorf("%w (%w; last error: %w)", serr, relaycore.ErrUnavailable, err)
 		}
 	}
 }

@@ -44,7 +44,14 @@ type KickerConfig struct {
 	// Logger receives refused fast kicks (each then went to Fallback); nil
 	// discards.
 	Logger *slog.Logger
+	// InvokeTimeout bounds the async Invoke (default 1 s, a few times its
+	// usual latency), so that an invoke that hangs leaves the fallback the
+	// rest of the kick's time (the engine gives a kick 3 s).
+	InvokeTimeout time.Duration
 }
+
+// DefaultInvokeTimeout is KickerConfig.InvokeTimeout's default.
+const DefaultInvokeTimeout = time.Second
 
 // KickerStats are a Kicker's counters since it was created.
 type KickerStats struct {
@@ -115,6 +122,9 @@ func NewKicker(cfg KickerConfig) (*Kicker, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.InvokeTimeout <= 0 {
+		cfg.InvokeTimeout = DefaultInvokeTimeout
+	}
 	return &Kicker{cfg: cfg, started: map[relaycore.Partition]int64{}}, nil
 }
 
@@ -158,6 +168,8 @@ func (k *Kicker) invoke(ctx context.Context, source relaycore.Partition) error {
 	if err != nil {
 		return fmt.Errorf("encode event: %w", err)
 	}
+	ctx, cancel := context.WithTimeout(ctx, k.cfg.InvokeTimeout)
+	defer cancel()
 	out, err := k.cfg.Client.Invoke(ctx, &lambda.InvokeInput{
 		FunctionName:   aws.String(k.cfg.FunctionARN),
 		InvocationType: types.InvocationTypeEvent,

@@ -186,10 +186,17 @@ func (f *function) settled(t *testing.T) string {
 // listens.
 func start(t *testing.T, id string, env map[string]string) *function {
 	t.Helper()
+	return startWithTimeout(t, id, env, 60*time.Second)
+}
+
+// startWithTimeout is start with the emulator enforcing function timeout
+// timeout.
+func startWithTimeout(t *testing.T, id string, env map[string]string, timeout time.Duration) *function {
+	t.Helper()
 	f := &function{id: id, log: &rieproc.Buffer{}}
 	// HOME is empty: no shared AWS config files leak in.
 	p, err := rieproc.Start(rieproc.Config{RIE: built.rie, Bootstrap: built.bootstraps[id], Env: env,
-		Home: t.TempDir(), Timeout: 60 * time.Second, Output: f.log})
+		Home: t.TempDir(), Timeout: timeout, Output: f.log})
 	if err != nil {
 		t.Fatalf("%s: %v", id, err)
 	}
