@@ -86,6 +86,8 @@ SELECT i FROM failed`
 // (params.go), and sent through pgconn's pipeline: pgx would encode the
 // arrays by reflection, into a buffer it shrinks after each statement.
 func (s *Store) Apply(ctx context.Context, p relaycore.Partition, b relaycore.Batch) error {
+	ctx, cancel := s.db.bound(ctx)
+	defer cancel()
 	if err := s.ready(ctx); err != nil {
 		return fmt.Errorf("apply %s: %w", p, unavailable(err))
 	}

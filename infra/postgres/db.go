@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -65,14 +66,32 @@ type Options struct {
 	// Capabilities are the limits every Store of the DB enforces. Zero
 	// means DefaultCapabilities.
 	Capabilities relaycore.Capabilities
+	// CallTimeout, when positive, bounds each Store call and Ping on the
+	// client (the call's context), whatever the caller's context allows.
+	// The server's statement_timeout ends a statement the server is
+	// running; it cannot end a call whose packets no longer arrive (a
+	// stalled network, a frozen server), which this does: the call fails
+	// as relaycore.ErrUnavailable (a write after it was sent, maybe
+	// applied), and the caller answers "retry". relay serve sets it a
+	// little above store.postgres.statement_timeout.
+	CallTimeout time.Duration
 }
 
 // DB is a relay schema in one PostgreSQL database, holding any number of
 // named stores (as a bbolt file holds tables). It is safe for concurrent
 // use. It does not own the pool: close the pool when done.
 type DB struct {
-	pool *pgxpool.Pool
-	caps relaycore.Capabilities
+	pool        *pgxpool.Pool
+	caps        relaycore.Capabilities
+	callTimeout time.Duration
+}
+
+// bound is ctx bounded by the DB's CallTimeout, if any.
+func (db *DB) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if db.callTimeout <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, db.callTimeout)
 }
 
 // Open checks the relay schema of the pool's database and creates or
@@ -87,12 +106,14 @@ func Open(ctx context.Context, pool *pgxpool.Pool, opts Options) (*DB, error) {
 	if err := Migrate(ctx, pool); err != nil {
 		return nil, err
 	}
-	return &DB{pool: pool, caps: caps}, nil
+	return &DB{pool: pool, caps: caps, callTimeout: opts.CallTimeout}, nil
 }
 
 // Ping checks that the database answers and the relay schema is the one
 // this release uses (for readiness checks).
 func (db *DB) Ping(ctx context.Context) error {
+	ctx, cancel := db.bound(ctx)
+	defer cancel()
 	v, err := schemaVersion(ctx, db.pool)
 	if err != nil {
 		return fmt.Errorf("postgres: ping: %w", err)

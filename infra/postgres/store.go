@@ -34,6 +34,8 @@ const getSQL = `SELECT value FROM relay_items WHERE store = $1 AND part = $2 AND
 
 // Get implements relaycore.Store with one statement on the primary key.
 func (s *Store) Get(ctx context.Context, p relaycore.Partition, key string) ([]byte, bool, error) {
+	ctx, cancel := s.db.bound(ctx)
+	defer cancel()
 	if err := s.ready(ctx); err != nil {
 		return nil, false, fmt.Errorf("get %s: %w", p, unavailable(err))
 	}
@@ -66,6 +68,8 @@ const getManySQL = `SELECT w.k, (SELECT it.value FROM relay_items it WHERE it.st
 // GetMany implements relaycore.BatchGetter with one statement, so every
 // key is read from one snapshot (as infra/bolt, unlike infra/dynamo).
 func (s *Store) GetMany(ctx context.Context, p relaycore.Partition, keys []string) (map[string][]byte, error) {
+	ctx, cancel := s.db.bound(ctx)
+	defer cancel()
 	if err := s.ready(ctx); err != nil {
 		return nil, fmt.Errorf("get many %s: %w", p, unavailable(err))
 	}
@@ -111,6 +115,8 @@ const (
 // statement reads one row more than the page), so the last page always
 // has an empty Next.
 func (s *Store) Scan(ctx context.Context, p relaycore.Partition, req relaycore.ScanRequest) (relaycore.ScanPage, error) {
+	ctx, cancel := s.db.bound(ctx)
+	defer cancel()
 	if err := s.ready(ctx); err != nil {
 		return relaycore.ScanPage{}, fmt.Errorf("scan %s: %w", p, unavailable(err))
 	}
@@ -198,6 +204,8 @@ func clone(v []byte) []byte {
 // entry due by before. Entries due at the same time come in (partition,
 // key) byte order, as DueEntry.Compare orders them.
 func (s *Store) Due(ctx context.Context, before int64, limit int) ([]relaycore.DueEntry, error) {
+	ctx, cancel := s.db.bound(ctx)
+	defer cancel()
 	if err := s.ready(ctx); err != nil {
 		return nil, fmt.Errorf("due: %w", unavailable(err))
 	}

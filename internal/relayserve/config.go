@@ -144,7 +144,9 @@ type Postgres struct {
 	// StatementTimeout (store.postgres.statement_timeout, default 30s)
 	// is the server's statement_timeout for the relay's sessions: a
 	// statement past it (a batch waiting on a lock) is cancelled by the
-	// server, surely not applied.
+	// server, surely not applied. The client gives each store call 2 s
+	// more (postgresCallTimeout), which ends calls the server cannot: a
+	// stalled network.
 	StatementTimeout time.Duration `yaml:"statement_timeout"`
 }
 

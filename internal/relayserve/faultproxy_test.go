@@ -1,7 +1,6 @@
 package relayserve
 
 import (
-	"io"
 	"net"
 	"sync"
 	"testing"
@@ -19,6 +18,10 @@ type faultProxy struct {
 	mu    sync.Mutex
 	down  bool
 	conns map[net.Conn]struct{}
+	// open is closed while bytes flow; stall replaces it with an open
+	// channel, which resume closes: a stalled network, connections up
+	// and nothing delivered either way.
+	open chan struct{}
 }
 
 func newFaultProxy(t *testing.T, network, target string) *faultProxy {
@@ -27,7 +30,9 @@ func newFaultProxy(t *testing.T, network, target string) *faultProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &faultProxy{ln: ln, network: network, target: target, conns: map[net.Conn]struct{}{}}
+	p := &faultProxy{ln: ln, network: network, target: target, conns: map[net.Conn]struct{}{}, open: make(chan struct{})}
+	close(p.open)
+	t.Cleanup(p.resume)
 	t.Cleanup(func() { ln.Close(); p.cut() })
 	go p.serve()
 	return p
@@ -64,8 +69,23 @@ func (p *faultProxy) forward(c net.Conn) {
 	}
 	done := make(chan struct{}, 2)
 	pipe := func(dst, src net.Conn) {
-		_, _ = io.Copy(dst, src)
-		done <- struct{}{}
+		defer func() { done <- struct{}{} }()
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 {
+				p.mu.Lock()
+				open := p.open
+				p.mu.Unlock()
+				<-open // held here while stalled
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
 	}
 	go pipe(up, c)
 	go pipe(c, up)
@@ -99,6 +119,28 @@ func (p *faultProxy) cut() {
 	p.down = true
 	for c := range p.conns {
 		c.Close()
+	}
+}
+
+// stall stops delivering bytes in both directions, connections kept.
+func (p *faultProxy) stall() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.open:
+		p.open = make(chan struct{})
+	default: // stalled already
+	}
+}
+
+// resume delivers again what stall held and what follows.
+func (p *faultProxy) resume() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.open:
+	default:
+		close(p.open)
 	}
 }
 

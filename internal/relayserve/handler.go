@@ -40,6 +40,13 @@ type httpHandler struct {
 	// readTimeout is limits.read_timeout, named in the 408 a slow body
 	// gets.
 	readTimeout time.Duration
+	// answerWithin bounds an API request's work from the request's start
+	// (0: unbounded): limits.write_timeout less a margin (answerMargin),
+	// so a store that hangs (a stalled network, which no statement_timeout
+	// on the server ends) gets the request a 503 while its answer can
+	// still be written, rather than a closed connection after an enqueue
+	// that may have committed.
+	answerWithin time.Duration
 	// reads are the body reads in progress, which a drain cuts short.
 	reads   bodyReads
 	metrics *metrics
@@ -136,6 +143,7 @@ func (h *httpHandler) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 
 // serve answers one request and returns the caller's name for the log.
 func (h *httpHandler) serve(w http.ResponseWriter, r *http.Request, rawPath string, c classified) string {
+	start := time.Now()
 	// Health needs no credentials: a load balancer or systemd probe has
 	// none, and the answer reveals nothing beyond "up" or "not ready".
 	switch rawPath {
@@ -244,7 +252,13 @@ func (h *httpHandler) serve(w http.ResponseWriter, r *http.Request, rawPath stri
 	// nothing it logs or answers can carry it.
 	delete(headers, "authorization")
 	req := api.Request{Method: r.Method, Path: rawPath, Query: r.URL.RawQuery, Headers: headers, Body: body, Caller: name}
-	resp, err := h.serveAPI(r.Context(), c, req)
+	ctx := r.Context()
+	if h.answerWithin > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, start.Add(h.answerWithin))
+		defer cancel()
+	}
+	resp, err := h.serveAPI(ctx, c, req)
 	if err != nil {
 		w.Header().Set("Retry-After", "1")
 		writeError(w, http.StatusServiceUnavailable, "unavailable", "the request ended while it waited for the enqueues before it to the same source; nothing was written")

@@ -217,6 +217,7 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 	l := cfg.Limits
 	hh := newHTTPHandler(h, creds, l.MaxBodyBytes, m, log, ready)
 	hh.readTimeout = l.ReadTimeout
+	hh.answerWithin = l.WriteTimeout - answerMargin(l.WriteTimeout)
 	hh.slots = make(chan struct{}, l.MaxConnections)
 	hh.authenticated = func(r *http.Request) {
 		if c, ok := r.Context().Value(connKey{}).(net.Conn); ok {
@@ -399,4 +400,11 @@ func writeReadyFile(path string, info ReadyInfo) error {
 		return err
 	}
 	return os.Rename(tmp.Name(), path)
+}
+
+// answerMargin is how long before limits.write_timeout an API request's
+// work ends (httpHandler.answerWithin): a quarter of it, at most 3 s, the
+// time to answer 503 and write it.
+func answerMargin(writeTimeout time.Duration) time.Duration {
+	return min(3*time.Second, writeTimeout/4)
 }

@@ -138,6 +138,13 @@ func postgresPool(ctx context.Context, p Postgres) (pool *pgxpool.Pool, where st
 	return pool, where, nil
 }
 
+// postgresCallTimeout bounds each store call on the client
+// (postgres.Options.CallTimeout): statement_timeout, which the server
+// enforces, plus the time for a call's round trips and a pool wait, so a
+// network that stalls fails a call (503, retry) instead of holding it
+// until the request's end.
+func postgresCallTimeout(p Postgres) time.Duration { return p.StatementTimeout + 2*time.Second }
+
 // openPostgresStore connects, verifies (a newer schema or a role
 // without its privileges is refused before anything is written), then
 // opens the schema (creating or migrating it).
@@ -152,7 +159,7 @@ func openPostgresStore(ctx context.Context, p Postgres) (*store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("store.postgres (%s): %w", where, err)
 	}
-	db, err := postgres.Open(octx, pool, postgres.Options{})
+	db, err := postgres.Open(octx, pool, postgres.Options{CallTimeout: postgresCallTimeout(p)})
 	if err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("store.postgres (%s): %w", where, err)

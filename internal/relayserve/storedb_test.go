@@ -575,3 +575,47 @@ func enqueueTo(t *testing.T, url, target string) {
 		t.Fatalf("enqueue to %s: %d", target, resp.StatusCode)
 	}
 }
+
+// A stalled network between relay serve and PostgreSQL (connections up,
+// nothing delivered: no statement_timeout on the server can end it) gets
+// an enqueue and a read a 503 while it lasts, from the store's client-side
+// call bound, instead of holding them until the client gives up; after
+// the stall the enqueue retried with its key commits once.
+func TestPostgresStallAnswers(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	p := newFaultProxy(t, "unix", unixSocket(t, dsn))
+	c, _ := pgconn.ParseConfig(dsn)
+	proxied := fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=%s sslmode=disable", p.addr().Port, c.User, c.Database)
+	cancel, done, url, logs := runServer(t, dbConfig(t, fmt.Sprintf("{type: postgres, postgres: {dsn: %q, statement_timeout: 1s}}", proxied)), nil)
+	enqueueOne(t, url)
+	p.stall()
+	outageAnswers(t, url, logs, "unavailable", "were not committed")
+	p.resume()
+	var seqs []uint64
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) { // a hang guard
+		req, _ := http.NewRequest("POST", url+"/v1/sources/orders/rows", strings.NewReader(`{"rows":[{"target":"t9","puts":[{"key":"k","value":"dg=="}]}]}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", "outage-1")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body struct{ Seqs []uint64 }
+		json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		if resp.StatusCode == 200 {
+			seqs = body.Seqs
+			break
+		}
+		if resp.StatusCode != 503 || time.Now().After(deadline) {
+			t.Fatalf("enqueue after the stall: %d", resp.StatusCode)
+		}
+	}
+	if len(seqs) != 1 || seqs[0] != 2 {
+		t.Fatalf("the retried enqueue got seqs %v, want [2] (the row before the stall is seq 1; nothing else committed)", seqs)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}

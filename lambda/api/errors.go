@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"strings"
 
@@ -51,8 +52,14 @@ var (
 		{relaycore.ErrCommitUnknown, 503, "commit_unknown", commitUnknownFormat},
 		{relaycore.ErrMaybeApplied, 503, "commit_unknown", commitUnknownFormat},
 		{relaycore.ErrUnavailable, 503, "unavailable", "%v; " + rowsToken + " were not committed: retry them after the retry-after seconds"},
+		{context.Canceled, 503, "unavailable", "%v; " + canceledNote + "; " + rowsToken + " were not committed"},
 	}
 )
+
+// canceledNote explains a store call cut short by the request's end: the
+// client went away (or the server is stopping), not a broken store, so it
+// is a 503 logged at WARN like a store out of reach, never a 500.
+const canceledNote = "the request ended before the store answered (its client went away, or the server is stopping)"
 
 // The answers to a store that is out of reach (relaycore.ErrUnavailable:
 // a database down, cut off or overloaded) or left a write's outcome
@@ -70,6 +77,7 @@ const (
 var storeAnswers = []answer{
 	{relaycore.ErrMaybeApplied, 503, "unavailable", maybeAppliedFormat},
 	{relaycore.ErrUnavailable, 503, "unavailable", unavailableFormat},
+	{context.Canceled, 503, "unavailable", "%v; " + canceledNote + "; nothing was changed"},
 }
 
 // answerFor is table's answer to err, with the details the typed errors

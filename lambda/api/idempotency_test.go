@@ -189,3 +189,37 @@ func TestStoreUnavailableAnswers(t *testing.T) {
 		t.Fatalf("retry with the same key: %d %s; want the first commit's seqs 1, 2 replayed", resp.StatusCode, resp.Body)
 	}
 }
+
+// cancelledStore answers every call as a store does whose caller's
+// context ended mid-call (the client went away): context.Canceled.
+type cancelledStore struct{ relaycore.Store }
+
+func (cancelledStore) Get(ctx context.Context, _ relaycore.Partition, _ string) ([]byte, bool, error) {
+	return nil, false, fmt.Errorf("read: %w", context.Canceled)
+}
+
+func (cancelledStore) Scan(ctx context.Context, _ relaycore.Partition, _ relaycore.ScanRequest) (relaycore.ScanPage, error) {
+	return relaycore.ScanPage{}, fmt.Errorf("scan: %w", context.Canceled)
+}
+
+func (cancelledStore) GetMany(ctx context.Context, _ relaycore.Partition, _ []string) (map[string][]byte, error) {
+	return nil, fmt.Errorf("getmany: %w", context.Canceled)
+}
+
+// A request whose store calls were cut short by its own end (the client
+// went away) is a 503 unavailable logged at WARN, as a store out of reach
+// is, not a 500 internal that points an operator at a corrupt record.
+func TestRequestEndedIsNotInternal(t *testing.T) {
+	h, st, _ := newHandler()
+	h.Source = cancelledStore{st}
+	for _, req := range []events.LambdaFunctionURLRequest{
+		request("POST", rowsPath, "", goodBody),
+		request("GET", "/v1/sources/orders/state", "", ""),
+	} {
+		resp := call(t, h, req)
+		if body := errorOf(t, resp); resp.StatusCode != 503 || body.Error.Code != "unavailable" || body.Seqs != nil ||
+			!strings.Contains(body.Error.Message, "the request ended before the store answered") {
+			t.Errorf("%s %s: %d %s, want 503 unavailable", req.RequestContext.HTTP.Method, req.RawPath, resp.StatusCode, resp.Body)
+		}
+	}
+}

@@ -116,6 +116,8 @@ func logAnswer(log *slog.Logger, ae *apiError) {
 		log.Error("api: storage error", "code", ae.code, "err", ae.cause)
 	case errors.Is(ae.cause, relaycore.ErrUnavailable) || errors.Is(ae.cause, relaycore.ErrMaybeApplied) || errors.Is(ae.cause, relaycore.ErrCommitUnknown):
 		log.Warn("api: store unavailable", "code", ae.code, "err", ae.cause)
+	case errors.Is(ae.cause, context.Canceled):
+		log.Warn("api: request ended before the store answered", "code", ae.code, "err", ae.cause)
 	}
 }
 
