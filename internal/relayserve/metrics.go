@@ -110,7 +110,7 @@ func newMetrics(source relaycore.Store) *metrics {
 	})
 	m.age = &ageCollector{m: m, desc: prometheus.NewDesc(
 		"relay_oldest_undelivered_age_seconds",
-		"Now minus the commit time of the source's oldest undelivered row, held rows (quarantined, paused or retrying targets) included; 0 when nothing is undelivered. As of each alarm (and the refresh of sources alarmed elsewhere), aged at scrape time.",
+		"Now minus the commit time of the source's oldest undelivered row, held rows (quarantined, paused or retrying targets) included; 0 when nothing is undelivered. As of each alarm (and the refresh of sources alarmed elsewhere) and of the rows committed here since, aged at scrape time.",
 		[]string{"source"}, nil)}
 	m.clock = &clockCollector{}
 	for _, c := range []prometheus.Collector{
@@ -176,6 +176,22 @@ func (m *metrics) alarm(ctx context.Context, src relaycore.Partition, r relaycor
 	}
 	m.seen[src] = next
 	m.mu.Unlock()
+}
+
+// committed notes rows of src committed at nowMS through this server:
+// when its gauges know of nothing undelivered, the oldest undelivered row
+// is now one of these, so its age grows from here until an alarm (or a
+// refresh) reads the store's bound. Without it a source whose fires
+// cannot run (a database that takes enqueues and fails fires, an outage
+// the refresh cannot read through) showed an age of 0 with rows waiting,
+// and the documented alert never fired.
+func (m *metrics) committed(src relaycore.Partition, nowMS int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e := m.seen[src]; e.lowerMS == 0 || !e.known {
+		e.lowerMS, e.known = nowMS, true
+		m.seen[src] = e
+	}
 }
 
 // refreshLimit bounds the sources one refresh reads (two reads each).

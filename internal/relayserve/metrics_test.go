@@ -2,6 +2,7 @@ package relayserve
 
 import (
 	"context"
+	"errors"
 	"os"
 	"strings"
 	"testing"
@@ -211,5 +212,40 @@ func TestAlarmOldestCommitTime(t *testing.T) {
 	m.alarm(ctx, "s", relaycore.AlarmResult{Cleared: true, Hold: heldHold}, nil)
 	if got, known := lower(); !known || got != st.LowerBoundMS {
 		t.Fatalf("an alarm that cleared with rows held and no bound: %d (known %v), want the store's %d", got, known, st.LowerBoundMS)
+	}
+}
+
+// Rows committed through the server age the oldest-undelivered gauge of a
+// source that showed nothing undelivered, so a source whose fires fail (a
+// database outage) shows a growing age instead of 0 with rows waiting;
+// a known older bound is kept; the next alarm that clears resets it.
+func TestCommittedRowsAgeTheGauge(t *testing.T) {
+	ctx := context.Background()
+	m := newMetrics(nil)
+	age := func() (int64, bool) {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.seen["s"].lowerMS, m.seen["s"].known
+	}
+	m.alarm(ctx, "s", relaycore.AlarmResult{Cleared: true, RowsDelivered: 1}, nil)
+	if got, known := age(); !known || got != 0 {
+		t.Fatalf("after a clearing alarm: %d (known %v), want 0", got, known)
+	}
+	m.committed("s", 1_800_000_000_000)
+	m.alarm(ctx, "s", relaycore.AlarmResult{}, errors.New("store unavailable"))
+	if got, known := age(); !known || got != 1_800_000_000_000 {
+		t.Fatalf("rows committed, then a failed alarm: %d (known %v), want the commit time", got, known)
+	}
+	m.committed("s", 1_800_000_005_000)
+	if got, _ := age(); got != 1_800_000_000_000 {
+		t.Fatalf("a later commit moved the bound to %d; the older row still waits", got)
+	}
+	m.committed("other", 1_800_000_001_000)
+	if lower, known := m.seen["other"].lowerMS, m.seen["other"].known; !known || lower != 1_800_000_001_000 {
+		t.Fatalf("a source first seen by a commit: %d (known %v)", lower, known)
+	}
+	m.alarm(ctx, "s", relaycore.AlarmResult{Cleared: true, RowsDelivered: 2}, nil)
+	if got, _ := age(); got != 0 {
+		t.Fatalf("after the alarm that delivered them: %d, want 0", got)
 	}
 }

@@ -182,7 +182,7 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 	m.clock.stats, m.clock.replica = clock.Stats, replica
 	h := &api.Handler{
 		Source: src, Relay: relay, Routes: api.RoutesAll, Logger: log, MaxBodyBytes: cfg.Limits.MaxBodyBytes,
-		Takedowns: owner,
+		Takedowns: owner, Committed: func(src relaycore.Partition, _ relaycore.CommitResult) { m.committed(src, time.Now().UnixMilli()) },
 	}
 
 	var clockRunning, draining atomic.Bool

@@ -89,6 +89,10 @@ type Handler struct {
 	// refuses the caller (403). Nil: the caller's name is its node id, as
 	// relay serve's principals are (a client certificate's node id).
 	NodeOf func(caller string) (node string, ok bool)
+	// Committed, when set, is told of each enqueue that committed rows
+	// (not a replay), after the commit: relay serve ages its
+	// oldest-undelivered gauge from it while its fires cannot run.
+	Committed func(source relaycore.Partition, res relaycore.CommitResult)
 
 	MaxBodyBytes, MaxRows int
 	// MaxExportBytes bounds the JSON body of one archive export page and

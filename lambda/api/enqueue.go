@@ -182,6 +182,9 @@ func (h *Handler) enqueue(ctx context.Context, m matched, req Request, log *slog
 	} else {
 		log.Info("api: rows committed", "source", string(src), "rows", len(rows), "batches", res.Batches,
 			"first_seq", res.Seqs[0], "alarm_due_ms", res.AlarmDueMS, "kick", res.Kick.String())
+		if h.Committed != nil {
+			h.Committed(src, res)
+		}
 	}
 	return EnqueueResponse{Source: string(src), Seqs: res.Seqs, AlarmDueMS: res.AlarmDueMS, Replayed: res.Replayed}, nil
 }
