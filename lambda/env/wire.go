@@ -2,15 +2,20 @@ package env
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/aws-sdk-go-v2/service/lambda"
 	awsscheduler "github.com/aws/aws-sdk-go-v2/service/scheduler"
+	"github.com/aws/smithy-go"
 
 	"github.com/relay-dev/relay/infra/dynamo"
 	"github.com/relay-dev/relay/infra/lambdainvoke"
@@ -78,8 +83,58 @@ func Load(ctx context.Context, getenv func(string) string, logOut io.Writer) (*D
 	if err != nil {
 		return nil, fmt.Errorf("load aws config: %w", err)
 	}
-	return Build(cfg, awsCfg, logOut)
+	d, err := Build(cfg, awsCfg, logOut)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.CheckTables(ctx); err != nil {
+		return nil, err
+	}
+	return d, nil
 }
+
+// tableCheckTimeout bounds CheckTables: a table that does not answer in
+// it is left to the calls that need it (a slow start is not a wrong one).
+const tableCheckTimeout = 2 * time.Second
+
+// CheckTables reads, from SOURCE_TABLE and TARGET_TABLE, an item no batch
+// writes (a Query, which every function's role may run on the tables it
+// uses, as relay serve's readiness probe does), so that a misnamed table
+// or a role without its grants stops the function at start-up, naming the
+// variable, instead of failing every call that comes: on the target
+// table, every apply, and every target quarantined after its failed
+// rounds. A table that does not exist or refuses access is an ErrConfig
+// error; any other failure (throttling, a timeout) is logged and left to
+// the calls, which report it themselves.
+func (d *Deps) CheckTables(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, tableCheckTimeout)
+	defer cancel()
+	var problems []string
+	for _, t := range []struct {
+		name, table string
+		st          relaycore.Store
+	}{{VarSourceTable, d.Config.SourceTable, d.Source}, {VarTargetTable, d.Config.TargetTable, d.Target}} {
+		_, err := t.st.Scan(ctx, tableCheckPartition, relaycore.ScanRequest{Limit: 1})
+		var api smithy.APIError
+		switch {
+		case err == nil:
+		case errors.As(err, new(*types.ResourceNotFoundException)):
+			problems = append(problems, fmt.Sprintf("%s=%q: no such table in %s (create it with the relay's layout, docs/dynamodb.md, or fix the name)", t.name, t.table, d.Config.Region))
+		case errors.As(err, &api) && (api.ErrorCode() == "AccessDeniedException" || api.ErrorCode() == "UnrecognizedClientException"):
+			problems = append(problems, fmt.Sprintf("%s=%q: %s: the function's role may not read it (its grants name the stack's tables, so a misnamed table is denied too): %v", t.name, t.table, api.ErrorCode(), api.ErrorMessage()))
+		default:
+			d.Logger.Warn("table check did not answer; the calls that need it will report it", "var", t.name, "table", t.table, "err", err)
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%w: %s", ErrConfig, strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// tableCheckPartition is the partition CheckTables reads: under
+// relaycore.ReservedPrefix, so no source or target ever has it.
+const tableCheckPartition relaycore.Partition = "_relay/ping"
 
 // Build wires the dependencies from a parsed Config and an AWS config,
 // logging JSON and writing EMF metric lines to logOut: what Load does once

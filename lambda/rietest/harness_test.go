@@ -399,6 +399,12 @@ func (r *rig) env(id string, overrides map[string]string) map[string]string {
 	env["RELAY_DYNAMODB_ENDPOINT"] = r.proxy(id)
 	env["RELAY_SCHEDULER_ENDPOINT"] = r.sched.URL
 	env["RELAY_LAMBDA_ENDPOINT"] = r.lambda(id, env["FIRE_FUNCTION_ARN"]).URL
+	if _, ok := env["FAST_KICK"]; ok {
+		// env.json turns the fast kick off for sam local invoke, which has
+		// no Lambda endpoint to take it; the rig has one, as AWS does, so
+		// it runs the template's default.
+		env["FAST_KICK"] = "true"
+	}
 	env["AWS_REGION"] = "us-east-1"
 	env["AWS_ACCESS_KEY_ID"] = "relay"
 	env["AWS_SECRET_ACCESS_KEY"] = "relay"

@@ -332,3 +332,25 @@ func TestUnknownPlanRefusedAtStart(t *testing.T) {
 		t.Errorf("%d transactions sent by a function that refused to start", sent)
 	}
 }
+
+// TestMisnamedTableRefusedAtStart: a TARGET_TABLE that names no table
+// stops the function at init, the variable named in its log, before it
+// takes a row it could not deliver (every apply would fail and every
+// target be quarantined).
+func TestMisnamedTableRefusedAtStart(t *testing.T) {
+	r := newRig(t)
+	f := r.start("FireFunction", map[string]string{"TARGET_TABLE": "relay-targte"})
+	status, body := f.invoke(t, readEvent(t, "fire.json"))
+	if status == http.StatusOK && !strings.Contains(string(body), "errorMessage") {
+		t.Fatalf("invocation with a misnamed TARGET_TABLE succeeded: %d %s", status, body)
+	}
+	if !f.logContains(`TARGET_TABLE="relay-targte": no such table`) {
+		t.Errorf("emulator output lacks the start-up error:\n%s", f.log.String())
+	}
+	if sent, _ := r.txCount(""); sent != 0 {
+		t.Errorf("%d transactions sent by a function that refused to start", sent)
+	}
+	// In AWS the role's grants name the real tables, so the check's Query
+	// of another is AccessDenied, which CheckTables reports the same way.
+	r.forgetUnknownTables()
+}
