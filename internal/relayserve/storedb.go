@@ -74,7 +74,7 @@ func CheckStore(ctx context.Context, cfg Config) error {
 		}
 		defer pool.Close()
 		if err := postgres.Verify(ctx, pool); err != nil {
-			return fmt.Errorf("store.postgres (%s): %w", where, err)
+			return postgresOpenError(where, err)
 		}
 	case StoreDynamoDB:
 		d := cfg.Store.DynamoDB
@@ -138,6 +138,17 @@ func postgresPool(ctx context.Context, p Postgres) (pool *pgxpool.Pool, where st
 	return pool, where, nil
 }
 
+// postgresOpenError names the database in an error of checking or opening
+// it, and says what a bare "context deadline exceeded" means there: the
+// database accepted the connection and did not answer (a stalled network,
+// a frozen server, a lock held on the schema) within storeOpenTimeout.
+func postgresOpenError(where string, err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("store.postgres (%s): the database did not answer within %v (a stalled network, a server that hangs, or a lock held on the relay schema): %w", where, storeOpenTimeout, err)
+	}
+	return fmt.Errorf("store.postgres (%s): %w", where, err)
+}
+
 // postgresCallTimeout bounds each store call on the client
 // (postgres.Options.CallTimeout): statement_timeout, which the server
 // enforces, plus the time for a call's round trips and a pool wait, so a
@@ -157,12 +168,12 @@ func openPostgresStore(ctx context.Context, p Postgres) (*store, error) {
 	}
 	if err := postgres.Verify(octx, pool); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("store.postgres (%s): %w", where, err)
+		return nil, postgresOpenError(where, err)
 	}
 	db, err := postgres.Open(octx, pool, postgres.Options{CallTimeout: postgresCallTimeout(p)})
 	if err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("store.postgres (%s): %w", where, err)
+		return nil, postgresOpenError(where, err)
 	}
 	src := db.Store(SourceTable)
 	s := &store{index: src,

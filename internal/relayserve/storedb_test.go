@@ -619,3 +619,15 @@ func TestPostgresStallAnswers(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 }
+
+// A check or open that ran out of time says what that means, not only
+// "context deadline exceeded".
+func TestPostgresOpenErrorSaysTimeout(t *testing.T) {
+	err := postgresOpenError("host=db", fmt.Errorf("verify: %w", context.DeadlineExceeded))
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "the database did not answer within 30s") {
+		t.Fatalf("%v", err)
+	}
+	if err := postgresOpenError("host=db", errors.New("28P01")); strings.Contains(err.Error(), "did not answer") {
+		t.Fatalf("%v", err)
+	}
+}
