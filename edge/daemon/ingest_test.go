@@ -140,3 +140,33 @@ func TestIngestDirsConfig(t *testing.T) {
 		t.Fatalf("empty ingest dir: %v", err)
 	}
 }
+
+// TestUploadEmptyFile: a 0-byte segment is legal (docs/wire.md), and
+// edgectl segment put streams it from its *os.File as any other. The
+// client used to set ContentLength 0 on that non-nil body, which Go's
+// transport sends chunked, and edged refused it "Content-Length
+// required" (HTTP 400).
+func TestUploadEmptyFile(t *testing.T) {
+	dir := pkitest.New(t, "a")
+	n := startCluster(t, dir, []string{"a"}, nil)["a"]
+	path := filepath.Join(t.TempDir(), "empty")
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	const empty = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+	in, err := n.client.PutSegment(context.Background(), "empty", 0, empty, f)
+	if err != nil {
+		t.Fatalf("upload of an empty file: %v", err)
+	}
+	if in.Segment.Size != 0 || in.Segment.SHA256 != empty {
+		t.Fatalf("stored %+v, want 0 bytes, sha256 %s", in.Segment, empty)
+	}
+	if !stored(n, "empty") {
+		t.Fatal("empty segment not in the index")
+	}
+}

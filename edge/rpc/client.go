@@ -56,6 +56,13 @@ func (c *Client) do(ctx context.Context, method, path string, body io.Reader, si
 	}
 	if body != nil {
 		req.ContentLength = size
+		if size == 0 {
+			// A 0-byte segment is legal. ContentLength 0 on a non-nil
+			// body (an empty *os.File) means "unknown" to net/http,
+			// which would send it chunked, and edged requires a
+			// Content-Length: NoBody sends "Content-Length: 0".
+			req.Body, req.GetBody = http.NoBody, nil
+		}
 		req.Header.Set("Content-Type", ctype)
 	}
 	resp, err := c.hc.Do(req)
