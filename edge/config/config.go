@@ -71,7 +71,7 @@ const (
 	DefaultWorkers          = 4
 	DefaultAckTimeout       = 30 * time.Second
 	DefaultWindow           = 256
-	DefaultProtocolVersion  = wire.Version     // 4
+	DefaultProtocolVersion  = wire.Version     // 5
 	DefaultPushMaxBytes     = wire.MaxPushSize // 64 KiB
 	DefaultDialTimeout      = 10 * time.Second
 	DefaultInboundMinRate   = 16 << 10 // 16 KiB/s
@@ -249,12 +249,14 @@ type Relay struct {
 	// accepts unanswered on one inbound version 2 connection (announced
 	// in its HELLO); senders pipeline up to the peer's window.
 	Window int `yaml:"window"`
-	// MaxProtocolVersion (max_protocol_version, default 4, 1..4) is the
+	// MaxProtocolVersion (max_protocol_version, default 5, 1..5) is the
 	// highest wire protocol version negotiated; 1 makes the node speak
 	// only stop-and-wait version 1, as agents before version 2 did, 2
 	// keeps it from asking peers for segments it lost (WANT, version 3),
 	// and 3 from refusing taken-down segments with NACK evicted (version
-	// 4: such a peer is told bad_request).
+	// 4: such a peer is told bad_request), and 4 from answering NACK busy
+	// for a segment another copy of which is being taken in (version 5:
+	// such a peer is told quota).
 	MaxProtocolVersion int `yaml:"max_protocol_version"`
 	// PushMaxBytes (push_max_bytes, default 65536, 0..65536): on version 2
 	// connections a segment up to this size goes out in a PUSH, its bytes

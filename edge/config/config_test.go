@@ -193,7 +193,7 @@ func TestValidateRules(t *testing.T) {
 		{"inbound rate zero", "relay: {inbound_min_rate: 0}", "relay.inbound_min_rate", "must be > 0"},
 		{"peer share zero", "storage: {peer_reserve_percent: 0}", "storage.peer_reserve_percent", "out of range 1..100"},
 		{"peer share above all", "storage: {peer_reserve_percent: 101}", "storage.peer_reserve_percent", "out of range 1..100"},
-		{"protocol version 5", "relay: {max_protocol_version: 5}", "relay.max_protocol_version", "out of range 1..4"},
+		{"protocol version 6", "relay: {max_protocol_version: 6}", "relay.max_protocol_version", "out of range 1..5"},
 		{"receive memory too small", "storage: {receive_memory_bytes: 64KiB}", "storage.receive_memory_bytes", "out of range 1MiB..1GiB"},
 		{"receive memory too large", "storage: {receive_memory_bytes: 2GiB}", "storage.receive_memory_bytes", "out of range 1MiB..1GiB"},
 		{"protocol version 0", "relay: {max_protocol_version: 0}", "relay.max_protocol_version", "out of range"},

@@ -283,6 +283,13 @@ func nackCode(err error) wire.NackCode {
 		return wire.NackEvicted
 	case errors.Is(err, segstore.ErrInvalid), errors.Is(err, segstore.ErrDigestConflict), errors.Is(err, segstore.ErrSize):
 		return wire.NackBadRequest
+	case errors.Is(err, segstore.ErrBusy):
+		// Another copy of the segment is being taken in (another
+		// peer's, or this sender's earlier attempt still arriving):
+		// not a failure of the receiver, so not internal, which the
+		// sender counts against its retry budget. quota before version
+		// 5 (see nack).
+		return wire.NackBusy
 	}
-	return wire.NackInternal // ErrBusy, disk errors: retry later
+	return wire.NackInternal // disk errors: retry later
 }

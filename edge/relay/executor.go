@@ -581,6 +581,10 @@ func (e *Executor) failed(rec ledger.Record, err error, elapsed time.Duration) {
 		e.postpone(rec, err, elapsed)
 		return
 	}
+	if refusedBusy(err) {
+		e.postponeBusy(rec, err, elapsed)
+		return
+	}
 	now := e.cfg.Now()
 	log := e.log.With("segment", rec.SegmentID, "peer", rec.PeerID, "attempt", rec.Attempts)
 	if refusedEvicted(err) {

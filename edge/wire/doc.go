@@ -11,8 +11,8 @@
 // segment bytes and are always streamed (WriteSegment, PayloadReader), never
 // held in memory.
 //
-// The protocol version is negotiated in the TLS handshake (ALPN "relay/4",
-// "relay/3", "relay/2"; none means version 1), and HELLO repeats it. In version 1 one connection
+// The protocol version is negotiated in the TLS handshake (ALPN "relay/5",
+// "relay/4", "relay/3", "relay/2"; none means version 1), and HELLO repeats it. In version 1 one connection
 // carries, after one HELLO each way, any number of exchanges in sequence:
 //
 //	sender:   OFFER, SEGMENT            (back to back)

@@ -29,8 +29,14 @@ const (
 	// because a version 3 decoder refuses a NACK with an unknown code as a
 	// malformed message (docs/wire.md).
 	Version4 = 4
+	// Version5 is version 4 and NACK busy: a receiver that is still
+	// taking in another copy of the offered segment (from another peer,
+	// or the sender's own earlier attempt) says so, and the sender
+	// postpones the offer with its retry budget untouched. Older peers
+	// are told quota instead (NackFor).
+	Version5 = 5
 	// Version is the highest version spoken here.
-	Version = Version4
+	Version = Version5
 )
 
 // ALPNProtocols returns the TLS application protocol names that offer

@@ -139,16 +139,28 @@ const (
 	// version 4 connections: an older peer, which would refuse the whole
 	// NACK as malformed, is answered bad_request instead (NackFor).
 	NackEvicted NackCode = "evicted"
+	// NackBusy (version 5): the receiver is taking in another copy of the
+	// segment right now (another peer's, or the sender's own earlier
+	// attempt still arriving). Nothing is wrong with the segment or the
+	// receiver: the sender offers it again later, its retry budget
+	// untouched, and is then ACKed if the other copy was stored. An older
+	// peer is answered quota instead (NackFor), which it also postpones
+	// without spending its budget.
+	NackBusy NackCode = "busy"
 )
 
-var nackCodes = []NackCode{NackQuota, NackChecksum, NackTooLarge, NackBadRequest, NackInternal, NackEvicted}
+var nackCodes = []NackCode{NackQuota, NackChecksum, NackTooLarge, NackBadRequest, NackInternal, NackEvicted, NackBusy}
 
-// NackFor is code as a peer speaking version understands it: a code that
-// version does not have becomes bad_request (the refusal stands; the
-// message says why).
+// NackFor is code as a peer speaking version understands it: evicted
+// before version 4 becomes bad_request (the refusal stands; the message
+// says why), busy before version 5 becomes quota (retry later, which
+// every version postpones without spending the retry budget).
 func NackFor(code NackCode, version int) NackCode {
-	if code == NackEvicted && version < Version4 {
+	switch {
+	case code == NackEvicted && version < Version4:
 		return NackBadRequest
+	case code == NackBusy && version < Version5:
+		return NackQuota
 	}
 	return code
 }
