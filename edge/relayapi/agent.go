@@ -229,6 +229,7 @@ func (a *Agent) loop(ctx context.Context, name string, st *jobState, kick chan s
 	failures, kicked := 0, false
 	for ctx.Err() == nil {
 		began := time.Now()
+		st.takeReplied()
 		err := pass(ctx, kicked)
 		kicked = false
 		if ctx.Err() != nil {
@@ -238,8 +239,12 @@ func (a *Agent) loop(ctx context.Context, name string, st *jobState, kick chan s
 		switch {
 		case err == nil:
 			failures = 0
-			st.succeeded(a.now())
-			a.met.lastSuccess.WithLabelValues(name).Set(float64(a.now().UnixMilli()) / 1000)
+			// Only a pass the relay answered is a success: one that had
+			// nothing to send asked nothing, and says nothing about
+			// whether the relay can be reached.
+			if st.succeeded(a.now()) {
+				a.met.lastSuccess.WithLabelValues(name).Set(float64(a.now().UnixMilli()) / 1000)
+			}
 		case retryable(err):
 			failures++
 			wait = a.backoff(failures)
@@ -303,6 +308,14 @@ func (a *Agent) call(ctx context.Context, method, path string, h http.Header, bo
 }
 
 // outcome labels a request's result.
+// request counts one request of job's, and notes in st that the relay
+// answered (ok or a 4xx refusal) unless it failed.
+func (a *Agent) request(st *jobState, job string, err error) {
+	o := outcome(err)
+	a.met.requests.WithLabelValues(job, o).Inc()
+	st.answer(o != "failed")
+}
+
 func outcome(err error) string {
 	switch {
 	case err == nil:
@@ -341,6 +354,11 @@ type jobState struct {
 
 	lastRefusal   string
 	lastRefusalAt time.Time
+
+	// replied is set when the relay answered a request of the pass
+	// under way; passes counts the passes ended (for tests).
+	replied bool
+	passes  int
 }
 
 func newJobState() *jobState { return &jobState{counts: map[string]int64{}} }
@@ -384,16 +402,48 @@ func (s *jobState) cursorNow() string {
 	return s.cursor
 }
 
-func (s *jobState) succeeded(at time.Time) {
+func (s *jobState) answer(ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.lastSuccess, s.failures, s.next = at, 0, time.Time{}
+	s.replied = s.replied || ok
+}
+
+// takeReplied reports whether the relay answered a request since the
+// last call, and starts over.
+func (s *jobState) takeReplied() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.replied
+	s.replied = false
+	return r
+}
+
+// succeeded ends a pass without an error at at. It is the job's last
+// success, and reported true, only if the relay answered one of its
+// requests: a pass with nothing to send is not.
+func (s *jobState) succeeded(at time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failures, s.next = 0, time.Time{}
+	s.passes++
+	if !s.replied {
+		return false
+	}
+	s.lastSuccess = at
+	return true
 }
 
 func (s *jobState) failed(at time.Time, err error, failures int, next time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.lastError, s.lastErrorAt, s.failures, s.next = err.Error(), at, failures, next
+	s.passes++
+}
+
+func (s *jobState) passesEnded() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.passes
 }
 
 func (s *jobState) status() rpc.RelayAPIJob {
@@ -445,13 +495,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "edged_relayapi_receipts_total", Help: "Takedown receipts posted, by the relay's verdict (accepted, replayed: accepted before, refused: a 4xx, not posted again).",
 		}, []string{"result"}),
 		holdingsPending: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "edged_relayapi_holdings_pending", Help: "Holdings reports owed to the relay at the last pass that walked the index (0 once it knows what this node holds).",
+			Name: "edged_relayapi_holdings_pending", Help: "Holdings reports owed to the relay (segments stored or evicted here that it has not been told of), as counted by the last pass that walked the whole index (at start, every report_interval, after a takedown or a failed pass); passes a store started do not recount it. 0 once the relay knows what this node holds.",
 		}),
 		receiptsPending: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "edged_relayapi_receipts_pending", Help: "Stored takedown receipts without the relay's verdict at the last pass.",
 		}),
 		lastSuccess: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "edged_relayapi_last_success_timestamp_seconds", Help: "When each job (holdings, orders, receipts) last finished a pass without an error, in Unix seconds.",
+			Name: "edged_relayapi_last_success_timestamp_seconds", Help: "When each job (holdings, orders, receipts) last finished a pass without an error in which the relay answered its requests, in Unix seconds; a pass with nothing to send does not count. orders asks the relay every pass: alert on its series to see the relay unreachable.",
 		}, []string{"job"}),
 	}
 	if reg != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/relay-dev/relay/edge/config"
 	"github.com/relay-dev/relay/edge/relayapi/relayapitest"
@@ -104,5 +105,52 @@ func TestSigV4(t *testing.T) {
 	err = a.reportPass(context.Background(), false)
 	if err == nil || retryable(err) || !strings.Contains(err.Error(), "401") {
 		t.Fatalf("wrong secret: %v, want a 401 refusal", err)
+	}
+}
+
+// TestIdlePassIsNoSuccess: with the relay down, a receipts pass with
+// nothing to post asks the relay nothing; it must not count as the job's
+// success, or time() - edged_relayapi_last_success_timestamp_seconds
+// {job="receipts"} (and edgectl status's last success) kept advancing
+// through an outage. Only a pass the relay answered is a success: once
+// it is up and accepts a receipt, and not again while it is down and
+// there is nothing to post. The orders job asks every pass: it has no
+// success while the relay is down.
+func TestIdlePassIsNoSuccess(t *testing.T) {
+	f := newFixture(t, "edge-a", nil)
+	sha := f.put("seg-1", []byte("one"))
+	f.srv.Down()
+	f.run()
+	gauge := func(job string) float64 { return testutil.ToFloat64(f.agent.met.lastSuccess.WithLabelValues(job)) }
+	eventually(t, "idle receipts passes, orders failing", func() bool {
+		return f.agent.receipts.passesEnded() >= 3 && f.agent.Status().Orders.Failures > 1
+	})
+	if st := f.agent.Status(); st.Receipts.LastSuccess != nil || st.Orders.LastSuccess != nil {
+		t.Fatalf("relay down from the start, yet last success: receipts %v, orders %v", st.Receipts.LastSuccess, st.Orders.LastSuccess)
+	}
+	if g := gauge(jobReceipts); g != 0 {
+		t.Fatalf("receipts last success gauge %v with the relay down from the start, want none", g)
+	}
+
+	f.srv.Up()
+	o := f.srv.AddOrder("edge-a", "seg-1", sha, "td-1", "r")
+	eventually(t, "receipt accepted", func() bool { _, ok := f.srv.Receipts()[o.Request]; return ok })
+	eventually(t, "receipts success recorded", func() bool { return f.agent.Status().Receipts.LastSuccess != nil })
+	posted := *f.agent.Status().Receipts.LastSuccess
+	postedGauge := gauge(jobReceipts)
+	if postedGauge == 0 {
+		t.Fatal("no receipts last success gauge after an accepted receipt")
+	}
+
+	f.srv.Down()
+	n := f.agent.receipts.passesEnded()
+	eventually(t, "more idle receipts passes with the relay down", func() bool {
+		return f.agent.receipts.passesEnded() >= n+3 && f.agent.Status().Orders.Failures > 1
+	})
+	if st := f.agent.Status(); !st.Receipts.LastSuccess.Equal(posted) {
+		t.Fatalf("receipts last success moved from %v to %v while the relay was down", posted, st.Receipts.LastSuccess)
+	}
+	if g := gauge(jobReceipts); g != postedGauge {
+		t.Fatalf("receipts last success gauge moved from %v to %v while the relay was down", postedGauge, g)
 	}
 }

@@ -155,7 +155,7 @@ func (a *Agent) sendPending(ctx context.Context, p pendingBatch) error {
 		err = &apiError{Refused: true, Message: fmt.Sprintf("POST /v1/holdings: the relay took the reports as node %q's, not %q's: check its identity mapping", ans.Node, a.node)}
 	}
 	if err != nil {
-		a.met.requests.WithLabelValues(jobHoldings, outcome(err)).Inc()
+		a.request(a.holdings, jobHoldings, err)
 		if !retryable(err) {
 			if ae, ok := err.(*apiError); ok && ae.Status == http.StatusRequestEntityTooLarge && a.batch > 1 {
 				// The relay's own bound on one idempotent request is below
@@ -170,7 +170,7 @@ func (a *Agent) sendPending(ctx context.Context, p pendingBatch) error {
 		}
 		return fmt.Errorf("holdings batch %s: %w", p.Key, err)
 	}
-	a.met.requests.WithLabelValues(jobHoldings, "ok").Inc()
+	a.request(a.holdings, jobHoldings, nil)
 	err = a.db.Update(func(tx *bolt.Tx) error {
 		h := tx.Bucket(holdingsBucket)
 		for _, r := range body.Reports {

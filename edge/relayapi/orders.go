@@ -46,7 +46,7 @@ func (a *Agent) orderPass(ctx context.Context) error {
 		if err == nil && ans.Node != a.node {
 			err = &apiError{Refused: true, Message: fmt.Sprintf("GET /v1/orders: the relay answered with node %q's orders, not %q's: nothing applied", ans.Node, a.node)}
 		}
-		a.met.requests.WithLabelValues(jobOrders, outcome(err)).Inc()
+		a.request(a.orders, jobOrders, err)
 		if err != nil {
 			return fmt.Errorf("orders after %q: %w", cursor, err)
 		}

@@ -27,7 +27,7 @@ func (a *Agent) receiptPass(ctx context.Context) error {
 	a.setReceiptsPending(len(todo))
 	for i, r := range todo {
 		v, err := a.post(ctx, r)
-		a.met.requests.WithLabelValues(jobReceipts, outcome(err)).Inc()
+		a.request(a.receipts, jobReceipts, err)
 		if err != nil && retryable(err) {
 			return fmt.Errorf("receipt %s for %s: %w", r.Request, r.ID, err)
 		}
