@@ -18,6 +18,7 @@ package daemon
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -209,6 +210,13 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 			d.met.reloadErrors.Inc()
 			d.log.Error("certificate reload failed; keeping the previous certificate", "err", err)
 		},
+		// A certificate put in use after a failed reload must say so, or
+		// the last line logged claims the old one is still in use.
+		OnReload: func(leaf *x509.Certificate) {
+			d.met.reloads.Inc()
+			d.met.certNotAfter.Set(float64(leaf.NotAfter.Unix()))
+			d.log.Info("certificate reloaded; now in use", "serial", leaf.SerialNumber.String(), "not_after", leaf.NotAfter.UTC().Format(time.RFC3339))
+		},
 		OnReject: func(remote net.Addr, err error) {
 			d.met.rejected.Inc()
 			if reason, ok := shedReason(err); ok {
@@ -227,6 +235,7 @@ func New(cfg *config.Config, opt Options) (_ *Daemon, err error) {
 	if err != nil {
 		return nil, tlsProblems(err)
 	}
+	d.met.certNotAfter.Set(float64(d.tr.Material().Cert.Leaf.NotAfter.Unix()))
 	peers := map[string]string{}
 	for _, p := range cfg.KnownPeers {
 		peers[p.ID] = p.Address

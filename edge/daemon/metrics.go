@@ -21,6 +21,8 @@ type metrics struct {
 	rejected       prometheus.Counter
 	shed           *prometheus.CounterVec
 	reloadErrors   prometheus.Counter
+	reloads        prometheus.Counter
+	certNotAfter   prometheus.Gauge
 	attempts       *prometheus.CounterVec
 	sentBytes      *prometheus.CounterVec
 	attemptSecs    prometheus.Histogram
@@ -55,6 +57,12 @@ func newMetrics(d *Daemon) *metrics {
 		}, []string{"reason"}),
 		reloadErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "edged_certificate_reload_errors_total", Help: "Certificate reloads that failed (the previous certificate stays in use).",
+		}),
+		reloads: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edged_certificate_reloads_total", Help: "Certificates put in use since the start (changed files picked up at a handshake, or on SIGHUP), not counting the one loaded at start.",
+		}),
+		certNotAfter: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "edged_certificate_not_after_timestamp_seconds", Help: "NotAfter of the certificate in use (this node's, for its TLS handshakes), in Unix seconds.",
 		}),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "edged_relay_attempts_total", Help: "Outbound delivery attempts, by peer and outcome (acked, failed, postponed: refused for want of room, deadletter, cancelled: taken down at the peer or here while sending).",
@@ -94,7 +102,7 @@ func newMetrics(d *Daemon) *metrics {
 			Name: "edged_takedowns_total", Help: "Takedown evictions asked of this node, by result (evicted: the segment was removed and a receipt signed; receipt: it had been taken down already and the receipt for the request was returned or signed; refused: not held, or no receipt could be signed: nothing changed).",
 		}, []string{"result"}),
 	}
-	m.reg.MustRegister(m.inbound, m.nacks, m.protocolErrors, m.rejected, m.shed, m.reloadErrors, m.attempts, m.sentBytes, m.attemptSecs,
+	m.reg.MustRegister(m.inbound, m.nacks, m.protocolErrors, m.rejected, m.shed, m.reloadErrors, m.reloads, m.certNotAfter, m.attempts, m.sentBytes, m.attemptSecs,
 		m.relayed, m.evicted, m.deferred, m.dials, m.removed, m.repairs, m.fullEvictions, m.throttled, m.takedowns,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		storeCollector{d})

@@ -50,6 +50,7 @@ type Reloader struct {
 	nodeID                    string
 	certFile, keyFile, caFile string
 	onError                   func(error)
+	onLoad                    func(*x509.Certificate)
 	now                       func() time.Time
 
 	mu      sync.Mutex
@@ -132,7 +133,13 @@ func stamp(path string) (fileStamp, error) {
 // material to fall back on, so the caller must not start. onError may be
 // nil.
 func NewReloader(nodeID, certFile, keyFile, caFile string, onError func(error)) (*Reloader, error) {
-	r := &Reloader{nodeID: nodeID, certFile: certFile, keyFile: keyFile, caFile: caFile, onError: onError, now: time.Now}
+	return newReloader(nodeID, certFile, keyFile, caFile, onError, nil)
+}
+
+// newReloader is NewReloader with onLoad, told of each certificate put
+// in use after the first (by Current or Reload), once per change.
+func newReloader(nodeID, certFile, keyFile, caFile string, onError func(error), onLoad func(*x509.Certificate)) (*Reloader, error) {
+	r := &Reloader{nodeID: nodeID, certFile: certFile, keyFile: keyFile, caFile: caFile, onError: onError, onLoad: onLoad, now: time.Now}
 	if err := r.Reload(); err != nil {
 		return nil, err
 	}
@@ -289,7 +296,11 @@ func (r *Reloader) reloadLocked(force bool) error {
 		r.lastErr = err
 		return err
 	}
+	first := r.cur == nil
 	r.cur, r.curSum, r.lastErr = m, sum, nil
+	if !first && r.onLoad != nil {
+		r.onLoad(m.Cert.Leaf)
+	}
 	return nil
 }
 

@@ -87,6 +87,11 @@ type Config struct {
 	// OnReloadError, if set, is told when changed certificate files could
 	// not be loaded (the old ones stay in use). Called once per change.
 	OnReloadError func(error)
+	// OnReload, if set, is told of each certificate put in use after the
+	// one New loaded: picked up at a handshake after the files changed,
+	// or by Reload. Called once per change, with the lock that orders
+	// reloads held: it must not call back into the Transport.
+	OnReload func(leaf *x509.Certificate)
 	// WrapConn, if set, wraps every outbound TCP connection before TLS
 	// runs over it, with the id of the peer dialled: edge/bandwidth limits
 	// what is sent to each peer this way, below the protocol.
@@ -123,7 +128,7 @@ func New(cfg Config) (*Transport, error) {
 	if cfg.EvictAfter <= 0 {
 		cfg.EvictAfter = cfg.HandshakeTimeout / 5
 	}
-	rl, err := NewReloader(cfg.NodeID, cfg.CertFile, cfg.KeyFile, cfg.CAFile, cfg.OnReloadError)
+	rl, err := newReloader(cfg.NodeID, cfg.CertFile, cfg.KeyFile, cfg.CAFile, cfg.OnReloadError, cfg.OnReload)
 	if err != nil {
 		return nil, fmt.Errorf("transport: %w", err)
 	}
