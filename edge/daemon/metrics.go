@@ -65,7 +65,7 @@ func newMetrics(d *Daemon) *metrics {
 			Name: "edged_certificate_not_after_timestamp_seconds", Help: "NotAfter of the certificate in use (this node's, for its TLS handshakes), in Unix seconds.",
 		}),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "edged_relay_attempts_total", Help: "Outbound delivery attempts, by peer and outcome (acked, failed, postponed: refused for want of room, deadletter, cancelled: taken down at the peer or here while sending).",
+			Name: "edged_relay_attempts_total", Help: "Outbound delivery attempts, by peer and outcome (acked, failed, postponed: refused for want of room or because the peer is taking in another copy, retry budget kept, deadletter, cancelled: taken down at the peer or here while sending).",
 		}, []string{"peer", "outcome"}),
 		sentBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "edged_relay_acked_bytes_total", Help: "Segment bytes acknowledged by peers.",
