@@ -271,10 +271,11 @@ func TestTakedownLateHolderReportedOnStore(t *testing.T) {
 	a.relayAPI = fmt.Sprintf("  url: %s\n  ca: pki/ca.crt\n  report_interval: 1h\n  order_interval: 100ms\n  backoff: {initial: 50ms, max: 200ms}\n", relay.URL)
 	a.start()
 	// The holdings job's first pass, at start, is over: from here on only
-	// the interval, an hour away, or a store's signal runs another.
+	// the interval, an hour away, or a store's signal runs another. (It
+	// had nothing to report, so it is no last success.)
 	eventually(t, "a's first holdings pass", func() bool {
 		st, err := a.client.Status(context.Background())
-		return err == nil && st.RelayAPI != nil && st.RelayAPI.Holdings.LastSuccess != nil
+		return err == nil && st.RelayAPI != nil && st.RelayAPI.Holdings.Passes > 0 && st.RelayAPI.Holdings.Failures == 0
 	})
 	var td struct {
 		ID      string   `json:"id"`

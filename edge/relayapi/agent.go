@@ -356,7 +356,7 @@ type jobState struct {
 	lastRefusalAt time.Time
 
 	// replied is set when the relay answered a request of the pass
-	// under way; passes counts the passes ended (for tests).
+	// under way; passes counts the passes ended.
 	replied bool
 	passes  int
 }
@@ -449,7 +449,7 @@ func (s *jobState) passesEnded() int {
 func (s *jobState) status() rpc.RelayAPIJob {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	j := rpc.RelayAPIJob{Counts: maps.Clone(s.counts), Pending: s.pending, LastError: s.lastError, Failures: s.failures}
+	j := rpc.RelayAPIJob{Counts: maps.Clone(s.counts), Pending: s.pending, LastError: s.lastError, Failures: s.failures, Passes: s.passes}
 	if !s.lastSuccess.IsZero() {
 		t := s.lastSuccess
 		j.LastSuccess = &t

@@ -91,6 +91,10 @@ type RelayAPIJob struct {
 	// job runs again after one (its back-off).
 	Failures    int        `json:"failures,omitempty"`
 	NextAttempt *time.Time `json:"next_attempt,omitempty"`
+	// Passes counts the passes ended since the start, with or without an
+	// error, and whether or not they had anything to send (LastSuccess
+	// moves only for one the relay answered).
+	Passes int `json:"passes"`
 }
 
 // Peer is a configured peer and its dial circuit (docs/edge.md): closed
