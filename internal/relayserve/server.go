@@ -217,7 +217,7 @@ func Run(ctx context.Context, cfg Config, opt Options) error {
 	l := cfg.Limits
 	hh := newHTTPHandler(h, creds, l.MaxBodyBytes, m, log, ready)
 	hh.readTimeout = l.ReadTimeout
-	hh.answerWithin = l.WriteTimeout - answerMargin(l.WriteTimeout)
+	hh.answerWithin = answerWithin(l.WriteTimeout, st.lingerAfterCancel)
 	hh.slots = make(chan struct{}, l.MaxConnections)
 	hh.authenticated = func(r *http.Request) {
 		if c, ok := r.Context().Value(connKey{}).(net.Conn); ok {
@@ -402,9 +402,11 @@ func writeReadyFile(path string, info ReadyInfo) error {
 	return os.Rename(tmp.Name(), path)
 }
 
-// answerMargin is how long before limits.write_timeout an API request's
-// work ends (httpHandler.answerWithin): a quarter of it, at most 3 s, the
-// time to answer 503 and write it.
-func answerMargin(writeTimeout time.Duration) time.Duration {
-	return min(3*time.Second, writeTimeout/4)
+// answerWithin is how long an API request's work may take
+// (httpHandler.answerWithin): limits.write_timeout less a margin to answer
+// 503 and write it (a quarter of it, at most 3 s) and less the time a
+// store call may run on after its context ended (linger: PostgreSQL's
+// cancel request), but at least a quarter of write_timeout.
+func answerWithin(writeTimeout, linger time.Duration) time.Duration {
+	return max(writeTimeout/4, writeTimeout-min(3*time.Second, writeTimeout/4)-linger)
 }

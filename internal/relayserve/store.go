@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"time"
 
 	berrors "go.etcd.io/bbolt/errors"
 
@@ -33,6 +34,11 @@ type store struct {
 	backup http.Handler
 	// close releases the store (files, pools).
 	close func() error
+	// lingerAfterCancel is how long a call may run on after its context
+	// ended (PostgreSQL: pgx sends a cancel request and cuts the socket
+	// cancelDeadlineDelay later), which an API request's work deadline
+	// leaves room for.
+	lingerAfterCancel time.Duration
 }
 
 // openBoltStores opens the bbolt file db (the sources, and the targets

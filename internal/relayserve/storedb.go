@@ -177,7 +177,8 @@ func openPostgresStore(ctx context.Context, p Postgres) (*store, error) {
 	}
 	src := db.Store(SourceTable)
 	s := &store{index: src,
-		logAttrs: []any{"store", StorePostgres, "database", where, "max_conns", p.MaxConns},
+		logAttrs:          []any{"store", StorePostgres, "database", where, "max_conns", p.MaxConns},
+		lingerAfterCancel: cancelDeadlineDelay,
 		backup: backupNotSupported("PostgreSQL: back it up with the database's own tools, pg_dump for a logical copy or " +
 			"pg_basebackup with WAL archiving for point-in-time recovery (docs/postgres.md, Backup and restore)"),
 		close: func() error { pool.Close(); return nil },

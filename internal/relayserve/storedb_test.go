@@ -586,7 +586,12 @@ func TestPostgresStallAnswers(t *testing.T) {
 	p := newFaultProxy(t, "unix", unixSocket(t, dsn))
 	c, _ := pgconn.ParseConfig(dsn)
 	proxied := fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=%s sslmode=disable", p.addr().Port, c.User, c.Database)
-	cancel, done, url, logs := runServer(t, dbConfig(t, fmt.Sprintf("{type: postgres, postgres: {dsn: %q, statement_timeout: 1s}}", proxied)), nil)
+	// statement_timeout (30 s by default) outlasts write_timeout here:
+	// the request's own deadline, less the time pgx's cancel request may
+	// take, ends the call in time to write the 503.
+	cfg := dbConfig(t, pgStore(proxied))
+	cfg.Limits.WriteTimeout = 12 * time.Second
+	cancel, done, url, logs := runServer(t, cfg, nil)
 	enqueueOne(t, url)
 	p.stall()
 	outageAnswers(t, url, logs, "unavailable", "were not committed")

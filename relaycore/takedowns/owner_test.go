@@ -613,8 +613,10 @@ func TestRequestIdempotent(t *testing.T) {
 		cut := takedowns.RequestOptions{IdempotencyKey: "cut-short"}
 		_, err = e.o.Request(e.ctx, "seg-9f2c", "dmca 2026-119", "operator-1", cut)
 		e.src.fault = nil
-		if !errors.Is(err, errCut) {
-			t.Fatalf("request cut short: %v", err)
+		// The takedown is open: answered as pending (retry with the key),
+		// never as "nothing was changed" from the store's error.
+		if !errors.Is(err, takedowns.ErrNotYet) || errors.Is(err, errCut) || !strings.Contains(err.Error(), "is open") {
+			t.Fatalf("request cut short: %v, want ErrNotYet saying the takedown is open", err)
 		}
 		e.deliver()
 		op, err := retry("seg-9f2c", "dmca 2026-119", "operator-1", cut)
@@ -641,6 +643,20 @@ func TestRequestIdempotent(t *testing.T) {
 		}
 		if st := e.status(first.Takedown.ID); st.HoldersExpected != 2 || st.IdempotencyKey != key.IdempotencyKey {
 			t.Errorf("status of the first takedown: %+v", st)
+		}
+
+		// Past the key's lifetime (24 h) the same key opens another
+		// takedown, and a retry of that request answers it, not the older
+		// one still open.
+		e.clock.add(25 * time.Hour)
+		later, err := e.o.Request(e.ctx, "seg-9f2c", "dmca 2026-118", "operator-1", key)
+		if err != nil || later.Replayed || later.Takedown.ID == first.Takedown.ID {
+			t.Fatalf("the key after its lifetime: %+v %v, want a takedown of its own", later, err)
+		}
+		e.deliver()
+		again, err = retry("seg-9f2c", "dmca 2026-118", "operator-1", key)
+		if err != nil || !again.Replayed || again.Takedown.ID != later.Takedown.ID {
+			t.Fatalf("retry of the later request: %+v %v, want takedown %s", again, err, later.Takedown.ID)
 		}
 	})
 }

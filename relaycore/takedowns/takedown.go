@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/relay-dev/relay/edge/takedown"
@@ -178,7 +179,9 @@ func (o *Owner) Request(ctx context.Context, content, reason, by string, opts Re
 			// Open without these requests: the owner makes the same ones
 			// (lateRequest: a holder without a request, at the takedown's
 			// time), and a retry with the key answers this takedown.
-			return Opened{}, fmt.Errorf("takedown %s opened, its holders' requests not committed (the owner makes them; a retry with the idempotency key answers this takedown): %w", td.ID, err)
+			// Not "nothing was changed": the takedown is open. %v, not %w,
+			// so the store's error does not choose the answer.
+			return Opened{}, fmt.Errorf("%w: takedown %s is open, its holders' requests did not commit with it (the owner makes them): retry with the same idempotency key for its record (%v)", ErrNotYet, td.ID, err)
 		}
 	}
 	return Opened{Takedown: td, Holders: nodes}, nil
@@ -202,11 +205,27 @@ func (o *Owner) replay(ctx context.Context, content, reason, by, key string) (Op
 	if err != nil {
 		return Opened{}, err
 	}
+	// The key's record answers for the relay's idempotency TTL; a takedown
+	// the same caller opened with the same key before that is another
+	// request's (a key used again after it expired), not this one's. Of
+	// those left, the newest.
+	ttl := o.Relay.IdempotencyTTL
+	if ttl <= 0 {
+		ttl = defaultIdempotencyTTL
+	}
+	since := o.now().Add(-ttl - replaySkew).UnixMilli()
+	var match *Takedown
 	for _, kv := range open {
 		var td Takedown
-		if json.Unmarshal(kv.Value, &td) != nil || td.RequestedBy != by || td.IdempotencyKey != key {
+		if json.Unmarshal(kv.Value, &td) != nil || td.RequestedBy != by || td.IdempotencyKey != key || td.RequestedMS < since {
 			continue
 		}
+		if match == nil || td.RequestedMS > match.RequestedMS {
+			match = &td
+		}
+	}
+	if match != nil {
+		td := *match
 		if td.ContentID != content || td.Reason != reason {
 			return Opened{}, fmt.Errorf("%w: key %q opened takedown %s of content %q (reason %q)", relaycore.ErrIdempotencyKeyReused, key, td.ID, td.ContentID, td.Reason)
 		}
@@ -232,8 +251,16 @@ func (o *Owner) replay(ctx context.Context, content, reason, by, key string) (Op
 	if done, err := o.caughtUp(ctx, OpenTarget); err != nil || !done {
 		return Opened{}, errors.Join(fmt.Errorf("%w: the takedown idempotency key %q opened", ErrNotYet, key), err)
 	}
-	return Opened{}, fmt.Errorf("%w: key %q opened a takedown that is closed since", relaycore.ErrIdempotencyKeyReused, key)
+	return Opened{}, fmt.Errorf("%w: key %q opened a takedown that is closed since (takedowns.close_after is shorter than the key's lifetime): use a new key to open another", relaycore.ErrIdempotencyKeyReused, key)
 }
+
+// defaultIdempotencyTTL is relaycore's default idempotency TTL (24 h),
+// for an Owner whose RelayHandler leaves it zero.
+const defaultIdempotencyTTL = 24 * time.Hour
+
+// replaySkew widens the window replay looks in by the clocks' skew
+// between the owner that opened the takedown and the one replaying it.
+const replaySkew = takedown.MaxClockSkew
 
 // view is one takedown as its partition and the holder index show it.
 type view struct {
