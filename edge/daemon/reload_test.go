@@ -1,14 +1,12 @@
 package daemon
 
 import (
-	"bytes"
 	"crypto/x509"
 	"encoding/pem"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,24 +16,6 @@ import (
 	"github.com/relay-dev/relay/edge/pki/pkitest"
 	"github.com/relay-dev/relay/edge/wire"
 )
-
-// lockedBuffer is a log sink the daemon writes from many goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 func copyInto(t *testing.T, from, to string) {
 	t.Helper()
@@ -77,7 +57,7 @@ func TestCertificateReloadAfterFailureLogged(t *testing.T) {
 	bRelay, bRPC := listen(t), listen(t)
 	cfg := nodeConfig(t, dir, "b", bRelay.Addr().String(), bRPC.Addr().String(), nil)
 	cfg.AcceptFrom = []string{"a"}
-	var logs lockedBuffer
+	var logs logBuffer
 	b := startNode(t, cfg, bRelay, bRPC, func(o *Options) { o.Log = slog.New(slog.NewTextHandler(&logs, nil)) })
 	old := leafOf(t, cfg.TLS.Cert)
 	if got := testutil.ToFloat64(b.d.met.certNotAfter); got != float64(old.NotAfter.Unix()) {
