@@ -2,6 +2,7 @@ package relay
 
 import (
 	"errors"
+	"log/slog"
 	"time"
 
 	"github.com/relay-dev/relay/edge/ledger"
@@ -36,14 +37,6 @@ func (e *Executor) postponeBusy(rec ledger.Record, err error, elapsed time.Durat
 	// rec.BudgetBase counts the record's postponed attempts before this
 	// one: each further refusal waits twice as long, up to backoff.max.
 	until := now.Add(e.cfg.Policy.Backoff(rec.BudgetBase + 1))
-	log := e.log.With("segment", rec.SegmentID, "peer", rec.PeerID, "attempt", rec.Attempts)
-	if _, perr := e.led.Postpone(rec.SegmentID, rec.PeerID, err, until, now); perr != nil {
-		if cancelledMeanwhile(perr) {
-			return
-		}
-		log.Error("relay refusal not recorded", "err", err, "record_err", perr)
-		return
-	}
-	e.observe(rec.PeerID, "postponed", 0, elapsed)
-	log.Info("relay attempt refused: the peer is taking in another copy of the segment; postponed, retry budget kept", "err", err, "next_attempt", until)
+	e.postponeTo(rec, err, elapsed, until, now, slog.LevelInfo,
+		"relay attempt refused: the peer is taking in another copy of the segment; postponed, retry budget kept")
 }

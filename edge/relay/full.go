@@ -1,7 +1,9 @@
 package relay
 
 import (
+	"context"
 	"errors"
+	"log/slog"
 	"time"
 
 	"github.com/relay-dev/relay/edge/ledger"
@@ -60,11 +62,21 @@ func (e *Executor) postpone(rec ledger.Record, err error, elapsed time.Duration)
 	if until.Before(now) {
 		until = now // closed meanwhile by an ACK: the peer has room
 	}
+	e.postponeTo(rec, err, elapsed, until, now, slog.LevelWarn, "relay attempt refused for want of room: postponed, retry budget kept")
+}
+
+// postponeTo records an attempt refused for a reason that is no failure
+// of the peer's or the segment's (room, another copy arriving): due again
+// at until, its retry budget untouched (ledger.Postpone), logged at level
+// with msg. A record cancelled meanwhile (a takedown) stays cancelled.
+func (e *Executor) postponeTo(rec ledger.Record, err error, elapsed time.Duration, until, now time.Time, level slog.Level, msg string) {
 	log := e.log.With("segment", rec.SegmentID, "peer", rec.PeerID, "attempt", rec.Attempts)
 	if _, perr := e.led.Postpone(rec.SegmentID, rec.PeerID, err, until, now); perr != nil {
-		log.Error("relay refusal not recorded", "err", err, "record_err", perr)
+		if !cancelledMeanwhile(perr) {
+			log.Error("relay refusal not recorded", "err", err, "record_err", perr)
+		}
 		return
 	}
 	e.observe(rec.PeerID, "postponed", 0, elapsed)
-	log.Warn("relay attempt refused for want of room: postponed, retry budget kept", "err", err, "next_attempt", until)
+	log.Log(context.Background(), level, msg, "err", err, "next_attempt", until)
 }
