@@ -229,7 +229,7 @@ func (a *Agent) loop(ctx context.Context, name string, st *jobState, kick chan s
 	failures, kicked := 0, false
 	for ctx.Err() == nil {
 		began := time.Now()
-		st.takeReplied()
+		st.beginPass()
 		err := pass(ctx, kicked)
 		kicked = false
 		if ctx.Err() != nil {
@@ -307,7 +307,6 @@ func (a *Agent) call(ctx context.Context, method, path string, h http.Header, bo
 	return a.api.do(ctx, method, path, h, body, out)
 }
 
-// outcome labels a request's result.
 // request counts one request of job's, and notes in st that the relay
 // answered (ok or a 4xx refusal) unless it failed.
 func (a *Agent) request(st *jobState, job string, err error) {
@@ -316,6 +315,7 @@ func (a *Agent) request(st *jobState, job string, err error) {
 	st.answer(o != "failed")
 }
 
+// outcome labels a request's result.
 func outcome(err error) string {
 	switch {
 	case err == nil:
@@ -408,14 +408,11 @@ func (s *jobState) answer(ok bool) {
 	s.replied = s.replied || ok
 }
 
-// takeReplied reports whether the relay answered a request since the
-// last call, and starts over.
-func (s *jobState) takeReplied() bool {
+// beginPass starts a pass: no answer from the relay yet.
+func (s *jobState) beginPass() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r := s.replied
 	s.replied = false
-	return r
 }
 
 // succeeded ends a pass without an error at at. It is the job's last
