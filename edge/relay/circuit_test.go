@@ -12,6 +12,7 @@ import (
 
 	"github.com/relay-dev/relay/edge/ledger"
 	"github.com/relay-dev/relay/edge/wire"
+	"github.com/relay-dev/relay/internal/silenttest"
 )
 
 // TestCircuitStateMachine walks one peer's circuit through its states with
@@ -147,40 +148,6 @@ func (d *countingDialer) setDown(peer string, down bool) {
 	d.down[peer] = down
 }
 
-// silentPeer accepts TCP connections and never answers: a peer that is
-// down behind something that still completes the TCP handshake, so every
-// dial costs the whole dial_timeout.
-func silentPeer(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		wg.Wait()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return ln.Addr().String()
-}
-
 // TestDeadPeerDoesNotStarveHealthyPeer is the regression for a silent,
 // down peer: one worker, many segments owed to a dead peer d and a
 // healthy peer b. Without the dial circuit every d record costs a dial
@@ -192,7 +159,7 @@ func TestDeadPeerDoesNotStarveHealthyPeer(t *testing.T) {
 	dialer := newCountingDialer(t, newTransport(t, f.pkiDir, "a", "b", "d"))
 	var deferred atomic.Int64
 	ex, err := New(Config{
-		Peers:     map[string]string{"b": f.b.addr(), "d": silentPeer(t)},
+		Peers:     map[string]string{"b": f.b.addr(), "d": silenttest.Addr(t)},
 		Condition: ledger.AllPeers,
 		// The circuit stays open far longer than the test runs.
 		Policy:      ledger.Policy{MaxRetries: 10, Initial: time.Hour, Max: time.Hour},

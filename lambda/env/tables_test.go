@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"net"
 	"strings"
 	"testing"
 
@@ -13,6 +12,7 @@ import (
 
 	"github.com/relay-dev/relay/infra/dynamo"
 	"github.com/relay-dev/relay/infra/dynamotest"
+	"github.com/relay-dev/relay/internal/silenttest"
 )
 
 // CheckTables stops a function whose SOURCE_TABLE or TARGET_TABLE names
@@ -54,23 +54,7 @@ func TestCheckTables(t *testing.T) {
 		t.Fatalf("a misnamed target table: %v", err)
 	}
 
-	// A DynamoDB that accepts connections and never answers.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			conns = append(conns, c)
-		}
-	}()
-	d, logs := deps("http://"+ln.Addr().String(), nil)
+	d, logs := deps("http://"+silenttest.Addr(t), nil) // a DynamoDB that never answers
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	if err := d.CheckTables(ctx); err != nil {

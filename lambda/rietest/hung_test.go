@@ -2,44 +2,12 @@ package rietest
 
 import (
 	"encoding/json"
-	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
-)
 
-// hungListener accepts connections on 127.0.0.1 and never answers: a
-// service that hangs. Its connections close when the test ends.
-func hungListener(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return "http://" + ln.Addr().String()
-}
+	"github.com/relay-dev/relay/internal/silenttest"
+)
 
 // A service that hangs never turns an answer into "Task timed out":
 //   - a kicker's service (Scheduler, or Lambda for the fast kick) that
@@ -51,7 +19,7 @@ func hungListener(t *testing.T) string {
 //     margin before it), and nothing is written.
 func TestHungServicesStillAnswer(t *testing.T) {
 	r := newRig(t)
-	hung := hungListener(t)
+	hung := "http://" + silenttest.Addr(t)
 	body := `{"rows":[{"target":"t","puts":[{"key":"k","value":"dg=="}]}]}`
 
 	for _, tc := range []struct {
