@@ -16,6 +16,7 @@ import (
 
 	"github.com/relay-dev/relay/infra/alarmclock"
 	"github.com/relay-dev/relay/lambda/api"
+	"github.com/relay-dev/relay/lambda/event"
 	"github.com/relay-dev/relay/relaycore"
 	"github.com/relay-dev/relay/relaycore/takedowns"
 )
@@ -404,9 +405,10 @@ func writeReadyFile(path string, info ReadyInfo) error {
 
 // answerWithin is how long an API request's work may take
 // (httpHandler.answerWithin): limits.write_timeout less a margin to answer
-// 503 and write it (a quarter of it, at most 3 s) and less the time a
+// 503 and write it (event.AnswerMargin, the Lambda functions' rule: a
+// quarter of it, at most 3 s) and less the time a
 // store call may run on after its context ended (linger: PostgreSQL's
 // cancel request), but at least a quarter of write_timeout.
 func answerWithin(writeTimeout, linger time.Duration) time.Duration {
-	return max(writeTimeout/4, writeTimeout-min(3*time.Second, writeTimeout/4)-linger)
+	return max(writeTimeout/4, writeTimeout-event.AnswerMargin(writeTimeout)-linger)
 }

@@ -77,7 +77,7 @@ func DecodeStrict(function string, payload []byte, v any) error {
 	return nil
 }
 
-// answerMargin is how long before the invocation's deadline Invoker ends
+// AnswerMargin is how long before the invocation's deadline Invoker ends
 // the handler's context, given the time left: a quarter of it, at most 3 s
 // (room for what runs after the context ends: a failed fire gives its
 // claim back within 1 s, then the answer).
@@ -86,10 +86,10 @@ func DecodeStrict(function string, payload []byte, v any) error {
 // of Lambda ending the invocation with "Task timed out" and no answer: an
 // enqueue whose rows committed must not look failed for want of time to
 // say so.
-func answerMargin(left time.Duration) time.Duration { return min(3*time.Second, left/4) }
+func AnswerMargin(left time.Duration) time.Duration { return min(3*time.Second, left/4) }
 
 // Invoker adapts handle to the Lambda runtime (lambda.Start) so that
-// every payload reaches it as sent, with a context that ends answerMargin
+// every payload reaches it as sent, with a context that ends AnswerMargin
 // before the invocation's deadline. Given handle itself, aws-lambda-go
 // decodes the payload into its argument first and fails an empty or
 // non-JSON payload before handle runs, with "unexpected EOF" or a syntax
@@ -106,7 +106,7 @@ type invoker[R any] func(context.Context, json.RawMessage) (R, error)
 func (f invoker[R]) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
 	if d, ok := ctx.Deadline(); ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, d.Add(-answerMargin(time.Until(d))))
+		ctx, cancel = context.WithDeadline(ctx, d.Add(-AnswerMargin(time.Until(d))))
 		defer cancel()
 	}
 	res, err := f(ctx, payload)
