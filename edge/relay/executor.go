@@ -719,7 +719,7 @@ func (e *Executor) dialPeer(ctx context.Context, peer, addr string) (*wire.Conn,
 		e.needResync(peer)
 	}
 	if back {
-		e.backlogDue(peer)
+		e.backlogDue(peer, "reachable again")
 	}
 	if err == nil {
 		e.log.Debug("relay connection", "peer", peer, "version", c.Version(), "peer_window", c.PeerWindow())

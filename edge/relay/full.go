@@ -48,8 +48,7 @@ func (e *Executor) refused(peer string, now time.Time, err error) {
 // open what is owed to the peer is due now.
 func (e *Executor) roomOK(peer string) {
 	if e.full.dialed(peer, e.cfg.Now(), nil) {
-		e.log.Info("relay peer has room again", "peer", peer)
-		e.backlogDue(peer)
+		e.backlogDue(peer, "has room again")
 	}
 }
 

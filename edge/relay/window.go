@@ -307,10 +307,12 @@ func (e *Executor) endResync(peer string, ok bool) {
 }
 
 // backlogDue makes everything owed to peer due now, after a dial to it
-// succeeded while its dial circuit was open (ledger.Expedite): what was
-// deferred or backed off during the outage is summarised together at the
-// next stream start instead of trickling in over a dial timeout.
-func (e *Executor) backlogDue(peer string) {
+// succeeded while its dial circuit was open, or an offer was accepted
+// while its room circuit was (ledger.Expedite): what was deferred or
+// backed off during the outage is summarised together at the next stream
+// start instead of trickling in over a dial timeout. why ends the log
+// line: what came back.
+func (e *Executor) backlogDue(peer, why string) {
 	e.deferMu.Lock() // after any deferral decided while the circuit was open: see applyDeferrals
 	n, err := e.led.Expedite(peer, e.cfg.Now())
 	e.deferMu.Unlock()
@@ -319,7 +321,7 @@ func (e *Executor) backlogDue(peer string) {
 		return
 	}
 	if n > 0 {
-		e.log.Info("relay peer reachable again: its backlog is due", "peer", peer, "records", n)
+		e.log.Info("relay peer "+why+": its backlog is due", "peer", peer, "records", n)
 	}
 	e.needResync(peer)
 	e.Kick()
