@@ -154,3 +154,36 @@ func TestSameSegmentFromTwoSenders(t *testing.T) {
 		t.Fatalf("b holds %d copies of the segment, want 1", held)
 	}
 }
+
+// TestBusyRefusalNotWarned: the receiver's refusal of a second copy while
+// the first is arriving is logged below warn (nothing is wrong: the other
+// copy will most likely be stored), so a node that peers race to fill
+// does not page anyone; other refusals stay at warn (TestProtocolErrorsCounted).
+func TestBusyRefusalNotWarned(t *testing.T) {
+	dir, b, logs := receiverB(t)
+	ctx := context.Background()
+	content := bytes.Repeat([]byte("the same segment "), 20000) // offered, not pushed
+	o := offer("same", content)
+	gate := make(chan struct{})
+	first := make(chan wire.Result, 1)
+	go func() {
+		res := rawSenderVersion(t, dir, b, wire.Version).DeliverWindow(ctx, []wire.Item{{Offer: o, Open: func() (io.ReadCloser, error) {
+			return &gatedReader{head: content[:len(content)/2], tail: content[len(content)/2:], gate: gate}, nil
+		}}}, time.Minute)
+		first <- res[0]
+	}()
+	waitUntil(t, "the first copy reserved at b", func() bool {
+		u, err := b.client.Quota(ctx)
+		return err == nil && u.ReservedSegments == 1
+	})
+	if code := offerPipelined(t, ctx, rawSenderVersion(t, dir, b, wire.Version5), o); code != wire.NackBusy {
+		t.Fatalf("second copy: NACK %s, want busy", code)
+	}
+	close(gate)
+	if res := <-first; res.Err != nil {
+		t.Fatalf("first copy: %v", res.Err)
+	}
+	if strings.Contains(logs.String(), "segment refused") {
+		t.Errorf("busy refusal logged at warn or above:\n%s", logs.String())
+	}
+}

@@ -238,8 +238,7 @@ func (d *Daemon) decline(ctx context.Context, c *wire.Conn, log *slog.Logger, o 
 // refusePipelined answers NACK; in version 2 no SEGMENT follows a refused
 // offer, and one whose bytes were read already was consumed whole.
 func (d *Daemon) refusePipelined(ctx context.Context, c *wire.Conn, log *slog.Logger, o wire.Offer, code wire.NackCode, cause error) bool {
-	d.met.inbound.WithLabelValues("refused").Inc()
-	log.Warn("segment refused", "code", string(code), "err", cause)
+	d.refused(ctx, log, code, cause)
 	return d.nack(ctx, c, log, wire.Nack{SegmentID: o.SegmentID, Code: code, Message: cause.Error()})
 }
 

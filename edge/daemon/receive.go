@@ -206,13 +206,23 @@ func timedOut(err error) bool {
 	return errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded)
 }
 
+// refused counts and logs a refusal: at warn, but for busy, which needs
+// no operator (another copy is arriving and will most likely be stored).
+func (d *Daemon) refused(ctx context.Context, log *slog.Logger, code wire.NackCode, cause error) {
+	d.met.inbound.WithLabelValues("refused").Inc()
+	level := slog.LevelWarn
+	if code == wire.NackBusy {
+		level = slog.LevelInfo
+	}
+	log.Log(ctx, level, "segment refused", "code", string(code), "err", cause)
+}
+
 // refuse answers NACK. When the SEGMENT frame was not consumed yet, a
 // small one is read and dropped so the connection stays usable, and a
 // large one ends the connection. It reports whether the connection is
 // still in step.
 func (d *Daemon) refuse(ctx context.Context, c *wire.Conn, log *slog.Logger, o wire.Offer, code wire.NackCode, cause error, consumed bool) bool {
-	d.met.inbound.WithLabelValues("refused").Inc()
-	log.Warn("segment refused", "code", string(code), "err", cause)
+	d.refused(ctx, log, code, cause)
 	if !d.nack(ctx, c, log, wire.Nack{SegmentID: o.SegmentID, Code: code, Message: cause.Error()}) {
 		return false
 	}
