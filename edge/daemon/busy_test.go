@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -41,6 +42,28 @@ func (r *gatedReader) Read(p []byte) (int, error) {
 
 func (r *gatedReader) Close() error { return nil }
 
+// firstCopyHalfSent offers b segment o from a raw sender as a, sends half
+// of its bytes and holds the rest until release (idempotent); first
+// yields that copy's result. It returns once b has reserved the copy.
+func firstCopyHalfSent(t *testing.T, dir string, b *testNode, o wire.Offer, content []byte) (release func(), first <-chan wire.Result) {
+	t.Helper()
+	gate := make(chan struct{})
+	var once sync.Once
+	raw := rawSenderVersion(t, dir, b, wire.Version)
+	res := make(chan wire.Result, 1)
+	go func() {
+		r := raw.DeliverWindow(context.Background(), []wire.Item{{Offer: o, Open: func() (io.ReadCloser, error) {
+			return &gatedReader{head: content[:len(content)/2], tail: content[len(content)/2:], gate: gate}, nil
+		}}}, time.Minute)
+		res <- r[0]
+	}()
+	waitUntil(t, "the first copy reserved at b", func() bool {
+		u, err := b.client.Quota(context.Background())
+		return err == nil && u.ReservedSegments == 1
+	})
+	return func() { once.Do(func() { close(gate) }) }, res
+}
+
 // TestSameSegmentFromTwoSenders: two senders offer b the same segment at
 // once. a's copy (a real TLS connection at wire version 5) is accepted
 // and half sent, then held; meanwhile edged c relays the same segment to
@@ -61,27 +84,8 @@ func TestSameSegmentFromTwoSenders(t *testing.T) {
 	content := bytes.Repeat([]byte("the same segment "), 20000) // 340 kB: offered, not pushed
 	o := offer("same", content)
 
-	gate := make(chan struct{})
-	released := false
-	release := func() {
-		if !released {
-			released = true
-			close(gate)
-		}
-	}
+	release, first := firstCopyHalfSent(t, dir, b, o, content)
 	defer release()
-	raw := rawSenderVersion(t, dir, b, wire.Version)
-	first := make(chan wire.Result, 1)
-	go func() {
-		res := raw.DeliverWindow(ctx, []wire.Item{{Offer: o, Open: func() (io.ReadCloser, error) {
-			return &gatedReader{head: content[:len(content)/2], tail: content[len(content)/2:], gate: gate}, nil
-		}}}, time.Minute)
-		first <- res[0]
-	}()
-	waitUntil(t, "a's copy reserved at b", func() bool {
-		u, err := b.client.Quota(ctx)
-		return err == nil && u.ReservedSegments == 1
-	})
 
 	// A version 4 sender, which has no busy code, is told quota (which
 	// it postpones as for room); a version 5 one busy.
@@ -164,22 +168,12 @@ func TestBusyRefusalNotWarned(t *testing.T) {
 	ctx := context.Background()
 	content := bytes.Repeat([]byte("the same segment "), 20000) // offered, not pushed
 	o := offer("same", content)
-	gate := make(chan struct{})
-	first := make(chan wire.Result, 1)
-	go func() {
-		res := rawSenderVersion(t, dir, b, wire.Version).DeliverWindow(ctx, []wire.Item{{Offer: o, Open: func() (io.ReadCloser, error) {
-			return &gatedReader{head: content[:len(content)/2], tail: content[len(content)/2:], gate: gate}, nil
-		}}}, time.Minute)
-		first <- res[0]
-	}()
-	waitUntil(t, "the first copy reserved at b", func() bool {
-		u, err := b.client.Quota(ctx)
-		return err == nil && u.ReservedSegments == 1
-	})
+	release, first := firstCopyHalfSent(t, dir, b, o, content)
+	defer release()
 	if code := offerPipelined(t, ctx, rawSenderVersion(t, dir, b, wire.Version5), o); code != wire.NackBusy {
 		t.Fatalf("second copy: NACK %s, want busy", code)
 	}
-	close(gate)
+	release()
 	if res := <-first; res.Err != nil {
 		t.Fatalf("first copy: %v", res.Err)
 	}
