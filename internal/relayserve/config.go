@@ -116,6 +116,7 @@ const (
 const (
 	DefaultPostgresMaxConns         = 8
 	DefaultPostgresStatementTimeout = 30 * time.Second
+	DefaultDynamoDBRequestTimeout   = 10 * time.Second
 )
 
 // Store selects and configures the database.
@@ -176,6 +177,14 @@ type DynamoDB struct {
 	// whole source table, for endpoints whose secondary indexes are not
 	// reliable (emulators).
 	DueIndex string `yaml:"due_index"`
+	// RequestTimeout (store.dynamodb.request_timeout, default 10s) bounds
+	// each request to DynamoDB, its answer read whole: a network that
+	// drops the answers (connections up, nothing arriving) would
+	// otherwise hold a fire or the sweep until the connection closed,
+	// which a black-holed TCP connection never does. A request past it is
+	// treated as any lost answer: retried when that is safe, an
+	// ambiguous write re-read.
+	RequestTimeout time.Duration `yaml:"request_timeout"`
 }
 
 // Budget is a plan or a custom budget.
@@ -313,7 +322,9 @@ func defaultPostgres() Postgres {
 	return Postgres{MaxConns: DefaultPostgresMaxConns, StatementTimeout: DefaultPostgresStatementTimeout}
 }
 
-func defaultDynamoDB() DynamoDB { return DynamoDB{DueIndex: "gsi"} }
+func defaultDynamoDB() DynamoDB {
+	return DynamoDB{DueIndex: "gsi", RequestTimeout: DefaultDynamoDBRequestTimeout}
+}
 
 // ErrConfig is wrapped by every error Load and Parse return.
 var ErrConfig = errors.New("invalid relay serve configuration")

@@ -66,6 +66,7 @@ func (c *Config) validateStore() []error {
 const (
 	maxPostgresConns            = 1000
 	maxPostgresStatementTimeout = time.Hour
+	maxDynamoDBRequestTimeout   = 10 * time.Minute
 )
 
 func (p Postgres) validate() []error {
@@ -162,6 +163,9 @@ func (d DynamoDB) validate() []error {
 	}
 	if d.DueIndex != "gsi" && d.DueIndex != "scan" {
 		bad("due_index", "store.dynamodb.due_index %q: want gsi or scan", d.DueIndex)
+	}
+	if d.RequestTimeout < 100*time.Millisecond || d.RequestTimeout > maxDynamoDBRequestTimeout {
+		bad("request_timeout", "store.dynamodb.request_timeout %v: want 100ms..%v", d.RequestTimeout, maxDynamoDBRequestTimeout)
 	}
 	return errs
 }

@@ -74,6 +74,7 @@ func TestParseRefusesStores(t *testing.T) {
 		{"endpoint in clear", dyn("{source_table: aaa, target_table: bbb, endpoint: \"http://dynamo.internal:8000\"}"), []string{"http:// only to a loopback address"}},
 		{"endpoint not a URL", dyn("{source_table: aaa, target_table: bbb, endpoint: \"dynamo.internal\"}"), []string{"want a URL"}},
 		{"due index", dyn("{source_table: aaa, target_table: bbb, due_index: table}"), []string{`store.dynamodb.due_index "table": want gsi or scan`}},
+		{"request timeout", dyn("{source_table: aaa, target_table: bbb, request_timeout: 10ms}"), []string{`store.dynamodb.request_timeout 10ms: want 100ms..10m0s`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse([]byte(tc.yaml))

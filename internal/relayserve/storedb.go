@@ -12,9 +12,11 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/smithy-go"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -205,6 +207,7 @@ func dynamoClient(ctx context.Context, d DynamoDB) (*dynamodb.Client, error) {
 		if d.Endpoint != "" {
 			o.BaseEndpoint = aws.String(d.Endpoint)
 		}
+		o.HTTPClient = awshttp.NewBuildableClient().WithTimeout(d.RequestTimeout)
 	}), nil
 }
 
@@ -269,6 +272,9 @@ func (s *store) watch(src, dst relaycore.Store, db string, ping func(context.Con
 	p := &pinger{ping: ping, every: pingEvery}
 	s.health = func(ctx context.Context) error {
 		if err := p.check(ctx); err != nil {
+			if refusedByDatabase(err) {
+				return fmt.Errorf("%s refuses the ping: %w", db, err)
+			}
 			return fmt.Errorf("%s does not answer: %w", db, err)
 		}
 		for _, w := range []*commitWatch{ws, wt} {
@@ -278,6 +284,16 @@ func (s *store) watch(src, dst relaycore.Store, db string, ping func(context.Con
 		}
 		return nil
 	}
+}
+
+// refusedByDatabase reports whether err is the database's own answer (a
+// table that is gone, access denied, a missing schema), not a silence:
+// /readyz then says the database refuses, which the operator fixes there,
+// rather than that it does not answer, which sends them to the network.
+func refusedByDatabase(err error) bool {
+	var api smithy.APIError
+	var pg *pgconn.PgError
+	return errors.As(err, &api) || errors.As(err, &pg)
 }
 
 // commitWatch remembers whether the latest Apply failed for a reason of
@@ -300,11 +316,32 @@ func (w *commitWatch) Apply(ctx context.Context, p relaycore.Partition, b relayc
 		w.last.Store(nil)
 	case ctx.Err() != nil, errors.As(err, new(*relaycore.ConditionFailedError)),
 		errors.Is(err, relaycore.ErrBatchTooLarge), errors.Is(err, relaycore.ErrValueTooLarge),
-		errors.Is(err, relaycore.ErrInvalidBatch):
+		errors.Is(err, relaycore.ErrInvalidBatch), refusedForItsData(err):
 	default:
 		w.last.Store(&err)
 	}
 	return err
+}
+
+// refusedForItsData reports whether the database refused the batch for
+// what it writes, not for a fault of its own: on PostgreSQL a data
+// exception, an integrity constraint or an error raised by a trigger or
+// function (SQLSTATE classes 22, 23, P0: a rule of the operator's on one
+// target's rows); on DynamoDB a ValidationException. The target's
+// attempts fail and it is quarantined as for any refused batch, and the
+// database stays ready for every other target: one poison target must not
+// take a healthy replica out of its load balancer.
+func refusedForItsData(err error) bool {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		switch class := pg.Code[:min(2, len(pg.Code))]; class {
+		case "22", "23", "P0":
+			return true
+		}
+		return false
+	}
+	var api smithy.APIError
+	return errors.As(err, &api) && api.ErrorCode() == "ValidationException"
 }
 
 // GetMany keeps the store's one-round-trip reads (relaycore.GetMany does

@@ -14,6 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/smithy-go"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -404,6 +407,78 @@ func TestServeOnDynamoDB(t *testing.T) {
 	}
 }
 
+// A DynamoDB request whose answer never comes (a network that drops the
+// answers, connections up) ends after store.dynamodb.request_timeout, so
+// the sweep reports the outage and runs again, and delivery goes on once
+// the network does; without a bound the sweep waited on the connection
+// until it closed (a black-holed one never does), and /readyz, the log and
+// relay_sweep_errors_total all said nothing.
+func TestDynamoDBStallEndsRequests(t *testing.T) {
+	awsEnv(t)
+	ep := dynamotest.Start(t)
+	u, _ := url.Parse(ep.URL)
+	p := newFaultProxy(t, "tcp", u.Host)
+	cfg := dbConfig(t, dynStore(fmt.Sprintf("http://127.0.0.1:%d", p.addr().Port), ", create_tables: true, request_timeout: 300ms"))
+	cancel, done, url, logs := runServer(t, cfg, nil)
+	enqueueOne(t, url)
+	p.stall()
+	logs.wait(t, "relay sweep failed")
+	p.resume()
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) { // a hang guard
+		resp, err := http.Post(url+"/v1/sources/orders/rows", "application/json",
+			strings.NewReader(`{"rows":[{"target":"t1","puts":[{"key":"k2","value":"dg=="}]}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("enqueue after the stall: %d", resp.StatusCode)
+		}
+	}
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) { // a hang guard
+		if _, body := get(t, url+"/v1/sources/orders/delivered-through?seq=2"); strings.Contains(body, `"delivered":true`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("seq 2 not delivered after the stall")
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
+
+// A database that answers the ping with a refusal (here: the table was
+// deleted under the server) is said to refuse it, not to be silent.
+func TestReadyzSaysTheDatabaseRefuses(t *testing.T) {
+	awsEnv(t)
+	ep := dynamotest.Start(t)
+	cancel, done, url, _ := runServer(t, dbConfig(t, dynStore(ep.URL, ", create_tables: true")), nil)
+	if _, err := ep.Client(nil).DeleteTable(t.Context(), &dynamodb.DeleteTableInput{TableName: aws.String("relay-source")}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) { // a hang guard
+		code, body := get(t, url+"/readyz")
+		if code == 503 {
+			if !strings.Contains(body, "DynamoDB refuses the ping") || !strings.Contains(body, "ResourceNotFoundException") {
+				t.Fatalf("readyz reason %s: want the refusal named", body)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("readyz stayed ready with the source table gone")
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
+
 func TestDynamoDBRefusedAtStart(t *testing.T) {
 	awsEnv(t)
 	ep := dynamotest.Start(t)
@@ -502,6 +577,30 @@ func TestCommitWatch(t *testing.T) {
 	if w.failed() != nil {
 		t.Fatalf("a cancelled caller's error recorded: %v", w.failed())
 	}
+	f.err.Store(nil)
+	_ = w.Apply(t.Context(), "p", put)
+	for _, refused := range []error{
+		fmt.Errorf("apply p: %w", &pgconn.PgError{Code: "P0001", Message: "audit: target p refuses writes"}),
+		fmt.Errorf("apply p: %w", &pgconn.PgError{Code: "23514", Message: "check constraint"}),
+		fmt.Errorf("apply p: %w", &smithy.GenericAPIError{Code: "ValidationException", Message: "item too large"}),
+	} {
+		f.err.Store(&refused)
+		_ = w.Apply(t.Context(), "p", put)
+		if w.failed() != nil {
+			t.Fatalf("a batch refused for its data (%v) made the store not ready: %v", refused, w.failed())
+		}
+	}
+	for _, fault := range []error{
+		fmt.Errorf("apply p: %w", &pgconn.PgError{Code: "53100", Message: "disk full"}),
+		fmt.Errorf("apply p: %w", &smithy.GenericAPIError{Code: "AccessDeniedException"}),
+	} {
+		f.err.Store(&fault)
+		_ = w.Apply(t.Context(), "p", put)
+		if w.failed() == nil {
+			t.Fatalf("the database's own fault (%v) left the store ready", fault)
+		}
+	}
+	f.err.Store(nil)
 	if m, err := relaycore.GetMany(t.Context(), w, "p", []string{"k"}); err != nil || string(m["k"]) != "v" {
 		t.Fatalf("GetMany through the watch: %v, %v", m, err)
 	}
