@@ -53,6 +53,11 @@ func readOSHold(ctx context.Context, st Store, source Partition) (os OutboxState
 // left (gone.go): it deletes them, unless memo says the caller's alarm
 // did, and a claim it writes clears the list.
 func (h *RelayHandler) claim(ctx context.Context, source Partition, token string, now int64, keepCycle bool, memo *goneMemo) (claimed, bool, error) {
+	// unknown is the latest claim write whose outcome was unknown and
+	// which had not landed: attempts that all end so are a store that
+	// does not commit (a full disk), an error, not a busy source (which
+	// the host would count and log as nothing wrong).
+	var unknown error
 	for attempt := 0; attempt < 4; attempt++ {
 		raw, found, err := h.Source.Get(ctx, source, KeyRS)
 		if err != nil {
@@ -101,15 +106,21 @@ func (h *RelayHandler) claim(ctx context.Context, source Partition, token string
 		if err == nil {
 			return claimed{rs: claimedRS{RelayState: next, newCycle: newCycle}, rsRaw: nextRaw, os: os, q: q}, false, nil
 		}
-		if _, ok := FailedPrecondition(err); ok || MayBeApplied(err) {
-			if MayBeApplied(err) {
-				if cur, ok, rerr := h.Source.Get(ctx, source, KeyRS); rerr == nil && ok && bytes.Equal(cur, nextRaw) {
-					return claimed{rs: claimedRS{RelayState: next, newCycle: newCycle}, rsRaw: nextRaw, os: os, q: q}, false, nil
-				}
+		if _, ok := FailedPrecondition(err); ok {
+			unknown = nil // lost a race
+			continue
+		}
+		if MayBeApplied(err) {
+			if cur, ok, rerr := h.Source.Get(ctx, source, KeyRS); rerr == nil && ok && bytes.Equal(cur, nextRaw) {
+				return claimed{rs: claimedRS{RelayState: next, newCycle: newCycle}, rsRaw: nextRaw, os: os, q: q}, false, nil
 			}
+			unknown = err
 			continue
 		}
 		return claimed{}, false, fmt.Errorf("claim %s: %w", source, err)
+	}
+	if unknown != nil {
+		return claimed{}, false, fmt.Errorf("claim %s: the claim did not land in 4 attempts: %w", source, unknown)
 	}
 	return claimed{}, true, nil
 }

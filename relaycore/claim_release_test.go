@@ -69,6 +69,29 @@ func TestFailedFireReleasesItsClaim(t *testing.T) {
 	}
 }
 
+// A claim write whose outcome is unknown every time and that never lands
+// (a store whose commits fail: a full disk) fails the alarm, so the host
+// counts a failed alarm and logs it; it was reported busy, which hosts
+// take for another fire at work, so nothing said the source was stuck.
+func TestClaimThatNeverLandsFailsTheAlarm(t *testing.T) {
+	e := newEnv(t, "free")
+	e.enqueue(put("t", "k", "v"))
+	e.srcF.set(func(c call) error {
+		if c.Op == "apply" && len(c.Batch.Writes) == 1 && c.Batch.Writes[0].Key == relaycore.KeyRS {
+			return relaycore.ErrMaybeApplied
+		}
+		return nil
+	}, nil)
+	res, err := e.h.Alarm(e.ctx, e.source)
+	if !errors.Is(err, relaycore.ErrMaybeApplied) || res.Busy {
+		t.Fatalf("alarm whose claim never lands: %+v, %v; want the store's error, not busy", res, err)
+	}
+	e.srcF.set(nil, nil)
+	if res, err := e.h.Alarm(e.ctx, e.source); err != nil || res.RowsDelivered != 1 {
+		t.Fatalf("alarm once commits land: %+v, %v", res, err)
+	}
+}
+
 // The release is guarded: a fire whose claim lapsed and was taken over
 // meanwhile fails without touching the new holder's claim.
 func TestFailedFireKeepsAnotherFiresClaim(t *testing.T) {
