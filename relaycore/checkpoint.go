@@ -107,6 +107,9 @@ type checkpointBatch struct {
 	writes          []Write     // the batch's writes, but rs's (nextRS puts it first)
 	codec           pageCodec
 	quarantineAfter int
+	// quarantined: the targets this checkpoint quarantines for failing,
+	// logged once it lands (recorded).
+	quarantined []autoQuarantine
 	// records' outcome: the hold summary as written, the earliest retry
 	// marker left (0: none) and whether one is due already.
 	q         holdSummary
@@ -191,6 +194,7 @@ func (c *checkpointBatch) heldRows() {
 				r.setState(StateQuarantined, f.now)
 				r.Note = &OperatorNote{Action: "quarantine", By: autoActor, Reason: why, AtMS: f.now}
 				res.TargetsQuarantined++
+				c.quarantined = append(c.quarantined, autoQuarantine{tw.target, why, r.LastError})
 				continue
 			}
 			r.RetryMS = f.now + h.retryDelay(r.FailedRounds).Milliseconds()
@@ -223,6 +227,7 @@ func (c *checkpointBatch) selected() {
 				r.setState(StateQuarantined, f.now)
 				r.Note = &OperatorNote{Action: "quarantine", By: autoActor, Reason: fmt.Sprintf("%d failed rounds in a row", r.FailedRounds), AtMS: f.now}
 				res.TargetsQuarantined++
+				c.quarantined = append(c.quarantined, autoQuarantine{tw.target, r.Note.Reason, r.LastError})
 			case len(c.newBlocked) < MaxBlockedTargets:
 				// Blocked for the rest of the cycle; later cycles skip it
 				// until its back-off has passed (fireRun.backingOff).
@@ -390,7 +395,7 @@ func (c *checkpointBatch) apply() (FireResult, bool, error) {
 	pre := []Precondition{{Key: KeyRS, Value: f.start.rsRaw}}
 	err := h.Source.Apply(f.ctx, f.source, Batch{Preconditions: pre, Writes: c.writes})
 	if err == nil {
-		return f.recorded(), false, nil
+		return c.recorded(), false, nil
 	}
 	_, cond := FailedPrecondition(err)
 	if !cond && !MayBeApplied(err) {
@@ -404,7 +409,7 @@ func (c *checkpointBatch) apply() (FireResult, bool, error) {
 		return *res, false, fmt.Errorf("fire %s: checkpoint: %v; re-read rs: %w", f.source, err, rerr)
 	}
 	if found && bytes.Equal(raw, c.nextRaw) {
-		return f.recorded(), false, nil // it landed
+		return c.recorded(), false, nil // it landed
 	}
 	if found {
 		if other, derr := decodeRS(raw); derr == nil && other.Claim != nil && other.Claim.Owner != f.token && other.Claim.UntilMS > unixMS(h.clock().Now()) {
@@ -418,6 +423,28 @@ func (c *checkpointBatch) apply() (FireResult, bool, error) {
 	res.unrecorded()
 	res.TargetsAttempted, res.TargetsRedriven = 0, 0 // the next attempt counts them again
 	return *res, true, nil
+}
+
+// autoQuarantine is a target a checkpoint quarantines for failing.
+type autoQuarantine struct {
+	target Partition
+	why    string
+	last   *LastError
+}
+
+// recorded is f.recorded for the checkpoint c, which landed: it also logs,
+// at warn, each target it quarantined, so the log says when delivery to a
+// target stopped and why (its failed attempts were logged one by one, and
+// then nothing).
+func (c *checkpointBatch) recorded() FireResult {
+	for _, q := range c.quarantined {
+		attrs := []any{"source", string(c.f.source), "target", string(q.target), "why", q.why}
+		if q.last != nil {
+			attrs = append(attrs, "last_error", q.last.Message)
+		}
+		loggerOr(c.f.h.Logger).Warn("relay target quarantined: release it once the cause is fixed (docs/operations.md)", attrs...)
+	}
+	return c.f.recorded()
 }
 
 // recorded is the result of a fire whose checkpoint landed. The rows it

@@ -98,6 +98,12 @@ func TestTargetCommitsThatFailAreFailedAttempts(t *testing.T) {
 	if n := strings.Count(logs.String(), "level=WARN msg=\"relay target failed: apply"); n != 6 {
 		t.Fatalf("%d WARN lines for 6 failed attempts:\n%s", n, logs.String())
 	}
+	// And one when each target stops: its quarantine, with why.
+	for _, tn := range []string{"t1", "t2"} {
+		if n := strings.Count(logs.String(), "msg=\"relay target quarantined: release it once the cause is fixed (docs/operations.md)\" source=src-a target="+tn+" why=\"3 failed rounds in a row\" last_error="); n != 1 {
+			t.Fatalf("%d WARN lines for %s's quarantine, want 1:\n%s", n, tn, logs.String())
+		}
+	}
 
 	// Room again: a release delivers each row once.
 	full = false
