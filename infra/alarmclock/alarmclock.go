@@ -279,7 +279,11 @@ func (c *Clock) Run(ctx context.Context) error {
 
 	sweep := time.NewTicker(c.cfg.SweepInterval)
 	defer sweep.Stop()
-	c.sweep(ctx)
+	// The first sweep also takes the alarms due before the second: a new
+	// process has none of the timers its predecessor set (a back-off
+	// re-arm, a retry when a claim lapses), and the sweep alone would find
+	// each up to a sweep period late.
+	c.sweepAhead(ctx, c.cfg.SweepInterval.Milliseconds())
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -442,12 +446,16 @@ func (c *Clock) done(src relaycore.Partition, next *pend) {
 }
 
 // sweep fires the store's overdue durable alarms: the safety net.
-func (c *Clock) sweep(ctx context.Context) {
+func (c *Clock) sweep(ctx context.Context) { c.sweepAhead(ctx, 0) }
+
+// sweepAhead is sweep that also schedules the alarms due within ahead ms,
+// each at its due time (checked before it fires, as every swept one is).
+func (c *Clock) sweepAhead(ctx context.Context, ahead int64) {
 	if c.cfg.Index == nil {
 		return
 	}
 	now := c.nowMS()
-	due, err := c.cfg.Index.Due(ctx, now, c.cfg.SweepLimit)
+	due, err := c.cfg.Index.Due(ctx, now+ahead, c.cfg.SweepLimit)
 	if err != nil && ctx.Err() != nil {
 		return // Run is stopping: not a sweep that failed
 	}
@@ -465,9 +473,9 @@ func (c *Clock) sweep(ctx context.Context) {
 		if _, ok := c.dueOf[e.Partition]; ok || c.running[e.Partition] {
 			continue // this clock has it in hand already
 		}
-		// Due now, in this clock's own order: clocks sweeping together
-		// start at different sources.
-		c.schedule(e.Partition, pend{due: now, kind: swept, order: c.sweepOrder(e.Partition)})
+		// Due now (or, looking ahead, when due), in this clock's own
+		// order: clocks sweeping together start at different sources.
+		c.schedule(e.Partition, pend{due: max(now, e.Due), kind: swept, order: c.sweepOrder(e.Partition)})
 	}
 	c.mu.Unlock()
 	if err != nil {

@@ -118,6 +118,32 @@ func TestSweepHealsLostKick(t *testing.T) {
 	}
 }
 
+// fixedClock reads one instant.
+type fixedClock time.Time
+
+func (c fixedClock) Now() time.Time { return time.Time(c) }
+
+// A new process's first sweep also schedules the alarms due before its
+// second sweep: an alarm armed for 2 s later (a back-off whose timer died
+// with the previous process) fires then, not a sweep period late.
+func TestFirstSweepLooksAhead(t *testing.T) {
+	src, dst := mem.New(relaycore.Capabilities{}), mem.New(relaycore.Capabilities{})
+	later := &relaycore.RelayHandler{Source: src, Clock: fixedClock(time.Now().Add(2 * time.Second))}
+	if _, err := later.Enqueue(context.Background(), "a", []relaycore.Row{{Target: "t", Puts: []relaycore.KV{{Key: "k", Value: []byte("v")}}}}, relaycore.EnqueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h := &relaycore.RelayHandler{Source: src, Target: dst}
+	observed := make(chan struct{}, 1024)
+	c := alarmclock.New(alarmclock.Config{
+		Handler: h, Index: src, Source: src, SweepInterval: time.Hour,
+		Observe: func(relaycore.Partition, relaycore.AlarmResult, error) { observed <- struct{}{} },
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go c.Run(ctx)
+	waitDrained(t, c, src, []relaycore.Partition{"a"}, observed)
+}
+
 // Kicks for one source collapse to the earliest; a later kick does not
 // postpone an earlier one.
 func TestKicksCollapse(t *testing.T) {
