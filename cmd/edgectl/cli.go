@@ -546,6 +546,8 @@ func roomLine(p rpc.Peer) string {
 // circuitLine describes a peer's dial circuit in a few words.
 func circuitLine(p rpc.Peer) string {
 	switch {
+	case (p.Circuit == "" || p.Circuit == "closed") && p.NotDialed:
+		return "not dialled since the agent started (nothing owed to it came due)"
 	case p.Circuit == "" || p.Circuit == "closed":
 		return "reachable"
 	case p.Probing:

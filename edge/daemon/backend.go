@@ -41,7 +41,7 @@ func (b backend) Status(context.Context) (rpc.Status, error) {
 	for _, c := range d.ex.Circuits() {
 		p, _ := d.cfg.Peer(c.Peer)
 		rp := rpc.Peer{ID: p.ID, Address: p.Address, Circuit: string(c.State), DialFailures: c.Failures,
-			Probing: c.Probing, LastDialError: c.LastError}
+			Probing: c.Probing, LastDialError: c.LastError, NotDialed: c.NotDialed}
 		if !c.ReopenAt.IsZero() {
 			t := c.ReopenAt
 			rp.ReopenAt = &t

@@ -56,6 +56,10 @@ type Circuit struct {
 	Probing bool
 	// LastError is the last dial failure, kept after the circuit closes.
 	LastError string
+	// NotDialed: this process has not dialled the peer yet (nothing owed
+	// to it has come due since the start), so its closed circuit says
+	// nothing about whether it is reachable.
+	NotDialed bool
 	// Room is the peer's room circuit (full.go): open while it refuses
 	// for want of room, with RoomRefusals consecutive refusing rounds,
 	// until RoomReopenAt (zero when closed).
@@ -207,6 +211,7 @@ func (cs *circuits) state(peer string, now time.Time) Circuit {
 	out := Circuit{Peer: peer, State: CircuitClosed}
 	c := cs.m[peer]
 	if c == nil {
+		out.NotDialed = true
 		return out
 	}
 	out.LastError = c.lastErr

@@ -148,6 +148,39 @@ func (d *countingDialer) setDown(peer string, down bool) {
 	d.down[peer] = down
 }
 
+// A peer this process has not dialled yet is reported as such, not as
+// reachable: after a restart, a peer that is down and owed nothing due
+// showed "reachable" in edgectl status.
+func TestNotDialedUntilDialled(t *testing.T) {
+	f := newFixture(t, ack, ack)
+	ex, err := New(Config{
+		Peers:     map[string]string{"b": f.b.addr(), "d": silenttest.Addr(t)},
+		Condition: ledger.AllPeers,
+		Policy:    ledger.Policy{MaxRetries: 10, Initial: time.Hour, Max: time.Hour},
+		Workers:   1, DialTimeout: 250 * time.Millisecond, AckTimeout: 5 * time.Second,
+		Log: quietLog(t),
+	}, f.a.led, f.a.store, newTransport(t, f.pkiDir, "a", "b", "d"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range ex.Circuits() {
+		if c.State != CircuitClosed || !c.NotDialed {
+			t.Fatalf("before any dial: %+v, want closed and not dialled", c)
+		}
+	}
+	if err := ex.Schedule(f.a.put(t, "s", []byte("s"))); err != nil {
+		t.Fatal(err)
+	}
+	run(t, ex)
+	f.a.waitRecord(t, "s", "b", inState(ledger.StateAcked))
+	waitCond(t, "d dialled and failed", func() bool { return ex.Circuits()[1].State != CircuitClosed })
+	for _, c := range ex.Circuits() {
+		if c.NotDialed {
+			t.Fatalf("after dials to both: %+v still not dialled", c)
+		}
+	}
+}
+
 // TestDeadPeerDoesNotStarveHealthyPeer is the regression for a silent,
 // down peer: one worker, many segments owed to a dead peer d and a
 // healthy peer b. Without the dial circuit every d record costs a dial

@@ -108,6 +108,9 @@ type Peer struct {
 	ReopenAt      *time.Time `json:"reopen_at,omitempty"`
 	Probing       bool       `json:"probing,omitempty"`
 	LastDialError string     `json:"last_dial_error,omitempty"`
+	// NotDialed: the agent has not dialled the peer since it started
+	// (nothing owed to it came due), so a closed circuit is no news of it.
+	NotDialed bool `json:"not_dialed,omitempty"`
 	// Room is the peer's room circuit: open while it refuses segments for
 	// want of room (NACK quota), which postpones them without spending
 	// their retry budget until room_reopen_at; closed (or absent, from an
