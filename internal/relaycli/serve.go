@@ -48,10 +48,14 @@ that they can be read.`,
 				return err
 			}
 			if check {
-				if err := relayserve.CheckStore(cmd.Context(), cfg); err != nil {
+				notes, err := relayserve.CheckStore(cmd.Context(), cfg)
+				if err != nil {
 					return fmt.Errorf("%s: %w", configPath, err)
 				}
-				_, err := fmt.Fprintf(stdout, "%s: ok\n", configPath)
+				for _, n := range notes {
+					fmt.Fprintf(stdout, "%s: %s\n", configPath, n)
+				}
+				_, err = fmt.Fprintf(stdout, "%s: ok\n", configPath)
 				return err
 			}
 			if percent, ok := serveGCPercent(os.Getenv("GOGC")); ok {

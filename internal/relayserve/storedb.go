@@ -64,42 +64,44 @@ func openConfiguredStore(ctx context.Context, cfg Config, log *slog.Logger) (*st
 // (postgres.Verify), on DynamoDB both tables exist with the relay's
 // layout (or create_tables is on) and can be read. `relay serve
 // --check-config` runs it after LoadAndCheck; on bbolt there is nothing
-// more to check than Check did.
-func CheckStore(ctx context.Context, cfg Config) error {
+// more to check than Check did. notes says what the start will do that
+// the check could not (a table create_tables will create).
+func CheckStore(ctx context.Context, cfg Config) (notes []string, err error) {
 	ctx, cancel := context.WithTimeout(ctx, storeOpenTimeout)
 	defer cancel()
 	switch cfg.Store.Type {
 	case StorePostgres:
 		pool, where, err := postgresPool(ctx, cfg.Store.Postgres)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		defer pool.Close()
 		if err := postgres.Verify(ctx, pool); err != nil {
-			return postgresOpenError(where, err)
+			return nil, postgresOpenError(where, err)
 		}
 	case StoreDynamoDB:
 		d := cfg.Store.DynamoDB
 		client, err := dynamoClient(ctx, d)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		for _, table := range []string{d.SourceTable, d.TargetTable} {
 			err := checkDynamoTable(ctx, client, d, table)
 			if errors.As(err, new(*types.ResourceNotFoundException)) && d.CreateTables {
-				continue // the start creates it
+				notes = append(notes, fmt.Sprintf("store.dynamodb: table %s does not exist yet; the start creates it (create_tables)", table))
+				continue
 			}
 			if err != nil {
-				return err
+				return nil, err
 			}
 			// A read of a key no batch writes proves the credentials may
 			// read the table; writes cannot be proven without writing.
 			if _, _, err := dynamo.New(client, table, dynamo.Options{}).Get(ctx, pingPartition, pingKey); err != nil {
-				return fmt.Errorf("store.dynamodb: read table %s: %w", table, err)
+				return nil, fmt.Errorf("store.dynamodb: read table %s: %w", table, err)
 			}
 		}
 	}
-	return nil
+	return notes, nil
 }
 
 // pingPartition and pingKey name an item no batch writes (no source or

@@ -118,7 +118,7 @@ func startRefused(t *testing.T, cfg Config) (start, check error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second) // a hang guard
 	defer cancel()
-	check = CheckStore(ctx, cfg)
+	_, check = CheckStore(ctx, cfg)
 	start = Run(ctx, cfg, Options{})
 	if start == nil || check == nil {
 		t.Fatalf("accepted: start %v, check %v", start, check)
@@ -203,7 +203,7 @@ func TestPostgresRefusedAtStart(t *testing.T) {
 		if _, err := admin.Exec(t.Context(), "GRANT SELECT, INSERT, UPDATE, DELETE ON relay_items TO "+r+"; GRANT SELECT ON relay_schema TO "+r); err != nil {
 			t.Fatal(err)
 		}
-		if err := CheckStore(t.Context(), dbConfig(t, pgStore(as(r)))); err != nil {
+		if _, err := CheckStore(t.Context(), dbConfig(t, pgStore(as(r)))); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -391,8 +391,12 @@ func TestServeOnDynamoDB(t *testing.T) {
 	u, _ := url.Parse(ep.URL)
 	p := newFaultProxy(t, "tcp", u.Host)
 	cfg := dbConfig(t, dynStore(fmt.Sprintf("http://127.0.0.1:%d", p.addr().Port), ", create_tables: true"))
-	if err := CheckStore(t.Context(), cfg); err != nil {
+	notes, err := CheckStore(t.Context(), cfg)
+	if err != nil {
 		t.Fatalf("check-config before the tables exist, with create_tables: %v", err)
+	}
+	if len(notes) != 2 || !strings.Contains(notes[0], "table relay-source does not exist yet; the start creates it") {
+		t.Fatalf("check-config notes %q: want both tables named as to be created", notes)
 	}
 	serveAndDeliver(t, cfg, "point-in-time recovery")
 	cancel, done, url, logs := runServer(t, cfg, nil)
@@ -513,7 +517,7 @@ func TestDynamoDBRefusedAtStart(t *testing.T) {
 		}
 		// The scan needs no index: the same tables are fine then.
 		cfg.Store.DynamoDB.DueIndex = "scan"
-		if err := CheckStore(t.Context(), cfg); err != nil {
+		if _, err := CheckStore(t.Context(), cfg); err != nil {
 			t.Fatal(err)
 		}
 	})

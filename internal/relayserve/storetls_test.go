@@ -48,7 +48,7 @@ func TestPostgresTLS(t *testing.T) {
 	}
 
 	cfg := dbConfig(t, pgStore(c.TCPDSN(db, c.CAFile())))
-	if err := CheckStore(t.Context(), cfg); err != nil {
+	if _, err := CheckStore(t.Context(), cfg); err != nil {
 		t.Fatalf("check-config with the right CA: %v", err)
 	}
 	cancel, done, url, _ := runServer(t, cfg, nil)
