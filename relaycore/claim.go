@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/relay-dev/relay/relaycore/internal/layout"
@@ -45,6 +46,83 @@ func readOSHold(ctx context.Context, st Store, source Partition) (os OutboxState
 	return os, q, osFound, err
 }
 
+// claimReads are what a claim reads beside rs, os and q, and when.
+type claimReads struct {
+	// side, when set, is a read of the caller's own (a fire's due retry
+	// markers) made with the read of os and q, at the same time: a
+	// request's latency in front of the fire instead of two. It may run
+	// more than once (never twice at once) and keeps only its last
+	// result.
+	side func() error
+	// early: the caller expects rs to show its own claim, kept from its
+	// previous fire (an alarm's fires after the first), so os, q and side
+	// are read at the same time as rs, not after it. Nobody else writes q
+	// or the markers while rs shows the caller's claim (every such write
+	// is made under a claim and guarded on rs), so what they read is
+	// current; when rs shows anything else, they are read again after rs,
+	// as for a claim that is not kept.
+	early bool
+}
+
+// headRead is the read of os and q (and the claim's side read) in front of
+// a claim.
+type headRead struct {
+	os      OutboxState
+	q       holdSummary
+	osFound bool
+	err     error
+}
+
+// readRS reads rs and, when early, the head (into *head) at the same time.
+// A handler that makes one store call at a time (overlapReads) reads the
+// head first: of the orders the calls can take at once, the one where a
+// write may fall between them, which the deterministic simulation then
+// explores.
+func (h *RelayHandler) readRS(ctx context.Context, source Partition, side func() error, early bool, head *headRead) ([]byte, bool, error) {
+	if !early {
+		return h.Source.Get(ctx, source, KeyRS)
+	}
+	if !h.overlapReads() {
+		*head = h.readHead(ctx, source, side)
+		return h.Source.Get(ctx, source, KeyRS)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		*head = h.readHead(ctx, source, side)
+	}()
+	raw, found, err := h.Source.Get(ctx, source, KeyRS)
+	<-done // always awaited: side must not run twice at once
+	return raw, found, err
+}
+
+// readHead reads os and q and side: at the same time, unless the handler
+// makes one store call at a time (then side goes second).
+func (h *RelayHandler) readHead(ctx context.Context, source Partition, side func() error) headRead {
+	var sideErr error
+	var wg sync.WaitGroup
+	overlap := side != nil && h.overlapReads()
+	if overlap {
+		wg.Go(func() { sideErr = side() })
+	}
+	var hr headRead
+	hr.os, hr.q, hr.osFound, hr.err = readOSHold(ctx, h.Source, source)
+	wg.Wait()
+	if side != nil && !overlap && hr.err == nil {
+		sideErr = side()
+	}
+	if hr.err == nil {
+		hr.err = sideErr
+	}
+	return hr
+}
+
+// overlapReads reports whether a fire may have several store calls in
+// flight: with DeliverConcurrency above 1. At 0 or 1 every call of a fire
+// is made one after another, the original design's fire, and what the
+// deterministic simulation needs (it runs one store call at a time).
+func (h *RelayHandler) overlapReads() bool { return h.DeliverConcurrency > 1 }
+
 // claim reads rs, os and q and takes the source's fire claim, starting a
 // new cycle when rs is absent or completed (unless keepCycle: an operator
 // action claims without touching the cycle). busy reports another live
@@ -52,14 +130,16 @@ func readOSHold(ctx context.Context, st Store, source Partition) (os OutboxState
 // claim was lost to races). Before it returns, no ghost of rs.gone is
 // left (gone.go): it deletes them, unless memo says the caller's alarm
 // did, and a claim it writes clears the list.
-func (h *RelayHandler) claim(ctx context.Context, source Partition, token string, now int64, keepCycle bool, memo *goneMemo) (claimed, bool, error) {
+func (h *RelayHandler) claim(ctx context.Context, source Partition, token string, now int64, keepCycle bool, memo *goneMemo, reads claimReads) (claimed, bool, error) {
 	// unknown is the latest claim write whose outcome was unknown and
 	// which had not landed: attempts that all end so are a store that
 	// does not commit (a full disk), an error, not a busy source (which
 	// the host would count and log as nothing wrong).
 	var unknown error
 	for attempt := 0; attempt < 4; attempt++ {
-		raw, found, err := h.Source.Get(ctx, source, KeyRS)
+		early := reads.early && attempt == 0
+		var head headRead
+		raw, found, err := h.readRS(ctx, source, reads.side, early, &head)
 		if err != nil {
 			return claimed{}, false, fmt.Errorf("claim %s: read rs: %w", source, err)
 		}
@@ -72,8 +152,13 @@ func (h *RelayHandler) claim(ctx context.Context, source Partition, token string
 		if c := rs.Claim; c != nil && c.Owner != token && c.UntilMS > now {
 			return claimed{rs: claimedRS{RelayState: rs}}, true, nil
 		}
-		os, q, osFound, err := readOSHold(ctx, h.Source, source)
-		if err != nil {
+		if !early || rs.Claim == nil || rs.Claim.Owner != token {
+			// Read after rs: a claim written on this rs lands only if
+			// nothing guarded on rs (q, the markers) changed since.
+			head = h.readHead(ctx, source, reads.side)
+		}
+		os, q, osFound := head.os, head.q, head.osFound
+		if err := head.err; err != nil {
 			return claimed{}, false, fmt.Errorf("claim %s: %w", source, err)
 		}
 		if !found && !osFound && !keepCycle {
@@ -186,7 +271,14 @@ func (h *RelayHandler) releaseClaim(ctx context.Context, source Partition, token
 func (f *fireRun) claim() (busy bool, err error) {
 	h, res := f.h, f.res
 	now := unixMS(h.clock().Now())
-	start, busy, err := h.claim(f.ctx, f.source, f.token, now, false, f.memo)
+	f.b, f.now = h.budget(), now
+	side := func() error {
+		var err error
+		f.nextDue, f.dueLeft = 0, false
+		f.markers, err = f.dueMarkers()
+		return err
+	}
+	start, busy, err := h.claim(f.ctx, f.source, f.token, now, false, f.memo, claimReads{side: side, early: f.early})
 	if f.unknown = start.unknown; f.unknown {
 		return false, nil
 	}

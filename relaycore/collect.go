@@ -13,10 +13,7 @@ import (
 // fill the checkpoint could starve the healthy targets behind them, and a
 // busy outbox could starve a redrive.
 func (f *fireRun) collect() error {
-	markers, err := f.dueMarkers()
-	if err != nil {
-		return err
-	}
+	markers := f.markers // read with the claim (fireRun.claim)
 	if len(markers) == 0 {
 		return f.scan(f.b.TargetsPerFire, f.b.RowsPerFire)
 	}

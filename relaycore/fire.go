@@ -53,6 +53,8 @@ func (h *RelayHandler) fire(ctx context.Context, source Partition, token string,
 // safe). spent carries the budget used by earlier attempts.
 func (h *RelayHandler) fireOnce(ctx context.Context, source Partition, token string, keep bool, spent *fireSpend, memo *goneMemo) (res FireResult, retry bool, err error) {
 	f := &fireRun{h: h, ctx: ctx, source: source, token: token, keep: keep, spent: spent, res: &res, memo: memo}
+	f.early, memo.kept = memo.kept, false
+	defer func() { memo.kept = f.landed && keep && res.continues() }()
 	// claim.go: take the source's claim (or meet a live one: busy) and
 	// read rs, os and q.
 	if busy, err := f.claim(); err != nil || busy || f.unknown {
@@ -88,13 +90,16 @@ type fireRun struct {
 	// unknown: the source has neither rs nor os (claimed.unknown); the
 	// attempt ends at once, having written nothing.
 	unknown bool
-	b       RelayBudget
-	now     int64
-	caps    Capabilities
-	res     *FireResult
-	spent   *fireSpend
-	start   claimed
-	cur     RelayState
+	// early: the alarm's previous fire kept the claim for this one
+	// (claimReads.early).
+	early bool
+	b     RelayBudget
+	now   int64
+	caps  Capabilities
+	res   *FireResult
+	spent *fireSpend
+	start claimed
+	cur   RelayState
 
 	recs map[Partition]*recSlot // target records read this attempt
 
@@ -112,6 +117,8 @@ type fireRun struct {
 	// more to do); nextDue: the earliest marker not yet due.
 	dueLeft bool
 	nextDue int64
+	// markers: the due retry markers, read with the claim.
+	markers []dueMarker
 	// heldFirst: due held rows went first this fire (collect's turns);
 	// the checkpoint records it in rs when held rows were due.
 	heldFirst bool

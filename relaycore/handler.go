@@ -51,8 +51,11 @@ type RelayHandler struct {
 	// Worth it on a store whose concurrent commits share an fsync
 	// (infra/bolt's group commit), where a fire's target batches then cost
 	// about one commit instead of one each. With more than 1 the Hook is
-	// called concurrently for different targets. The deterministic
-	// simulation runs with 1.
+	// called concurrently for different targets, and a fire also makes
+	// its independent reads at once (rs, os and q, its due retry markers:
+	// a request's latency in front of each fire instead of three). At 0
+	// or 1 every store call of a fire is made one after another; the
+	// deterministic simulation runs so.
 	DeliverConcurrency int
 	// IdleTargetTTL is how long a target with nothing pending or held,
 	// active and without a failure run must see no activity (no rows

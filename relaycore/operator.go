@@ -131,7 +131,7 @@ func (h *RelayHandler) operate(ctx context.Context, source Partition, fn func(o 
 	}
 	now := unixMS(h.clock().Now())
 	token := opTokenPrefix + newNonce()
-	start, busy, err := h.claim(ctx, source, token, now, true, nil)
+	start, busy, err := h.claim(ctx, source, token, now, true, nil, claimReads{})
 	if err != nil {
 		h.releaseClaim(ctx, source, token) // an ambiguous claim write may have landed
 		return err
