@@ -3,9 +3,11 @@ package dynamo
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/relay-dev/relay/relaycore"
 )
@@ -32,7 +34,8 @@ const MaxBatchWriteItems = 25
 // that processes none of them counts as a failed attempt of the
 // RetryPolicy. When the attempts run out the error wraps
 // ErrRetriesExhausted and relaycore.ErrUnavailable, and any subset of the
-// keys may have been deleted.
+// keys may have been deleted (the requests run at once: one failing
+// cancels those still in flight).
 func (s *Store) DeleteLoose(ctx context.Context, p relaycore.Partition, keys []string) error {
 	if len(keys) == 0 {
 		return nil
@@ -52,15 +55,24 @@ func (s *Store) DeleteLoose(ctx context.Context, p relaycore.Partition, keys []s
 		seen[k] = struct{}{}
 		todo = append(todo, k)
 	}
-	for len(todo) > 0 {
-		n := min(len(todo), MaxBatchWriteItems)
-		if err := s.batchDelete(ctx, p, todo[:n]); err != nil {
-			return fmt.Errorf("delete loose %s: %w", p, err)
-		}
-		todo = todo[n:]
+	// The requests go at once, up to looseDeletesInFlight: a fire that
+	// finished 32 one-row pages waits for one request's latency, not two.
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(looseDeletesInFlight)
+	for chunk := range slices.Chunk(todo, MaxBatchWriteItems) {
+		g.Go(func() error { return s.batchDelete(gctx, p, chunk) })
+	}
+	if err := g.Wait(); err != nil {
+		return fmt.Errorf("delete loose %s: %w", p, err)
 	}
 	return nil
 }
+
+// looseDeletesInFlight bounds the BatchWriteItem requests one DeleteLoose
+// has in flight: a checkpoint's deletes are a few hundred keys at most, so
+// four requests send them in one or two round trips without one call
+// taking the HTTP client's connections from the rest of the process.
+const looseDeletesInFlight = 4
 
 // batchDelete deletes up to MaxBatchWriteItems distinct keys, following
 // UnprocessedItems until every key was processed.

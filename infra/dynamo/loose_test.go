@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -66,6 +67,59 @@ func (f *batchWriteRT) sent() string {
 	return fmt.Sprint(f.keys)
 }
 
+// sentSorted is sent in ascending order: the requests of one DeleteLoose
+// reach the server in any order.
+func (f *batchWriteRT) sentSorted() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return fmt.Sprint(slices.Sorted(slices.Values(f.keys)))
+}
+
+// barrierRT holds every BatchWriteItem until want of them are in flight at
+// once, then lets them all through: DeleteLoose hangs on it unless it
+// sends that many requests at the same time.
+type barrierRT struct {
+	next http.RoundTripper
+	want int
+
+	mu      sync.Mutex
+	waiting int
+	open    chan struct{}
+}
+
+func (b *barrierRT) RoundTrip(r *http.Request) (*http.Response, error) {
+	if _, ok, err := readBody(r, "BatchWriteItem"); !ok || err != nil {
+		if err != nil {
+			return nil, err
+		}
+		return b.next.RoundTrip(r)
+	}
+	b.mu.Lock()
+	if b.waiting++; b.waiting == b.want {
+		close(b.open)
+	}
+	b.mu.Unlock()
+	select {
+	case <-b.open:
+	case <-r.Context().Done():
+		return nil, r.Context().Err()
+	}
+	return b.next.RoundTrip(r)
+}
+
+// A checkpoint's deletes of more than 25 pages wait for one request's
+// latency, not one per 25: DeleteLoose sends its BatchWriteItem requests
+// at once (up to 4), which the barrier, letting none through before three
+// arrive, requires.
+func TestDeleteLooseSendsRequestsAtOnce(t *testing.T) {
+	r := newRig(t, &barrierRT{next: http.DefaultTransport, want: 3, open: make(chan struct{})}, 3)
+	keys := r.fill(t, 70)
+	if err := r.store.DeleteLoose(t.Context(), "p", keys[:70]); err != nil {
+		t.Fatal(err)
+	}
+	wantLeft(t, r.store, "p", keys)
+}
+
 func newLooseRig(t *testing.T, maxAttempts int) *rig[*batchWriteRT] {
 	t.Helper()
 	return newRig(t, &batchWriteRT{next: http.DefaultTransport}, maxAttempts)
@@ -102,8 +156,9 @@ func TestDeleteLooseSplitsAndDedupes(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantLeft(t, r.store, "p", keys, 60, 61)
-	if got := r.rt.sent(); got != "[25 25 11]" {
-		t.Fatalf("deletes per BatchWriteItem %s, want [25 25 11]", got)
+	// The requests go at once, so they reach the server in any order.
+	if got := r.rt.sentSorted(); got != "[11 25 25]" {
+		t.Fatalf("deletes per BatchWriteItem %s, want 25, 25 and 11", got)
 	}
 	st := r.store.Stats()
 	if st.BatchWriteItem != 3 || st.LooseDeletes != 61 || st.Retries != 0 || st.TransactWriteItems != 2 {
