@@ -7,9 +7,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/relay-dev/relay/lambda/env"
 	"github.com/relay-dev/relay/lambda/fire"
@@ -210,6 +212,38 @@ func TestContinuationHopsParameter(t *testing.T) {
 	}
 	if _, ok := at(t, raw, "Globals", "Function", "Environment", "Variables").(map[string]any)["CONTINUATION_HOPS"]; ok {
 		t.Error("CONTINUATION_HOPS is in Globals; only the fire function continues")
+	}
+}
+
+// TestDrainSliceParameter: DrainSlice's default is lambda/env's, its
+// pattern admits exactly lambda/env's range in whole seconds, and only the
+// fire function receives it.
+func TestDrainSliceParameter(t *testing.T) {
+	raw := loadRaw(t)
+	p := at(t, raw, "Parameters", "DrainSlice")
+	if got := at(t, p, "Default"); got != env.DefaultDrainSlice.String() {
+		t.Errorf("DrainSlice.Default = %v, want %s", got, env.DefaultDrainSlice)
+	}
+	re := regexp.MustCompile(at(t, p, "AllowedPattern").(string))
+	for s := 0; s <= 40; s++ {
+		v := fmt.Sprintf("%ds", s)
+		if want := time.Duration(s)*time.Second <= env.MaxDrainSlice; re.MatchString(v) != want {
+			t.Errorf("DrainSlice pattern on %q: %v, want %v", v, !want, want)
+		}
+	}
+	for _, v := range []string{"", "5", "05s", "5m", "-1s", "1.5s"} {
+		if re.MatchString(v) {
+			t.Errorf("DrainSlice pattern admits %q", v)
+		}
+	}
+	for id := range functionDirs {
+		got, has := functionVars(t, raw, id)["DRAIN_SLICE"]
+		switch {
+		case id == fireFunctionID && got != "${DrainSlice}":
+			t.Errorf("FireFunction DRAIN_SLICE = %v, want !Ref DrainSlice", got)
+		case id != fireFunctionID && has:
+			t.Errorf("%s sets DRAIN_SLICE; only the fire function drains", id)
+		}
 	}
 }
 

@@ -44,6 +44,7 @@ const (
 	VarSchedulerEndpoint  = "RELAY_SCHEDULER_ENDPOINT" // optional base URL (sam local, tests)
 	VarLambdaEndpoint     = "RELAY_LAMBDA_ENDPOINT"    // optional base URL for continuations (tests)
 	VarContinuationHops   = "CONTINUATION_HOPS"        // 0..fire.MaxContinuationHops (default fire.DefaultMaxHops)
+	VarDrainSlice         = "DRAIN_SLICE"              // a Go duration, 0s..30s (default DefaultDrainSlice)
 	VarFastKick           = "FAST_KICK"                // true | false (default true): the api function's fast kick
 	VarDeliverConcurrency = "DELIVER_CONCURRENCY"      // 1..MaxDeliverConcurrency (default DefaultDeliverConcurrency)
 	VarIdleTargetTTL      = "IDLE_TARGET_TTL"          // a Go duration, 1h..87600h, or 0h: never (default 168h)
@@ -54,16 +55,32 @@ const (
 )
 
 // DefaultDeliverConcurrency is how many targets of a fire the fire and
-// sweep functions deliver at once (relaycore.RelayHandler.DeliverConcurrency,
-// as relay serve does): a fire's target batches are network round trips to
-// DynamoDB, so overlapping them divides a fire's time by up to this much.
-// Budgets and each target's order are unchanged (docs/engine.md).
-const DefaultDeliverConcurrency = 8
+// sweep functions deliver at once (relaycore.RelayHandler.DeliverConcurrency):
+// all of them, the plan's targets per fire (8 Free, 32 Paid). A fire's
+// target batches are network round trips to DynamoDB, each to a partition
+// of its own, so overlapping them all makes the fire's delivery about one
+// round trip long; the rest of a fire (its reads, its checkpoint) is a
+// handful of round trips, and with fewer at once delivery stays most of
+// it (docs/benchmarks.md, the burst). Budgets and each target's order are
+// unchanged (docs/engine.md).
+const DefaultDeliverConcurrency = MaxDeliverConcurrency
 
 // MaxDeliverConcurrency bounds DELIVER_CONCURRENCY: the paid plan's targets
-// per fire (more could never overlap) and well within the SDK's default
-// connection pool.
+// per fire (more could never overlap). The functions' HTTP client keeps
+// that many connections to DynamoDB open and some (idleConnsPerHost).
 const MaxDeliverConcurrency = 32
+
+// DefaultDrainSlice is DRAIN_SLICE's default (lambda/fire.Handler.DrainSlice):
+// how long a fire invocation keeps running alarms for a draining source
+// before it hands over to the next hop. A chain of 13 invocations then
+// drains for over a minute before it waits for a schedule, and an
+// invocation holds its execution environment, which other sources' events
+// wait for when the reserved concurrency is in use, for about five
+// seconds and an alarm.
+const DefaultDrainSlice = 5 * time.Second
+
+// MaxDrainSlice bounds DRAIN_SLICE: half the fire function's 60 s timeout.
+const MaxDrainSlice = 30 * time.Second
 
 // DefaultIdleTargetTTL is IDLE_TARGET_TTL's default, the engine's: a week.
 const DefaultIdleTargetTTL = 7 * 24 * time.Hour
@@ -92,6 +109,10 @@ type Config struct {
 	// ContinuationHops bounds the fire function's self-invocations per
 	// kick (lambda/fire); 0 turns them off. Only the fire function uses it.
 	ContinuationHops int
+	// DrainSlice is lambda/fire.Handler.DrainSlice: how long one fire
+	// invocation runs alarms for a source that continues before it hands
+	// over to the next hop (0: one alarm per invocation).
+	DrainSlice time.Duration
 	// FastKick: the api function starts a fire due now with an async
 	// invoke of the fire function (lambdainvoke.Kicker), falling back to
 	// Scheduler; false kicks through Scheduler only (before the fast
@@ -182,6 +203,16 @@ func Parse(getenv func(string) string) (Config, error) {
 			bad("%s=%q: want an integer 0..%d", VarContinuationHops, v, fire.MaxContinuationHops)
 		} else {
 			c.ContinuationHops = n
+		}
+	}
+
+	c.DrainSlice = DefaultDrainSlice
+	if v := get(VarDrainSlice); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 || d > MaxDrainSlice {
+			bad("%s=%q: want a duration 0s..%s (0s: one alarm per invocation)", VarDrainSlice, v, MaxDrainSlice)
+		} else {
+			c.DrainSlice = d
 		}
 	}
 

@@ -72,6 +72,9 @@ func TestParseRefuses(t *testing.T) {
 		{"no concurrency", func(m map[string]string) { m[VarDeliverConcurrency] = "0" }, []string{`DELIVER_CONCURRENCY="0": want an integer 1..32`}},
 		{"concurrency above the paid plan's targets", func(m map[string]string) { m[VarDeliverConcurrency] = "33" }, []string{`DELIVER_CONCURRENCY="33"`}},
 		{"concurrency not a number", func(m map[string]string) { m[VarDeliverConcurrency] = "lots" }, []string{`DELIVER_CONCURRENCY="lots"`}},
+		{"drain slice above half the timeout", func(m map[string]string) { m[VarDrainSlice] = "31s" }, []string{`DRAIN_SLICE="31s": want a duration 0s..30s`}},
+		{"negative drain slice", func(m map[string]string) { m[VarDrainSlice] = "-1s" }, []string{`DRAIN_SLICE="-1s"`}},
+		{"drain slice without a unit", func(m map[string]string) { m[VarDrainSlice] = "5" }, []string{`DRAIN_SLICE="5"`}},
 		{"metrics namespace", func(m map[string]string) { m[VarMetricsNamespace] = "AWS/Lambda" }, []string{`METRICS_NAMESPACE="AWS/Lambda"`}},
 		{"metrics stack", func(m map[string]string) { m[VarMetricsStack] = "caf\u00e9" }, []string{"METRICS_STACK", "dimension value"}},
 		{"metrics per source", func(m map[string]string) { m[VarMetricsPerSource] = "yes" }, []string{`METRICS_PER_SOURCE="yes": want true or false`}},
@@ -107,8 +110,21 @@ func TestParseContinuationHops(t *testing.T) {
 	}
 }
 
+// DRAIN_SLICE: 5 s by default, 0s: one alarm per invocation.
+func TestParseDrainSlice(t *testing.T) {
+	for in, want := range map[string]time.Duration{"": DefaultDrainSlice, "0s": 0, "1500ms": 1500 * time.Millisecond, "30s": MaxDrainSlice} {
+		m := valid()
+		m[VarDrainSlice] = in
+		c, err := Parse(getenv(m))
+		if err != nil || c.DrainSlice != want {
+			t.Errorf("DRAIN_SLICE=%q: %v, %v; want %v", in, c.DrainSlice, err, want)
+		}
+	}
+}
+
 // TestParseFastKickAndConcurrency: FAST_KICK defaults to true (false is
-// the Scheduler-only kick), DELIVER_CONCURRENCY to 8.
+// the Scheduler-only kick), DELIVER_CONCURRENCY to all of a fire's
+// targets (32).
 func TestParseFastKickAndConcurrency(t *testing.T) {
 	for in, want := range map[string]bool{"": true, "true": true, " TRUE ": true, "false": false, "False": false} {
 		m := valid()
@@ -261,5 +277,16 @@ func TestHandlers(t *testing.T) {
 	}
 	if s := d.SweepHandler(); s.Metrics != d.Metrics || s.Kicker != d.Kicker || s.Relay != d.Relay {
 		t.Errorf("sweep handler %+v not on the wired deps", s)
+	}
+}
+
+// TestHTTPClientKeepsAFiresConnections: the client Load gives the SDK
+// keeps, idle, a connection for every request a fire has in flight at
+// once (every target of a Paid fire and its own reads), where the SDK's
+// default keeps 10 and closes the rest after each fire.
+func TestHTTPClientKeepsAFiresConnections(t *testing.T) {
+	tr := HTTPClient().GetTransport()
+	if tr.MaxIdleConnsPerHost < MaxDeliverConcurrency+4 || tr.MaxIdleConns < tr.MaxIdleConnsPerHost {
+		t.Errorf("MaxIdleConnsPerHost %d, MaxIdleConns %d: want room for %d target batches and a fire's reads", tr.MaxIdleConnsPerHost, tr.MaxIdleConns, MaxDeliverConcurrency)
 	}
 }

@@ -35,11 +35,12 @@ func (d *Deps) APIHandler(getenv func(string) string) (*api.Handler, error) {
 		Takedowns: d.Takedowns, NodeOf: NodeOf(d.Config.HoldNodes)}, nil
 }
 
-// FireHandler is the fire function's handler: one alarm per event,
-// continuing through Invoker up to CONTINUATION_HOPS.
+// FireHandler is the fire function's handler: alarms for the event's
+// source for up to DRAIN_SLICE, continuing through Invoker up to
+// CONTINUATION_HOPS.
 func (d *Deps) FireHandler() *fire.Handler {
-	return &fire.Handler{Relay: d.Relay, Logger: d.Logger, Continue: d.Invoker, MaxHops: d.Config.ContinuationHops, Clock: d.Clock, Metrics: d.Metrics,
-		Takedowns: d.Takedowns}
+	return &fire.Handler{Relay: d.Relay, Logger: d.Logger, Continue: d.Invoker, MaxHops: d.Config.ContinuationHops, DrainSlice: d.Config.DrainSlice,
+		Clock: d.Clock, Metrics: d.Metrics, Takedowns: d.Takedowns}
 }
 
 // SweepHandler is the sweep function's handler: every overdue alarm fired

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
@@ -71,6 +73,22 @@ const schedulerAttempts = 2
 // the same reason: the alarm's Scheduler kick covers a lost one.
 const lambdaAttempts = 2
 
+// idleConnsPerHost is how many idle connections the functions' HTTP client
+// keeps to one host (the SDK's default is 10): a fire's DynamoDB requests
+// in flight at once, up to MaxDeliverConcurrency target batches beside its
+// own reads and deletes, so that each fire reuses its connections instead
+// of opening (TLS handshakes and all) those beyond ten again.
+const idleConnsPerHost = MaxDeliverConcurrency + 16
+
+// HTTPClient is the AWS SDK's default HTTP client, keeping
+// idleConnsPerHost idle connections to each host.
+func HTTPClient() *awshttp.BuildableClient {
+	return awshttp.NewBuildableClient().WithTransportOptions(func(t *http.Transport) {
+		t.MaxIdleConnsPerHost = idleConnsPerHost
+		t.MaxIdleConns = max(t.MaxIdleConns, 2*idleConnsPerHost)
+	})
+}
+
 // Load parses the environment through getenv and wires the dependencies,
 // logging JSON to logOut. AWS credentials come from the SDK's default
 // chain (in Lambda: the function role's variables).
@@ -79,7 +97,7 @@ func Load(ctx context.Context, getenv func(string) string, logOut io.Writer) (*D
 	if err != nil {
 		return nil, err
 	}
-	awsCfg, err := config.LoadDefaultConfig(ctx, config.WithRegion(cfg.Region))
+	awsCfg, err := config.LoadDefaultConfig(ctx, config.WithRegion(cfg.Region), config.WithHTTPClient(HTTPClient()))
 	if err != nil {
 		return nil, fmt.Errorf("load aws config: %w", err)
 	}

@@ -1,4 +1,4 @@
-// Package fire is the fire function's handler: one alarm for one source.
+// Package fire is the fire function's handler: alarms for one source.
 //
 // An alarm schedule (or a re-arm, or the sweep's re-kick) invokes the
 // function with {"source":"<id>"}. The handler runs
@@ -17,6 +17,15 @@
 // Scheduler kick stay as they are: the continuation is best effort, and a
 // duplicate fire (continuation and schedule) is harmless because of the
 // engine's fire claim.
+//
+// Draining in the invocation. A hop costs an invocation and Lambda's async
+// queue delay for every alarm, and a chain ends after 1+MaxHops of them:
+// a backlog bigger than that many alarms' budget then waited for a
+// schedule (up to about a minute) between chains. So an invocation whose
+// alarm continues runs the source's next alarm itself, for up to
+// DrainSlice (and never into the last three alarms' worth of its
+// deadline), and only then queues the next hop. Each alarm keeps its
+// budget, its claim and its re-arm; only where the next one runs changes.
 //
 // The chain is bounded three ways, so a bug cannot loop forever:
 //   - hops: an invocation started by a schedule, the sweep or an operator is
@@ -50,6 +59,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/relay-dev/relay/lambda/event"
 	"github.com/relay-dev/relay/lambda/metrics"
@@ -90,6 +100,11 @@ type Handler struct {
 	Continue Continuer
 	// MaxHops bounds continuations per kick (0..MaxContinuationHops).
 	MaxHops int
+	// DrainSlice is how long one invocation goes on running alarms for a
+	// source that continues before it hands over to the next hop (0: one
+	// alarm per invocation). Only with continuation on (Continue set,
+	// MaxHops above 0): a chain is then 1+MaxHops slices of draining.
+	DrainSlice time.Duration
 	// Clock tells whether the re-armed alarm is already due; nil means
 	// relaycore.SystemClock. Use the RelayHandler's clock.
 	Clock relaycore.Clock
@@ -119,8 +134,9 @@ type Event struct {
 // discard it; it is there for `sam local invoke`, tests and logs.
 type Result struct {
 	Source string `json:"source"`
-	// Fires run by this alarm; Busy means another invocation held the
-	// source's claim and this one stepped aside without delivering.
+	// Fires run by the invocation's alarms; Busy means another invocation
+	// held the source's claim and this one's last alarm stepped aside
+	// without delivering.
 	Fires int  `json:"fires"`
 	Busy  bool `json:"busy,omitempty"`
 	// RowsDelivered are the rows the alarm's fires recorded as delivered
@@ -135,6 +151,10 @@ type Result struct {
 	// Otherwise NextDueMS is the re-armed alarm's due time (0 when Busy).
 	Cleared   bool  `json:"cleared,omitempty"`
 	NextDueMS int64 `json:"next_due_ms,omitempty"`
+	// Alarms is how many alarms the invocation ran (DrainSlice); the
+	// figures above are their sums, Busy, TargetsBlock, Cleared and
+	// NextDueMS the last one's.
+	Alarms int `json:"alarms"`
 	// Hop is the event's hop; Continued means this invocation queued the
 	// next hop (an async invoke Lambda accepted).
 	Hop       int  `json:"hop,omitempty"`
@@ -179,45 +199,88 @@ func (h *Handler) Handle(ctx context.Context, payload json.RawMessage) (Result, 
 		log.Warn("fire event refused", "err", err)
 		return Result{}, err
 	}
-	ar, err := h.Relay.Alarm(ctx, src)
-	res := Result{
-		Source: string(src), Fires: ar.Fires, Busy: ar.Busy,
-		RowsDelivered: ar.RowsDelivered, RowsCleaned: ar.RowsCleaned,
-		TargetCalls: ar.TargetCalls, TargetsBlock: ar.TargetsBlock,
-		Cleared: ar.Cleared, NextDueMS: ar.NextDueMS, Hop: ev.Hop,
-	}
-	log = log.With("source", string(src), "hop", ev.Hop, "fires", res.Fires, "busy", res.Busy,
-		"rows_delivered", res.RowsDelivered, "target_calls", res.TargetCalls,
-		"cleared", res.Cleared, "next_due_ms", res.NextDueMS)
-	if err != nil {
-		log.Error("relay alarm failed; the durable alarm stays for a retry or the sweep", "err", err)
-		h.Metrics.Alarm(ctx, metrics.AlarmOutcome{Source: src, Result: ar, Err: err})
-		return res, err
-	}
-	if h.Continue != nil && ev.Hop < min(h.MaxHops, MaxContinuationHops) && ShouldContinue(ar, h.nowMS()) {
-		if cerr := h.Continue.Continue(ctx, src, ev.Hop+1); cerr != nil {
-			log.Warn("relay continuation failed; the alarm's schedule or the sweep continues the source", "err", cerr)
-		} else {
-			res.Continued = true
-		}
-	}
-	log.Info("relay alarm done", "continued", res.Continued)
-	h.Metrics.Alarm(ctx, metrics.AlarmOutcome{Source: src, Result: ar})
-	if h.Takedowns != nil && takedowns.Reserved(string(src)) && ar.RowsDelivered > 0 {
-		r, err := h.Takedowns.Run(ctx)
+	res := Result{Source: string(src), Hop: ev.Hop}
+	clk := h.clock()
+	start := clk.Now()
+	var longest time.Duration
+	for {
+		began := clk.Now()
+		ar, err := h.Relay.Alarm(ctx, src)
+		res.add(ar)
+		alog := log.With("source", string(src), "hop", ev.Hop, "alarm", res.Alarms, "fires", ar.Fires, "busy", ar.Busy,
+			"rows_delivered", ar.RowsDelivered, "target_calls", ar.TargetCalls,
+			"cleared", ar.Cleared, "next_due_ms", ar.NextDueMS)
 		if err != nil {
-			log.Warn("takedown owner: pass after the alarm failed; the sweep's pass starts over", "err", err)
-		} else {
-			log.Info("takedown owner: pass", "ordered", r.Ordered, "late_requests", r.LateRequests, "pending", r.Pending, "overdue", r.Overdue)
+			alog.Error("relay alarm failed; the durable alarm stays for a retry or the sweep", "err", err)
+			h.Metrics.Alarm(ctx, metrics.AlarmOutcome{Source: src, Result: ar, Err: err})
+			return res, err
+		}
+		now := clk.Now()
+		longest = max(longest, now.Sub(began))
+		more := h.Continue != nil && h.MaxHops > 0 && ShouldContinue(ar, now.UnixMilli())
+		drain := more && h.drainOn(ctx, now, start, longest)
+		if more && !drain && ev.Hop < min(h.MaxHops, MaxContinuationHops) {
+			if cerr := h.Continue.Continue(ctx, src, ev.Hop+1); cerr != nil {
+				alog.Warn("relay continuation failed; the alarm's schedule or the sweep continues the source", "err", cerr)
+			} else {
+				res.Continued = true
+			}
+		}
+		alog.Info("relay alarm done", "continued", res.Continued, "drains_on", drain)
+		h.Metrics.Alarm(ctx, metrics.AlarmOutcome{Source: src, Result: ar})
+		h.takedownPass(ctx, alog, src, ar)
+		if !drain {
+			return res, nil
 		}
 	}
-	return res, nil
 }
 
-func (h *Handler) nowMS() int64 {
-	c := h.Clock
-	if c == nil {
-		c = relaycore.SystemClock{}
+// add adds alarm ar's figures to r; r's outcome (busy, blocked, cleared,
+// next due) becomes ar's, the invocation's last alarm.
+func (r *Result) add(ar relaycore.AlarmResult) {
+	r.Alarms++
+	r.Fires += ar.Fires
+	r.RowsDelivered += ar.RowsDelivered
+	r.RowsCleaned += ar.RowsCleaned
+	r.TargetCalls += ar.TargetCalls
+	r.Busy, r.TargetsBlock, r.Cleared, r.NextDueMS = ar.Busy, ar.TargetsBlock, ar.Cleared, ar.NextDueMS
+}
+
+// drainOn reports whether the invocation runs its source's next alarm
+// itself, at now, having started at start and taken longest for its
+// longest alarm: while it has run less than DrainSlice, and with three
+// times its longest alarm left before the function's deadline. A hop costs
+// an invocation and Lambda's async queue delay (tens to hundreds of
+// milliseconds) per alarm; an alarm in the same invocation costs neither,
+// and a chain of 1+MaxHops invocations drains for as many slices before
+// it waits for a schedule, instead of for 1+MaxHops alarms.
+func (h *Handler) drainOn(ctx context.Context, now, start time.Time, longest time.Duration) bool {
+	if now.Sub(start) >= h.DrainSlice {
+		return false
 	}
-	return c.Now().UnixMilli()
+	if dl, ok := ctx.Deadline(); ok && dl.Sub(now) < 3*longest {
+		return false
+	}
+	return true
+}
+
+// takedownPass runs one takedown owner pass after an alarm of a takedown
+// source that delivered rows.
+func (h *Handler) takedownPass(ctx context.Context, log *slog.Logger, src relaycore.Partition, ar relaycore.AlarmResult) {
+	if h.Takedowns == nil || !takedowns.Reserved(string(src)) || ar.RowsDelivered == 0 {
+		return
+	}
+	r, err := h.Takedowns.Run(ctx)
+	if err != nil {
+		log.Warn("takedown owner: pass after the alarm failed; the sweep's pass starts over", "err", err)
+	} else {
+		log.Info("takedown owner: pass", "ordered", r.Ordered, "late_requests", r.LateRequests, "pending", r.Pending, "overdue", r.Overdue)
+	}
+}
+
+func (h *Handler) clock() relaycore.Clock {
+	if h.Clock == nil {
+		return relaycore.SystemClock{}
+	}
+	return h.Clock
 }

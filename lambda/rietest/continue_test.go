@@ -91,7 +91,9 @@ func (r *rig) checkAppliedOnce(rows []api.RowJSON, seqs []uint64) {
 func TestContinuationDrainsWithoutScheduler(t *testing.T) {
 	r := newRig(t)
 	apiFn := r.start("ApiFunction", nil)
-	fireFn := r.start("FireFunction", map[string]string{"CONTINUATION_HOPS": strconv.Itoa(fire.DefaultMaxHops)})
+	// DRAIN_SLICE 0s: one alarm per invocation, so every alarm after the
+	// first is a hop (TestDrainSliceUnderEmulator has the default).
+	fireFn := r.start("FireFunction", map[string]string{"CONTINUATION_HOPS": strconv.Itoa(fire.DefaultMaxHops), "DRAIN_SLICE": "0s"})
 	rows, seqs := enqueueWide(t, apiFn, 60)
 
 	results := r.chain(fireFn, readEvent(t, "fire.json"))
@@ -128,13 +130,40 @@ func TestContinuationDrainsWithoutScheduler(t *testing.T) {
 	}
 }
 
+// TestDrainSliceUnderEmulator: with the template's DRAIN_SLICE (5 s) one
+// scheduled invocation runs the four alarms of the backlog itself, one
+// after another, and invokes nothing: each alarm still arms its schedule,
+// every row is delivered once.
+func TestDrainSliceUnderEmulator(t *testing.T) {
+	r := newRig(t)
+	apiFn := r.start("ApiFunction", nil)
+	fireFn := r.start("FireFunction", map[string]string{"CONTINUATION_HOPS": strconv.Itoa(fire.DefaultMaxHops)})
+	rows, seqs := enqueueWide(t, apiFn, 60)
+
+	results := r.chain(fireFn, readEvent(t, "fire.json"))
+	if len(results) != 1 {
+		t.Fatalf("%d invocations, want 1: %+v", len(results), results)
+	}
+	if res := results[0]; res.Alarms != 4 || res.Fires != 8 || res.RowsDelivered != len(rows) || !res.Cleared || res.Continued {
+		t.Errorf("invocation %+v, want 4 alarms of 2 fires delivering %d rows, cleared, no continuation", res, len(rows))
+	}
+	r.checkDelivered("orders", rows, seqs)
+	r.checkAppliedOnce(rows, seqs)
+	if st := r.sched.Stats(); st.Created == 0 {
+		t.Errorf("scheduler %+v: re-arms must still kick their schedules", st)
+	}
+	if n := len(r.lam["FireFunction"].Accepted()); n != 0 {
+		t.Errorf("%d async invokes, want none", n)
+	}
+}
+
 // TestContinuationBoundedByHops: with CONTINUATION_HOPS=1 a chain is two
 // invocations; the second re-arms and stops, and the source is finished by
 // the schedules its alarms armed (hop-0 events starting new chains).
 func TestContinuationBoundedByHops(t *testing.T) {
 	r := newRig(t)
 	apiFn := r.start("ApiFunction", nil)
-	fireFn := r.start("FireFunction", map[string]string{"CONTINUATION_HOPS": "1"})
+	fireFn := r.start("FireFunction", map[string]string{"CONTINUATION_HOPS": "1", "DRAIN_SLICE": "0s"})
 	rows, seqs := enqueueWide(t, apiFn, 60)
 	r.sched.TakeAll() // the enqueue's kick: this test starts the chain itself
 
