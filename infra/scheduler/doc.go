@@ -10,6 +10,14 @@
 // idempotent: a second kick for the same alarm gets ConflictException from
 // Scheduler, which the Kicker reports as success ("already armed").
 //
+// A Kicker remembers, per source, the at() time of the last schedule it
+// created, and sends nothing for a kick whose due time is not after it
+// while that time is still ahead (Stats.Covered): the pending schedule
+// runs at or after the due time, so it already is the wake-up asked for.
+// A fire function draining a source re-arms it due now after every alarm;
+// without this each alarm made a CreateSchedule call, with it one does every
+// MinLead or so.
+//
 // Kicks are best effort. The durable alarm record, written in the same
 // batch as the rows, is what guarantees the wake-up; the sweep function
 // fires overdue durable alarms every minute. So a failed kick costs latency

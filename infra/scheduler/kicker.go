@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -60,14 +61,31 @@ type Stats struct {
 	Conflicts int64
 	// Failures counts kicks that returned an error.
 	Failures int64
+	// Covered counts kicks sent to no one: a schedule this Kicker created
+	// for the source has not run yet and runs at or after the due time
+	// asked for, so it is that wake-up already.
+	Covered int64
 }
 
 // Kicker arms one-time schedules that invoke the fire function. It is safe
 // for concurrent use.
 type Kicker struct {
-	cfg                               Config
-	calls, armed, conflicts, failures atomic.Int64
+	cfg                                        Config
+	calls, armed, conflicts, failures, covered atomic.Int64
+
+	mu sync.Mutex
+	// pending is, per source, the at() time of the latest schedule this
+	// Kicker created for it: until that time the schedule has not run
+	// (Scheduler never runs one early), so a kick for a due time at or
+	// before it is covered (Kick). Entries past their time are dropped
+	// once the map holds maxPending.
+	pending map[relaycore.Partition]time.Time
 }
+
+// maxPending bounds Kicker.pending: a process that kicks for more sources
+// than this within a schedule's lead drops the oldest knowledge and sends
+// kicks it could have saved, nothing worse.
+const maxPending = 4096
 
 // New checks cfg and returns a Kicker.
 func New(cfg Config) (*Kicker, error) {
@@ -89,7 +107,7 @@ func New(cfg Config) (*Kicker, error) {
 	if cfg.MinLead == 0 {
 		cfg.MinLead = DefaultMinLead
 	}
-	return &Kicker{cfg: cfg}, nil
+	return &Kicker{cfg: cfg, pending: map[relaycore.Partition]time.Time{}}, nil
 }
 
 // FireInput is the fire function's event, as the schedule delivers it.
@@ -106,6 +124,14 @@ type FireInput struct {
 // (ConflictException). Retrying after any error is safe for the same
 // reason. An error means the schedule may or may not exist; callers log and
 // count it and rely on the durable alarm and the sweep function.
+//
+// A kick that a schedule this Kicker created already answers sends
+// nothing (Stats.Covered): the schedule's at() time is still ahead, so it
+// has not run, and it is not before dueMS, so its run is a wake-up at or
+// after the due time. An alarm that drains a source re-arms it due now
+// after every alarm; the first re-arm's schedule, at least MinLead ahead,
+// covers the ones in the seconds after it, so a draining source costs a
+// CreateSchedule every MinLead or so instead of one an alarm.
 func (k *Kicker) Kick(ctx context.Context, source relaycore.Partition, dueMS int64) error {
 	if source == "" {
 		k.failures.Add(1)
@@ -114,8 +140,13 @@ func (k *Kicker) Kick(ctx context.Context, source relaycore.Partition, dueMS int
 	dueSec := ceilDiv(dueMS, 1000)
 	name := ScheduleName(source, dueSec)
 	at := time.Unix(dueSec, 0).UTC()
-	if earliest := k.cfg.Now().Add(k.cfg.MinLead); at.Before(earliest) {
+	now := k.cfg.Now()
+	if earliest := now.Add(k.cfg.MinLead); at.Before(earliest) {
 		at = time.Unix(ceilDiv(earliest.UnixMilli(), 1000), 0).UTC()
+	}
+	if k.coveredBy(source, time.Unix(dueSec, 0), now) {
+		k.covered.Add(1)
+		return nil
 	}
 	input, err := json.Marshal(FireInput{Source: string(source)})
 	if err != nil {
@@ -140,6 +171,7 @@ func (k *Kicker) Kick(ctx context.Context, source relaycore.Partition, dueMS int
 	switch {
 	case err == nil:
 		k.armed.Add(1)
+		k.created(source, at, now)
 		return nil
 	case errors.As(err, &conflict):
 		k.conflicts.Add(1)
@@ -150,6 +182,37 @@ func (k *Kicker) Kick(ctx context.Context, source relaycore.Partition, dueMS int
 	}
 }
 
+// coveredBy reports whether the schedule k created last for source, not
+// run by now, runs at or after due.
+func (k *Kicker) coveredBy(source relaycore.Partition, due, now time.Time) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	at, ok := k.pending[source]
+	return ok && at.After(now) && !at.Before(due)
+}
+
+// created records the schedule k created for source at at. A conflict or
+// an error records nothing: whose schedule that is, and when it runs, is
+// not known.
+func (k *Kicker) created(source relaycore.Partition, at, now time.Time) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if prev, ok := k.pending[source]; ok && prev.After(at) {
+		return // a later one is pending: it covers more
+	}
+	if len(k.pending) >= maxPending {
+		for s, t := range k.pending {
+			if !t.After(now) {
+				delete(k.pending, s)
+			}
+		}
+		if len(k.pending) >= maxPending {
+			clear(k.pending)
+		}
+	}
+	k.pending[source] = at
+}
+
 // Stats returns a snapshot of the counters.
 func (k *Kicker) Stats() Stats {
 	return Stats{
@@ -157,6 +220,7 @@ func (k *Kicker) Stats() Stats {
 		Armed:     k.armed.Load(),
 		Conflicts: k.conflicts.Load(),
 		Failures:  k.failures.Load(),
+		Covered:   k.covered.Load(),
 	}
 }
 

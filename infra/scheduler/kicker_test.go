@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -56,6 +57,7 @@ type fakeScheduler struct {
 	reqs []createRequest
 	seen map[string]bool
 	fail int // HTTP status to answer every request with; 0 = behave
+	srv  *httptest.Server
 }
 
 func (f *fakeScheduler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -116,27 +118,40 @@ func newKicker(t *testing.T, now time.Time) (*scheduler.Kicker, *fakeScheduler) 
 	fake := &fakeScheduler{t: t, seen: map[string]bool{}}
 	srv := httptest.NewServer(fake)
 	t.Cleanup(srv.Close)
+	fake.srv = srv
+	return fake.kicker(t, now), fake
+}
+
+// kicker is another Kicker (another process's) reaching the same endpoint,
+// with a fixed clock.
+func (f *fakeScheduler) kicker(t *testing.T, now time.Time) *scheduler.Kicker {
+	t.Helper()
+	return f.kickerWithClock(t, func() time.Time { return now })
+}
+
+func (f *fakeScheduler) kickerWithClock(t *testing.T, now func() time.Time) *scheduler.Kicker {
+	t.Helper()
 	client := awsscheduler.New(awsscheduler.Options{
 		Region:       "eu-west-1",
-		BaseEndpoint: aws.String(srv.URL),
+		BaseEndpoint: aws.String(f.srv.URL),
 		Credentials:  credentials.NewStaticCredentialsProvider("AKIDTEST", "secret", ""),
 		// One attempt: the 500 test must see the failure, not a retry
 		// with back-off.
 		RetryMaxAttempts: 1,
-		HTTPClient:       srv.Client(),
+		HTTPClient:       f.srv.Client(),
 	})
 	k, err := scheduler.New(scheduler.Config{
 		Client:    client,
 		Group:     testGroup,
 		TargetARN: testTarget,
 		RoleARN:   testRole,
-		Now:       func() time.Time { return now },
+		Now:       now,
 		MinLead:   5 * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return k, fake
+	return k
 }
 
 var testNow = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
@@ -186,18 +201,23 @@ func TestKickRequestShape(t *testing.T) {
 	}
 }
 
+// TestKickDuplicateIsAlreadyArmed: kicks from other processes (Kickers
+// that did not create the schedule) for the same due second name the same
+// schedule and are answered ConflictException: armed already.
 func TestKickDuplicateIsAlreadyArmed(t *testing.T) {
 	k, fake := newKicker(t, testNow)
 	due := testNow.Add(time.Minute).UnixMilli()
 	ctx := context.Background()
-	for i := range 3 {
-		if err := k.Kick(ctx, "s1", due); err != nil {
+	if err := k.Kick(ctx, "s1", due); err != nil {
+		t.Fatal(err)
+	}
+	others := make([]*scheduler.Kicker, 3)
+	for i := range others {
+		others[i] = fake.kicker(t, testNow)
+		// A due in the same second names the same schedule.
+		if err := others[i].Kick(ctx, "s1", due-int64(i)); err != nil {
 			t.Fatalf("kick %d: %v", i, err)
 		}
-	}
-	// A due in the same second names the same schedule.
-	if err := k.Kick(ctx, "s1", due-1); err != nil {
-		t.Fatalf("kick same second: %v", err)
 	}
 	reqs := fake.requests()
 	for _, r := range reqs[1:] {
@@ -205,8 +225,73 @@ func TestKickDuplicateIsAlreadyArmed(t *testing.T) {
 			t.Errorf("name %q differs from first kick's %q", r.Name, reqs[0].Name)
 		}
 	}
-	if got, want := k.Stats(), (scheduler.Stats{Calls: 4, Armed: 1, Conflicts: 3}); got != want {
+	if got, want := k.Stats(), (scheduler.Stats{Calls: 1, Armed: 1}); got != want {
 		t.Errorf("stats = %+v, want %+v", got, want)
+	}
+	for i, o := range others {
+		if got, want := o.Stats(), (scheduler.Stats{Calls: 1, Conflicts: 1}); got != want {
+			t.Errorf("kicker %d: stats = %+v, want %+v", i, got, want)
+		}
+	}
+}
+
+// TestKickCoveredByItsPendingSchedule: a kick for a due time at or before
+// the at() of the schedule the Kicker created last for the source, while
+// that time is still ahead, sends nothing (the schedule is that wake-up);
+// a later due, another source, or the schedule's time passing sends again.
+// A failed or conflicting create records nothing.
+func TestKickCoveredByItsPendingSchedule(t *testing.T) {
+	now := testNow
+	_, fake := newKicker(t, testNow)
+	k := fake.kickerWithClock(t, func() time.Time { return now })
+	ctx := context.Background()
+	kick := func(src relaycore.Partition, due time.Time) {
+		t.Helper()
+		if err := k.Kick(ctx, src, due.UnixMilli()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kick("s1", testNow)                    // at(now+5s): created
+	kick("s1", testNow.Add(time.Second))   // due before it: covered
+	kick("s1", testNow.Add(5*time.Second)) // due at it: covered
+	kick("s2", testNow)                    // another source: created
+	kick("s1", testNow.Add(6*time.Second)) // due after it: created, at(now+6s)
+	now = testNow.Add(6 * time.Second)     // the schedule's time has come
+	kick("s1", testNow.Add(7*time.Second)) // it may have run: created (at now+11s)
+	if got, want := k.Stats(), (scheduler.Stats{Calls: 4, Armed: 4, Covered: 2}); got != want {
+		t.Errorf("stats = %+v, want %+v", got, want)
+	}
+	var exprs []string
+	for _, r := range fake.requests() {
+		exprs = append(exprs, r.ScheduleExpression)
+	}
+	if want := []string{"at(2026-11-29T12:00:05)", "at(2026-11-29T12:00:05)", "at(2026-11-29T12:00:06)", "at(2026-11-29T12:00:11)"}; !slices.Equal(exprs, want) {
+		t.Errorf("schedules %v, want %v", exprs, want)
+	}
+
+	// Failures and conflicts are not knowledge of a pending schedule.
+	fake.fail = http.StatusInternalServerError
+	f := fake.kicker(t, testNow)
+	if err := f.Kick(ctx, "s3", testNow.UnixMilli()); err == nil {
+		t.Fatal("kick against a failing endpoint returned nil")
+	}
+	fake.fail = 0
+	// Due before the failed kick's at(): covered, had the failure been
+	// taken for a schedule.
+	if err := f.Kick(ctx, "s3", testNow.Add(time.Second).UnixMilli()); err != nil {
+		t.Fatal(err)
+	}
+	c := fake.kicker(t, testNow)
+	for range 2 {
+		if err := c.Kick(ctx, "s3", testNow.UnixMilli()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, want := f.Stats(), (scheduler.Stats{Calls: 2, Armed: 1, Failures: 1}); got != want {
+		t.Errorf("after a failure: stats = %+v, want %+v", got, want)
+	}
+	if got, want := c.Stats(), (scheduler.Stats{Calls: 2, Conflicts: 2}); got != want {
+		t.Errorf("after a conflict: stats = %+v, want %+v", got, want)
 	}
 }
 
@@ -230,7 +315,12 @@ func TestKickPastDueSchedulesAtMinLead(t *testing.T) {
 	ctx := context.Background()
 	past := testNow.Add(-10 * time.Minute).UnixMilli()
 	soon := testNow.Add(2 * time.Second).UnixMilli() // inside MinLead
-	for _, due := range []int64{past, soon, 0} {
+	for i, due := range []int64{past, soon, 0} {
+		if i > 0 {
+			// Another process's kicker: k's own would find its first
+			// schedule covering these dues (TestKickCoveredByItsPendingSchedule).
+			k = fake.kicker(t, testNow)
+		}
 		if err := k.Kick(ctx, "s1", due); err != nil {
 			t.Fatalf("kick due %d: %v", due, err)
 		}
