@@ -226,9 +226,7 @@ func (h *RelayHandler) rearmAt(ctx context.Context, source Partition, v alarmVie
 		return true, nil // os or an expired idempotency record changed meanwhile: look again
 	}
 	if _, ok := FailedPrecondition(err); ok {
-		// An enqueue re-armed it meanwhile (due at its commit time, never
-		// later than ours matters) and kicked: keep theirs.
-		return false, nil
+		return h.rearmedMeanwhile(ctx, source, due, ar)
 	}
 	if err != nil && !MayBeApplied(err) {
 		return false, fmt.Errorf("alarm %s: re-arm: %w", source, err)
@@ -238,6 +236,34 @@ func (h *RelayHandler) rearmAt(ctx context.Context, source Partition, v alarmVie
 	}
 	ar.NextDueMS = due
 	h.kick(ctx, source, due)
+	return false, nil
+}
+
+// rearmedMeanwhile settles a re-arm at due that found the alarm changed
+// since rearm read it: an enqueue armed it due at its commit, or another
+// fire re-armed it (a fast kick's fire that found nothing left, backing
+// off, between two alarms of a draining invocation). Theirs is kept when
+// it is due no later than ours, and reported as the alarm's due time, so
+// an alarm that made progress still sees its source due now and goes on
+// (lambda/fire continues on it); whoever armed it kicked for it. One due
+// later than ours (a back-off that did not see our progress) is not kept:
+// rearm looks again and re-arms at ours (again).
+func (h *RelayHandler) rearmedMeanwhile(ctx context.Context, source Partition, due int64, ar *AlarmResult) (again bool, err error) {
+	raw, found, err := h.Source.Get(ctx, source, KeyAlarm)
+	if err != nil {
+		return false, fmt.Errorf("alarm %s: re-arm: read the alarm: %w", source, err)
+	}
+	if !found {
+		return true, nil // cleared meanwhile: look at the outbox again
+	}
+	a, err := decodeAlarm(raw)
+	if err != nil {
+		return false, fmt.Errorf("alarm %s: %w", source, err)
+	}
+	if a.DueMS > due {
+		return true, nil
+	}
+	ar.NextDueMS = a.DueMS
 	return false, nil
 }
 
