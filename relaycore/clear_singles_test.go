@@ -39,7 +39,10 @@ func newClearEnv(t *testing.T) (*env, *looseStore) {
 // writes os only in its first step) keeps the alarm by rewriting it
 // (Clearing): its put brings the alarm back for its rows. Without the
 // rewrite the clear would end with the alarm gone and the rows left to the
-// source's next enqueue.
+// source's next enqueue. And it kicks: the alarm it kept is the clearing
+// fire's, whose wake-up is spent; without the kick (it counted as a
+// wake-up already on its way, "pending") its rows waited for the next
+// enqueue past the 2 s grace, or the sweep.
 func TestClearSinglesEnqueueAcrossDeleteAndReread(t *testing.T) {
 	e, ls := newClearEnv(t)
 	if _, err := e.h.Fire(e.ctx, e.source); err != nil { // deliver k1, leave the alarm to clear
@@ -55,11 +58,14 @@ func TestClearSinglesEnqueueAcrossDeleteAndReread(t *testing.T) {
 		return nil
 	}, nil)
 	started := false
+	kicker := &recordingKicker{}
+	var kick relaycore.KickDecision
 	e.srcF.set(func(c call) error {
 		if isAlarmDelete(c) && !started {
 			started = true
 			go func() {
-				_, err := relaycore.CommitRelayRows(e.ctx, enq, e.clock, e.source, nil, time.Time{}, []relaycore.Row{put("t", "k2", "v2")}, relaycore.EnqueueConfig{})
+				res, err := relaycore.CommitRelayRows(e.ctx, enq, e.clock, e.source, nil, time.Time{}, []relaycore.Row{put("t", "k2", "v2")}, relaycore.EnqueueConfig{Kicker: kicker})
+				kick = res.Kick
 				done <- err
 			}()
 			<-read
@@ -79,6 +85,12 @@ func TestClearSinglesEnqueueAcrossDeleteAndReread(t *testing.T) {
 	v := e.inspect(e.source)
 	if len(v.Rows()) != 1 || v.Alarm == nil || v.OS.Clearing {
 		t.Fatalf("%d rows, alarm %+v, os clearing %v: want the enqueue's row with an alarm, the mark reset", len(v.Rows()), v.Alarm, v.OS.Clearing)
+	}
+	kicker.mu.Lock()
+	kicks := len(kicker.kicks)
+	kicker.mu.Unlock()
+	if kick != relaycore.KickSent || kicks != 1 {
+		t.Errorf("enqueue kick %s, %d kicks: want it sent (the alarm it kept was being cleared)", kick, kicks)
 	}
 	e.drain(e.source, 5)
 	if got, _ := e.target("t", "k2"); got != "v2" {

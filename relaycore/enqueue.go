@@ -306,7 +306,8 @@ type SourceBatch struct {
 	// OSAfter is the os value this batch writes (the next link's guard).
 	OSAfter []byte
 
-	// armsAlarm: the batch writes the alarm (it was absent or due later),
+	// armsAlarm: the batch writes the alarm (it was absent or due later,
+	// or a clear was under way and it rewrote it),
 	// rather than guarding a wake-up already due; the enqueue must kick.
 	armsAlarm bool
 	// backingOff: the batch guards a backed-off alarm it kept
@@ -432,9 +433,7 @@ func planEnqueue(snap RelayEnqueueSnapshot, rows []Row, caps Capabilities, cfg E
 		if a, err := decodeAlarm(alarm); alarm != nil && err == nil && (a.DueMS <= dueMS || snap.backingOff) {
 			sb.AlarmDueMS, sb.backingOff = a.DueMS, a.DueMS > dueMS
 			if prevOS.Clearing {
-				aw := alarmRewrite(a.DueMS, tag)
-				sb.Batch.Writes = append(sb.Batch.Writes, aw)
-				alarm = aw.Value
+				alarm = sb.rewriteAlarm(a.DueMS, tag)
 			}
 		} else {
 			aw := alarmWrite(dueMS)
@@ -452,6 +451,20 @@ func planEnqueue(snap RelayEnqueueSnapshot, rows []Row, caps Capabilities, cfg E
 		i = j
 	}
 	return out, nil
+}
+
+// rewriteAlarm keeps the alarm due at dueMS by rewriting it (a new nonce,
+// tag), as a batch does while os says a clear may be under way, and
+// returns the value written. The alarm being kept is then one a fire is
+// clearing: its wake-up is spent (that fire re-arms nothing), and a commit
+// after the clear's last check re-creates the alarm with these rows under
+// it and nobody on the way. So the batch kicks (KickSent), as if it armed
+// the alarm.
+func (sb *SourceBatch) rewriteAlarm(dueMS int64, tag string) []byte {
+	aw := alarmRewrite(dueMS, tag)
+	sb.Batch.Writes = append(sb.Batch.Writes, aw)
+	sb.armsAlarm = true
+	return aw.Value
 }
 
 // batchFixed is what every batch of an enqueue carries besides its pages:
