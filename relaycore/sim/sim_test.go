@@ -189,8 +189,11 @@ func (a *tally) check(t *testing.T, store string) {
 		t.Errorf("only %d of %d seeds made a checkpoint rewriting 2+ pages near the batch limit; want at least 10%%", a.NearSeeds, a.Seeds)
 	}
 	// Wide scenarios exist to fill the blocked set with budgets that do not
-	// divide it (so a fire can overshoot it); most must get there.
-	if store == "mem" && *flagBulk && a.Seeds >= 100 && 2*a.WideFull < a.Wide {
+	// divide it (so a fire can overshoot it); most must get there. About
+	// three in four do, so the share is judged over 20 of them or more: a
+	// chunk of a `make sim` run with 3 (seeds 6875-6999: 1 filled) is not
+	// a workload change.
+	if store == "mem" && *flagBulk && a.Wide >= 20 && 2*a.WideFull < a.Wide {
 		t.Errorf("only %d of %d wide scenarios filled the blocked set; want at least half", a.WideFull, a.Wide)
 	}
 	// Loose scenarios exist to take pages out through rs.gone: if their
