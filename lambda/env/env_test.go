@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 
 	"github.com/relay-dev/relay/lambda/fire"
 	"github.com/relay-dev/relay/relaycore"
@@ -280,12 +281,20 @@ func TestHandlers(t *testing.T) {
 	}
 }
 
-// TestHTTPClientKeepsAFiresConnections: the client Load gives the SDK
-// keeps, idle, a connection for every request a fire has in flight at
-// once (every target of a Paid fire and its own reads), where the SDK's
-// default keeps 10 and closes the rest after each fire.
+// TestHTTPClientKeepsAFiresConnections: the AWS config Load builds keeps,
+// idle, a connection for every request a fire has in flight at once (every
+// target of a Paid fire and its own reads), where the SDK's default keeps
+// 10 and closes the rest after each fire.
 func TestHTTPClientKeepsAFiresConnections(t *testing.T) {
-	tr := HTTPClient().GetTransport()
+	cfg, err := loadAWSConfig(t.Context(), "us-east-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc, ok := cfg.HTTPClient.(*awshttp.BuildableClient)
+	if !ok {
+		t.Fatalf("HTTP client %T, want the SDK's buildable client", cfg.HTTPClient)
+	}
+	tr := hc.GetTransport()
 	if tr.MaxIdleConnsPerHost < MaxDeliverConcurrency+4 || tr.MaxIdleConns < tr.MaxIdleConnsPerHost {
 		t.Errorf("MaxIdleConnsPerHost %d, MaxIdleConns %d: want room for %d target batches and a fire's reads", tr.MaxIdleConnsPerHost, tr.MaxIdleConns, MaxDeliverConcurrency)
 	}

@@ -80,13 +80,15 @@ const lambdaAttempts = 2
 // of opening (TLS handshakes and all) those beyond ten again.
 const idleConnsPerHost = MaxDeliverConcurrency + 16
 
-// HTTPClient is the AWS SDK's default HTTP client, keeping
+// loadAWSConfig is the SDK's default config (credentials from its default
+// chain) for region, with the SDK's default HTTP client keeping
 // idleConnsPerHost idle connections to each host.
-func HTTPClient() *awshttp.BuildableClient {
-	return awshttp.NewBuildableClient().WithTransportOptions(func(t *http.Transport) {
+func loadAWSConfig(ctx context.Context, region string) (aws.Config, error) {
+	hc := awshttp.NewBuildableClient().WithTransportOptions(func(t *http.Transport) {
 		t.MaxIdleConnsPerHost = idleConnsPerHost
 		t.MaxIdleConns = max(t.MaxIdleConns, 2*idleConnsPerHost)
 	})
+	return config.LoadDefaultConfig(ctx, config.WithRegion(region), config.WithHTTPClient(hc))
 }
 
 // Load parses the environment through getenv and wires the dependencies,
@@ -97,7 +99,7 @@ func Load(ctx context.Context, getenv func(string) string, logOut io.Writer) (*D
 	if err != nil {
 		return nil, err
 	}
-	awsCfg, err := config.LoadDefaultConfig(ctx, config.WithRegion(cfg.Region), config.WithHTTPClient(HTTPClient()))
+	awsCfg, err := loadAWSConfig(ctx, cfg.Region)
 	if err != nil {
 		return nil, fmt.Errorf("load aws config: %w", err)
 	}
