@@ -23,7 +23,9 @@ func (h *RelayHandler) Alarm(ctx context.Context, source Partition) (AlarmResult
 	var last FireResult
 	memo := &goneMemo{}
 	for i := 0; i < b.FiresPerAlarm; i++ {
-		fr, err := h.fire(ctx, source, token, i < b.FiresPerAlarm-1, memo)
+		// Fires after the first find the claim the one before kept: the
+		// loop goes on only after a fire that continued, which keeps it.
+		fr, err := h.fire(ctx, source, token, i < b.FiresPerAlarm-1, i > 0, memo)
 		ar.add(fr)
 		if err != nil {
 			return ar, err

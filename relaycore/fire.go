@@ -14,19 +14,22 @@ func (h *RelayHandler) Fire(ctx context.Context, source Partition) (FireResult, 
 	if err := h.needStores("Fire", true); err != nil {
 		return FireResult{}, err
 	}
-	return h.fire(ctx, source, newNonce(), false, &goneMemo{})
+	return h.fire(ctx, source, newNonce(), false, false, &goneMemo{})
 }
 
 const maxFireAttempts = 3
 
 // fire runs one fire under token. keep asks it to keep the claim for the
-// next fire of the same alarm when it continues. A fire that fails releases
-// its claim on the way out (releaseClaim).
-func (h *RelayHandler) fire(ctx context.Context, source Partition, token string, keep bool, memo *goneMemo) (FireResult, error) {
+// next fire of the same alarm when it continues; early says the previous
+// fire of the alarm kept it for this one (claimReads.early). A fire that
+// fails releases its claim on the way out (releaseClaim).
+func (h *RelayHandler) fire(ctx context.Context, source Partition, token string, keep, early bool, memo *goneMemo) (FireResult, error) {
 	var total FireResult
 	spent := fireSpend{calls: map[Partition]int{}}
 	for attempt := 0; ; attempt++ {
-		res, retry, err := h.fireOnce(ctx, source, token, keep, &spent, memo)
+		// An attempt after a conflict met another writer's rs: it reads
+		// after rs.
+		res, retry, err := h.fireOnce(ctx, source, token, keep, early && attempt == 0, &spent, memo)
 		res.Retries = attempt
 		res.RowsDelivered += total.RowsDelivered
 		res.TargetCalls += total.TargetCalls
@@ -51,10 +54,8 @@ func (h *RelayHandler) fire(ctx context.Context, source Partition, token string,
 // named for it; retry reports an rs conflict at checkpoint with no live
 // competing claim (the target side is idempotent, so starting over is
 // safe). spent carries the budget used by earlier attempts.
-func (h *RelayHandler) fireOnce(ctx context.Context, source Partition, token string, keep bool, spent *fireSpend, memo *goneMemo) (res FireResult, retry bool, err error) {
-	f := &fireRun{h: h, ctx: ctx, source: source, token: token, keep: keep, spent: spent, res: &res, memo: memo}
-	f.early, memo.kept = memo.kept, false
-	defer func() { memo.kept = f.landed && keep && res.continues() }()
+func (h *RelayHandler) fireOnce(ctx context.Context, source Partition, token string, keep, early bool, spent *fireSpend, memo *goneMemo) (res FireResult, retry bool, err error) {
+	f := &fireRun{h: h, ctx: ctx, source: source, token: token, keep: keep, early: early, spent: spent, res: &res, memo: memo}
 	// claim.go: take the source's claim (or meet a live one: busy) and
 	// read rs, os and q.
 	if busy, err := f.claim(); err != nil || busy || f.unknown {

@@ -180,13 +180,9 @@ func rsWithoutGone(raw []byte) (Write, error) {
 
 // goneMemo carries, across the fires of one alarm, the ghosts (keys) this
 // alarm has deleted, so the next fire, which keeps the claim without
-// writing rs, does not read them again, and whether the claim was kept.
+// writing rs, does not read them again.
 type goneMemo struct {
 	deleted []string
-	// kept: the alarm's last fire landed its checkpoint keeping the claim
-	// for the next one, which then reads os, q and its retry markers at
-	// the same time as rs (claimReads.early).
-	kept bool
 }
 
 func (m *goneMemo) done(keys []string) bool {
