@@ -271,6 +271,8 @@ func (h *RelayHandler) releaseClaim(ctx context.Context, source Partition, token
 func (f *fireRun) claim() (busy bool, err error) {
 	h, res := f.h, f.res
 	now := unixMS(h.clock().Now())
+	// The budget and the time first: the side read (due markers) needs
+	// them.
 	f.b, f.now = h.budget(), now
 	side := func() error {
 		var err error
@@ -290,7 +292,7 @@ func (f *fireRun) claim() (busy bool, err error) {
 		return busy, err
 	}
 	res.NewCycle = start.rs.newCycle
-	f.b, f.now, f.caps, f.start, f.cur, f.recs = h.budget(), now, h.Source.Capabilities(), start, start.rs.RelayState, map[Partition]*recSlot{}
+	f.caps, f.start, f.cur, f.recs = h.Source.Capabilities(), start, start.rs.RelayState, map[Partition]*recSlot{}
 	f.loose, f.goneRoom = h.looseDeleter() != nil, goneBytes(f.caps)-goneOverhead
 	f.itemsRoom, f.bytesRoom = 1<<30, 1<<30
 	if f.caps.MaxBatchItems > 0 {
