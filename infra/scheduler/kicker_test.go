@@ -375,6 +375,10 @@ func TestNewRejectsIncompleteConfig(t *testing.T) {
 	}
 }
 
+// TestKickConcurrentSameAlarm: eight kicks at once for one alarm arm one
+// schedule; each other kick is either a conflict (it reached Scheduler
+// before the first one's create returned) or covered by that schedule
+// (after), in proportions the goroutines' timing decides.
 func TestKickConcurrentSameAlarm(t *testing.T) {
 	k, fake := newKicker(t, testNow)
 	due := testNow.Add(time.Minute).UnixMilli()
@@ -387,10 +391,11 @@ func TestKickConcurrentSameAlarm(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if got := k.Stats(); got.Armed != 1 || got.Conflicts != 7 || got.Calls != 8 {
-		t.Errorf("stats = %+v, want 1 armed and 7 conflicts of 8 calls", got)
+	got := k.Stats()
+	if got.Armed != 1 || got.Failures != 0 || got.Conflicts+got.Covered != 7 || got.Calls != got.Armed+got.Conflicts {
+		t.Errorf("stats = %+v, want 1 armed and 7 conflicts or covered kicks, every call armed or a conflict", got)
 	}
-	if n := len(fake.requests()); n != 8 {
-		t.Errorf("%d requests, want 8", n)
+	if n := int64(len(fake.requests())); n != got.Calls {
+		t.Errorf("%d requests, want %d (one per call)", n, got.Calls)
 	}
 }
